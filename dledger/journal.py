@@ -1,0 +1,300 @@
+"""pysyncobj's journal, backed by our EntryStore: the Raft log *is* the store.
+
+SyncObj addresses its journal by list position, not by Raft index, and reads it through
+``len()``, ``[i]`` (negative too), slices and iteration. This adapter maps positions onto the
+store without ever holding entries in RAM:
+
+    position 0  -> the anchor (a no-op standing for everything retention removed), or
+                   Raft index 1 on a log that never lost a prefix
+    position p  -> Raft index first_visible + p
+
+Entries are returned as ``LazyEntry`` objects whose command bytes are read from disk only when
+``entry[0]`` is used (SyncObj reads ``[-1][1]`` many times per tick).
+
+Durability (the journal's half of invariant 1):
+- ``setCurrentTerm`` writes term and vote to ``raft_term`` with fsync *before* returning:
+  SyncObj sends the vote right after the call.
+- Appends go to the page cache; ``flush()`` makes them durable (fdatasync). The node calls it
+  before anything that tells another party an entry is safe (see ``syncobj_patch``).
+- The commit index is a hint (a restarted node learns it again from the leader): it is written
+  without fsync, at most once a second.
+
+``skip_next_truncate`` is set by the follower-side fix in ``syncobj_patch`` to swallow the one
+``deleteEntriesFrom`` call SyncObj makes for entries that do not conflict (defect 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from dledger.entry_store import EntryStore
+
+log = logging.getLogger(__name__)
+
+NO_OP = b"\x01"
+_TERM_FILE = "raft_term"
+_COMMIT_FILE = "raft_commit"
+_TERM_FMT = struct.Struct("<QH")  # term, length of votedFor, then votedFor utf-8, then crc32
+_COMMIT_FMT = struct.Struct("<QI")  # commit index, crc32
+
+
+class JournalError(RuntimeError):
+    """The journal's durable metadata is unreadable."""
+
+
+class LazyEntry:
+    """A journal entry ``(command, index, term)`` whose command is read on first use."""
+
+    __slots__ = ("_command", "_store", "index", "term")
+
+    def __init__(self, store: EntryStore | None, index: int, term: int, command: bytes | None = None):
+        self._store = store
+        self.index = index
+        self.term = term
+        self._command = command
+
+    def command(self) -> bytes:
+        if self._command is None:
+            assert self._store is not None
+            self._command = self._store.read(self.index).body
+        return self._command
+
+    def __getitem__(self, item: int) -> Any:
+        if item == 1 or item == -2:
+            return self.index
+        if item == 2 or item == -1:
+            return self.term
+        if item == 0 or item == -3:
+            return self.command()
+        raise IndexError(item)
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.command()
+        yield self.index
+        yield self.term
+
+    def __eq__(self, other: object) -> bool:
+        try:
+            return tuple(self) == tuple(other)  # type: ignore[arg-type]
+        except TypeError:
+            return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.index, self.term))
+
+    def __repr__(self) -> str:
+        return f"LazyEntry(index={self.index}, term={self.term})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, ((self.command(), self.index, self.term),))
+
+
+class JournalSlice:
+    """A lazy ``journal[a:b]``: itself sliceable, indexable, iterable and reversible."""
+
+    def __init__(self, journal: RaftJournal, start: int, stop: int):
+        self._journal = journal
+        self._start = start
+        self._stop = max(start, stop)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, item: int | slice) -> Any:
+        n = len(self)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return JournalSlice(self._journal, self._start + start, self._start + stop)
+        if item < 0:
+            item += n
+        if not 0 <= item < n:
+            raise IndexError(item)
+        return self._journal[self._start + item]
+
+    def __iter__(self) -> Iterator[LazyEntry]:
+        for pos in range(self._start, self._stop):
+            yield self._journal[pos]
+
+    def __reversed__(self) -> Iterator[LazyEntry]:
+        for pos in range(self._stop - 1, self._start - 1, -1):
+            yield self._journal[pos]
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+
+class RaftJournal:
+    """The object SyncObj uses as ``self.__raftLog`` (duck-typed ``pysyncobj.journal.Journal``)."""
+
+    def __init__(self, store: EntryStore, meta_dir: str):
+        self.store = store
+        self._meta_dir = meta_dir
+        os.makedirs(meta_dir, exist_ok=True)
+        self._term, self._voted_for = self._load_term()
+        self._commit_index = self._load_commit()
+        self._commit_written = self._commit_index
+        self.skip_next_truncate = False
+        self.truncations_skipped = 0
+        self.entries_truncated = 0
+
+    # -- positions <-> indexes --------------------------------------------------------------
+    def _first_visible(self) -> int:
+        anchor_index = self.store.anchor[0]
+        return anchor_index if anchor_index > 0 else 1
+
+    def __len__(self) -> int:
+        anchor_index = self.store.anchor[0]
+        if anchor_index > 0:
+            return self.store.last_index - anchor_index + 1
+        return self.store.last_index
+
+    def entry_at_index(self, index: int) -> LazyEntry:
+        anchor_index, anchor_term, _ = self.store.anchor
+        if anchor_index > 0 and index == anchor_index:
+            return LazyEntry(None, index, anchor_term, NO_OP)
+        if index == self.store.last_index:
+            return LazyEntry(self.store, index, self.store.last_term)
+        return LazyEntry(self.store, index, self.store.term_at(index))
+
+    def __getitem__(self, item: int | slice) -> Any:
+        n = len(self)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return JournalSlice(self, start, stop)
+        if item < 0:
+            item += n
+        if not 0 <= item < n:
+            raise IndexError(item)
+        return self.entry_at_index(self._first_visible() + item)
+
+    # -- mutation (tick thread only) --------------------------------------------------------
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self.store.append(idx, term, bytes(command))
+
+    def clear(self) -> None:
+        # SyncObj calls this only when loading a snapshot, which dledger never makes.
+        raise JournalError("clear() is not supported: dledger never installs pysyncobj snapshots")
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
+        index = self._first_visible() + entryFrom
+        if self.skip_next_truncate:
+            self.skip_next_truncate = False
+            self.truncations_skipped += 1
+            return
+        if index > self.store.last_index:
+            return
+        dropped = self.store.last_index - index + 1
+        self.entries_truncated += dropped
+        log.info("truncating %d entries from index %d (conflict with the leader)", dropped, index)
+        self.store.truncate_suffix(index)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        # Only pysyncobj's log compaction calls this, and compaction is switched off.
+        raise JournalError("deleteEntriesTo() is not supported: retention is done by the store")
+
+    def flush(self) -> bool:
+        """fdatasync pending appends; True when there was something to flush."""
+        if not self.store.dirty:
+            return False
+        self.store.flush()
+        return True
+
+    # -- Raft persistent state -------------------------------------------------------------
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802,N803
+        self._commit_index = raftCommitIndex
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return min(self._commit_index, self.store.last_index)
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802,N803
+        voted = "" if votedForNodeId is None else str(votedForNodeId)
+        if term == self._term and voted == (self._voted_for or ""):
+            return
+        raw_vote = voted.encode()
+        payload = _TERM_FMT.pack(term, len(raw_vote)) + raw_vote
+        _atomic_write(os.path.join(self._meta_dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload)))
+        self._term, self._voted_for = term, (voted or None)
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return self._term
+
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        return self._voted_for
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if self._commit_index != self._commit_written:
+            payload = struct.pack("<Q", self._commit_index)
+            path = os.path.join(self._meta_dir, _COMMIT_FILE)
+            with open(path + ".tmp", "wb") as f:
+                f.write(_COMMIT_FMT.pack(self._commit_index, zlib.crc32(payload)))
+            os.replace(path + ".tmp", path)
+            self._commit_written = self._commit_index
+
+    def _destroy(self) -> None:
+        self.onOneSecondTimer()
+
+    def close(self) -> None:
+        self.onOneSecondTimer()
+        self.store.close()
+
+    # -- loading ----------------------------------------------------------------------------
+    def _load_term(self) -> tuple[int, str | None]:
+        path = os.path.join(self._meta_dir, _TERM_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return 0, None
+        if len(raw) < _TERM_FMT.size + 4:
+            raise JournalError(f"{path}: truncated term/vote file ({len(raw)} bytes)")
+        payload, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])
+        if zlib.crc32(payload) != crc:
+            raise JournalError(f"{path}: term/vote checksum mismatch")
+        term, vote_len = _TERM_FMT.unpack_from(payload, 0)
+        vote = payload[_TERM_FMT.size : _TERM_FMT.size + vote_len].decode()
+        return term, (vote or None)
+
+    def _load_commit(self) -> int:
+        path = os.path.join(self._meta_dir, _COMMIT_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return 0
+        if len(raw) != _COMMIT_FMT.size:
+            log.warning("%s: ignoring a damaged commit-index hint", path)
+            return 0
+        commit, crc = _COMMIT_FMT.unpack(raw)
+        if zlib.crc32(struct.pack("<Q", commit)) != crc:
+            log.warning("%s: ignoring a commit-index hint with a bad checksum", path)
+            return 0
+        return int(commit)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves the old or the new content, durably."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

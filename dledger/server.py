@@ -1,0 +1,255 @@
+"""``dledger-node -c conf/dledger-n0.conf``: one dledger replica as a process with an HTTP API.
+
+Endpoints (msgpack where bodies are binary, JSON for admin; errors are ``{code, message}``):
+
+    GET  /v1/status                      JSON status snapshot (role, term, indexes, peers, counters)
+    POST /v1/append     msgpack {bodies: [bin, ...]}  -> msgpack {term, locations: [[index, slot, position, size]]}
+    GET  /v1/entries?from=N&count=M      msgpack [{index, term, chain_crc, bodies: [[position, bin]]}]
+    GET  /v1/chain?from=N&to=M           JSON {from, crcs: [...]} chain CRCs of committed entries
+    GET  /v1/state                       JSON of the apply checkpoint (index, bodies, digest)
+    POST /v1/transfer   JSON {target?}   leadership transfer
+    POST /v1/retention                   run the retention check now
+
+The broker (issue "namesrv/, broker/ and the client SDK") replaces this API with RocketMQ's; this
+process stays as the log's own admin/test surface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from dledger.checkpoint import ApplyCheckpoint
+from dledger.config import ConfigError, DLedgerConfig, load_dledger_config
+from dledger.node import (
+    AppendFailedError,
+    AppendTimeoutError,
+    BusyError,
+    DiskFullError,
+    DLedgerError,
+    DLedgerNode,
+    EntryTooLargeError,
+    NotCommittedError,
+    NotLeaderError,
+    RaftSettings,
+)
+
+log = logging.getLogger("dledger.server")
+
+MAX_REQUEST_BYTES = 16 << 20
+MAX_READ_COUNT = 10_000
+_STATUS_BY_ERROR: dict[type[DLedgerError], int] = {
+    NotLeaderError: 409,
+    EntryTooLargeError: 413,
+    BusyError: 429,
+    DiskFullError: 507,
+    AppendFailedError: 409,
+    AppendTimeoutError: 504,
+    NotCommittedError: 404,
+}
+
+
+def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
+    return RaftSettings(
+        group=cfg.group,
+        self_id=cfg.self_id,
+        peers={p.id: p.address for p in cfg.peers},
+        data_dir=cfg.node_dir,
+        password=cfg.peer_password,
+        flush_policy=cfg.flush_policy,
+        flush_interval_ms=cfg.flush_interval_ms,
+        segment_bytes=cfg.segment_bytes,
+        election_min_ms=cfg.election_timeout_min_ms,
+        election_max_ms=cfg.election_timeout_max_ms,
+        heartbeat_ms=cfg.heartbeat_interval_ms,
+        stepdown_ms=cfg.leader_step_down_ms,
+        connection_timeout_ms=cfg.connection_timeout_ms,
+        connection_retry_ms=cfg.connection_retry_ms,
+        max_entry_bytes=cfg.max_entry_body_bytes,
+        retention_hours=cfg.file_reserved_hours,
+        disk_max_used_ratio=cfg.disk_max_used_space_ratio / 100,
+        disk_warning_ratio=cfg.disk_space_warning_level_ratio / 100,
+        retention_check_ms=cfg.retention_check_interval_ms,
+    )
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"code": code, "message": message, **extra}, status=status)
+
+
+class HttpApi:
+    def __init__(self, node: DLedgerNode, checkpoint: ApplyCheckpoint):
+        self.node = node
+        self.checkpoint = checkpoint
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._errors])
+        app.router.add_get("/v1/status", self.status)
+        app.router.add_post("/v1/append", self.append)
+        app.router.add_get("/v1/entries", self.entries)
+        app.router.add_get("/v1/chain", self.chain)
+        app.router.add_get("/v1/state", self.state)
+        app.router.add_post("/v1/transfer", self.transfer)
+        app.router.add_post("/v1/retention", self.retention)
+        return app
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.content_type != "application/json":
+                return error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.text or exc.reason)
+            raise
+        except DLedgerError as exc:
+            extra = {"leader_id": exc.leader_id} if isinstance(exc, NotLeaderError) else {}
+            return error_response(_STATUS_BY_ERROR.get(type(exc), 500), exc.code, str(exc), **extra)
+        except _BadRequest as exc:
+            return error_response(400, exc.code, str(exc))
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.node.status())
+
+    async def append(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            payload = msgpack.unpackb(raw, raw=False)
+        except Exception as exc:
+            raise _BadRequest("BAD_MSGPACK", f"request body is not msgpack: {exc}") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("bodies"), list) or not payload["bodies"]:
+            raise _BadRequest("BAD_REQUEST", "expected a map with a non-empty 'bodies' array")
+        bodies = payload["bodies"]
+        if not all(isinstance(b, bytes) for b in bodies):
+            raise _BadRequest("BAD_REQUEST", "every body must be binary (msgpack bin)")
+        timeout_s = payload.get("timeout_ms", 3000)
+        if not isinstance(timeout_s, int) or not 1 <= timeout_s <= 60_000:
+            raise _BadRequest("BAD_REQUEST", "timeout_ms must be an integer in 1..60000")
+        locations = await self.node.append(bodies, timeout_s=timeout_s / 1000)
+        body = msgpack.packb(
+            {
+                "term": locations[0].term,
+                "locations": [[loc.index, loc.slot, loc.position, loc.size] for loc in locations],
+            }
+        )
+        return web.Response(body=body, content_type="application/x-msgpack")
+
+    async def entries(self, request: web.Request) -> web.Response:
+        first = _int_param(request, "from", 1, 1, 2**62)
+        count = _int_param(request, "count", 100, 1, MAX_READ_COUNT)
+        out = [
+            {
+                "index": e.index,
+                "term": e.term,
+                "chain_crc": e.chain_crc,
+                "bodies": [[pos, b] for pos, b in e.bodies],
+            }
+            for e in self.node.read_range(first, count)
+        ]
+        return web.Response(body=msgpack.packb(out), content_type="application/x-msgpack")
+
+    async def chain(self, request: web.Request) -> web.Response:
+        first = _int_param(request, "from", 1, 1, 2**62)
+        last = _int_param(request, "to", self.node.commit_index, 0, 2**62)
+        last = min(last, self.node.commit_index, first + 1_000_000)
+        first = max(first, self.node.store.first_index)
+        crcs = [self.node.chain_crc_at(i) for i in range(first, last + 1)]
+        return web.json_response({"from": first, "crcs": crcs})
+
+    async def state(self, request: web.Request) -> web.Response:
+        cp = self.checkpoint
+        return web.json_response({"applied_index": cp.index, "bodies": cp.bodies, "digest": cp.digest})
+
+    async def transfer(self, request: web.Request) -> web.Response:
+        target = None
+        if request.can_read_body:
+            try:
+                payload = await request.json()
+            except (json.JSONDecodeError, ValueError):
+                raise _BadRequest("BAD_JSON", "request body is not JSON") from None
+            target = payload.get("target") if isinstance(payload, dict) else None
+            if target is not None and not isinstance(target, str):
+                raise _BadRequest("BAD_REQUEST", "target must be a peer id string")
+        leader = await self.node.transfer_leadership(target)
+        return web.json_response({"leader_id": leader})
+
+    async def retention(self, request: web.Request) -> web.Response:
+        await self.node._on_tick_thread(self.node.run_retention_now, 5.0)
+        return web.json_response(await self.node.status())
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _BadRequest("BAD_PARAMETER", f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise _BadRequest("BAD_PARAMETER", f"{name} must be in {low}..{high}, got {value}")
+    return value
+
+
+async def serve(cfg: DLedgerConfig, stop: asyncio.Event) -> None:
+    settings = settings_from_config(cfg)
+    checkpoint = ApplyCheckpoint(os.path.join(settings.data_dir, "meta", "apply_checkpoint"))
+    node = DLedgerNode(settings, checkpoint)
+    await node.start()
+    runner = web.AppRunner(HttpApi(node, checkpoint).app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.http_host, cfg.listen_port, reuse_address=True)
+    await site.start()
+    log.info("dledger node %s of %s serving HTTP on %s:%d", cfg.self_id, cfg.group, cfg.http_host, cfg.listen_port)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await node.stop()
+        checkpoint.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dledger-node", description="Run one dledger replica.")
+    parser.add_argument("-c", "--config", required=True, help="properties file (see conf/dledger-n0.conf)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        cfg = load_dledger_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"dledger-node: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

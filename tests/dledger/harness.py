@@ -1,0 +1,282 @@
+"""Test harness: dledger groups in this process (threads) or as OS processes, on 127.0.0.1.
+
+Nothing here sleeps to synchronise: ``wait_until`` polls a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from dledger.checkpoint import ApplyCheckpoint
+from dledger.node import DLedgerNode, RaftSettings
+
+HOST = "127.0.0.1"
+PASSWORD = "test-password-123"
+
+
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((host, 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+async def wait_until(
+    cond: Callable[[], Any] | Callable[[], Awaitable[Any]], timeout_s: float, what: str, step_s: float = 0.02
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = cond()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+        except AssertionError:
+            raise
+        except Exception as exc:  # conditions may race with failover
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_exc!r})")
+        await asyncio.sleep(step_s)
+
+
+def settings_for(
+    root: str, ids: list[str], ports: list[int], self_id: str, **overrides: Any
+) -> RaftSettings:
+    peers = {pid: f"{HOST}:{port}" for pid, port in zip(ids, ports, strict=True)}
+    base = RaftSettings(
+        group="TestGroup",
+        self_id=self_id,
+        peers=peers,
+        data_dir=os.path.join(root, self_id),
+        password=PASSWORD,
+        election_min_ms=300,
+        election_max_ms=600,
+        heartbeat_ms=30,
+        stepdown_ms=1200,
+        connection_timeout_ms=1500,
+        connection_retry_ms=200,
+    )
+    return replace(base, **overrides)
+
+
+@dataclass
+class InProcCluster:
+    """Three DLedgerNodes sharing this process and event loop (each has its own tick thread)."""
+
+    root: str
+    ids: list[str] = field(default_factory=lambda: ["n0", "n1", "n2"])
+    overrides: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[str, DLedgerNode] = field(default_factory=dict)
+    checkpoints: dict[str, ApplyCheckpoint] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ports = free_ports(len(self.ids))
+
+    def settings(self, node_id: str) -> RaftSettings:
+        return settings_for(self.root, self.ids, self.ports, node_id, **self.overrides)
+
+    async def start_node(self, node_id: str) -> DLedgerNode:
+        s = self.settings(node_id)
+        cp = ApplyCheckpoint(os.path.join(s.data_dir, "meta", "apply_checkpoint"))
+        node = DLedgerNode(s, cp)
+        await node.start()
+        self.nodes[node_id] = node
+        self.checkpoints[node_id] = cp
+        return node
+
+    async def stop_node(self, node_id: str) -> None:
+        node = self.nodes.pop(node_id)
+        await node.stop()
+        self.checkpoints.pop(node_id).close()
+
+    async def start(self) -> None:
+        for nid in self.ids:
+            await self.start_node(nid)
+
+    async def stop(self) -> None:
+        for nid in list(self.nodes):
+            await self.stop_node(nid)
+
+    async def leader(self, timeout_s: float = 10.0) -> DLedgerNode:
+        def find() -> DLedgerNode | None:
+            leaders = [n for n in self.nodes.values() if n.role == "LEADER"]
+            if len(leaders) != 1:
+                return None
+            lid = leaders[0].settings.self_id
+            return leaders[0] if all(n.leader_id == lid for n in self.nodes.values()) else None
+
+        return await wait_until(find, timeout_s, "one leader known to every node")  # type: ignore[no-any-return]
+
+    def followers(self, leader: DLedgerNode) -> list[DLedgerNode]:
+        return [n for n in self.nodes.values() if n is not leader]
+
+
+# -- multi-process groups ------------------------------------------------------------------------
+@dataclass
+class NodeProcess:
+    node_id: str
+    conf: str
+    http_port: int
+    raft_port: int
+    log: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ProcessCluster:
+    """A 3-node group of ``python -m dledger.server`` processes, ended by PID."""
+
+    def __init__(self, root: str, extra: dict[str, str] | None = None, ids: tuple[str, ...] = ("n0", "n1", "n2")):
+        self.root = root
+        ports = free_ports(2 * len(ids))
+        self.nodes: dict[str, NodeProcess] = {}
+        peers = ";".join(f"{nid}-{HOST}:{ports[i]}" for i, nid in enumerate(ids))
+        os.makedirs(os.path.join(root, "conf"), exist_ok=True)
+        os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+        for i, nid in enumerate(ids):
+            conf = os.path.join(root, "conf", f"{nid}.conf")
+            lines = {
+                "dLegerGroup": "RaftNode00",
+                "dLegerPeers": peers,
+                "dLegerSelfId": nid,
+                "storePathRootDir": os.path.join(root, "data"),
+                "listenPort": str(ports[len(ids) + i]),
+                "brokerIP1": HOST,
+                "dLegerPeerPassword": PASSWORD,
+                "dLegerElectionTimeoutMinMs": "300",
+                "dLegerElectionTimeoutMaxMs": "600",
+                "dLegerHeartbeatIntervalMs": "50",
+                **(extra or {}),
+            }
+            with open(conf, "w") as f:
+                f.write("".join(f"{k}={v}\n" for k, v in lines.items()))
+            self.nodes[nid] = NodeProcess(nid, conf, ports[len(ids) + i], ports[i], os.path.join(root, "logs", f"{nid}.log"))
+        self.session: aiohttp.ClientSession | None = None
+
+    def data_dir(self, node_id: str) -> str:
+        return os.path.join(self.root, "data", f"dledger-{node_id}")
+
+    def start_node(self, node_id: str) -> None:
+        n = self.nodes[node_id]
+        with open(n.log, "ab") as logf:
+            n.proc = subprocess.Popen(
+                [sys.executable, "-m", "dledger.server", "-c", n.conf],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
+        n = self.nodes[node_id]
+        if n.alive():
+            os.kill(n.pid, sig)
+            n.proc.wait(10)  # type: ignore[union-attr]
+
+    async def __aenter__(self) -> ProcessCluster:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        for nid in self.nodes:
+            self.start_node(nid)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for nid, n in self.nodes.items():
+            if n.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(n.pid, signal.SIGTERM)
+        for n in self.nodes.values():
+            if n.proc is not None:
+                try:
+                    n.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.kill(n.pid, signal.SIGKILL)
+                    n.proc.wait(10)
+        if self.session is not None:
+            await self.session.close()
+
+    def dump_logs(self) -> str:
+        out = []
+        for n in self.nodes.values():
+            with contextlib.suppress(FileNotFoundError), open(n.log, errors="replace") as f:
+                out.append(f"--- {n.node_id} ---\n" + f.read()[-4000:])
+        return "\n".join(out)
+
+    async def status(self, node_id: str) -> dict[str, Any]:
+        assert self.session is not None
+        n = self.nodes[node_id]
+        async with self.session.get(f"http://{HOST}:{n.http_port}/v1/status") as r:
+            return await r.json()  # type: ignore[no-any-return]
+
+    async def leader(self, timeout_s: float = 15.0, exclude: set[str] | None = None) -> str:
+        exclude = exclude or set()
+
+        async def find() -> str | None:
+            dead = [nid for nid, n in self.nodes.items() if n.proc is not None and not n.alive() and nid not in exclude]
+            if dead:
+                raise AssertionError(f"node(s) {dead} exited:\n{self.dump_logs()}")
+            seen = {}
+            for nid, n in self.nodes.items():
+                if nid in exclude or not n.alive():
+                    continue
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    seen[nid] = await self.status(nid)
+            leaders = [nid for nid, st in seen.items() if st["role"] == "LEADER"]
+            if len(leaders) == 1 and all(st["leader_id"] == leaders[0] for st in seen.values()):
+                return leaders[0]
+            return None
+
+        return await wait_until(find, timeout_s, "a leader known to every live node", step_s=0.05)  # type: ignore[no-any-return]
+
+    async def append(self, node_id: str, bodies: list[bytes], timeout_ms: int = 3000) -> tuple[int, dict[str, Any]]:
+        assert self.session is not None
+        n = self.nodes[node_id]
+        async with self.session.post(
+            f"http://{HOST}:{n.http_port}/v1/append",
+            data=msgpack.packb({"bodies": bodies, "timeout_ms": timeout_ms}),
+        ) as r:
+            raw = await r.read()
+            if r.content_type == "application/x-msgpack":
+                return r.status, msgpack.unpackb(raw)
+            return r.status, (await r.json() if raw else {})
+
+    async def chain(self, node_id: str, first: int, last: int) -> list[int]:
+        assert self.session is not None
+        n = self.nodes[node_id]
+        async with self.session.get(f"http://{HOST}:{n.http_port}/v1/chain", params={"from": first, "to": last}) as r:
+            data = await r.json()
+            assert data["from"] == first, data
+            return data["crcs"]  # type: ignore[no-any-return]
+
+    async def state(self, node_id: str) -> dict[str, Any]:
+        assert self.session is not None
+        n = self.nodes[node_id]
+        async with self.session.get(f"http://{HOST}:{n.http_port}/v1/state") as r:
+            return await r.json()  # type: ignore[no-any-return]
