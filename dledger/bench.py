@@ -3,7 +3,9 @@
 Cases (each prints a line; ``--json`` prints one JSON document at the end):
   throughput   committed appends/s and messages/s for 100 B and 1 KiB bodies, single (1 body per
                append, many in flight) and batched (many bodies per append)
-  latency      commit latency p50/p99/max at a fixed offered rate (default 2,000 msgs/s, 1 KiB)
+  latency      commit latency p50/p99/max at a fixed offered rate (default 2,000 msgs/s, 1 KiB):
+               as the client sees it (HTTP round trip included) and as the leader measures it
+               (append enqueued -> commit index covers it)
   rss          RSS of every node after N stored messages (default 1,000,000 x 1 KiB)
   failover     kill -9 of the leader -> next acknowledged append, several rounds: median and max
   stock        the same throughput load on stock pysyncobj 0.3.17 (memory journal), and the ratio
@@ -160,7 +162,16 @@ async def case_latency(
     load = Load(session, target, body_bytes, 1)
     await load.closed_loop(2, 1.0)
     load = Load(session, target, body_bytes, 1)
+    leader = await find_leader(session, target)
+    host, port = target.http[leader]
+    server_side: dict[str, Any] = {}
+    with contextlib.suppress(aiohttp.ClientError):
+        async with session.post(f"http://{host}:{port}/v1/metrics/reset") as r:
+            await r.read()
     await load.open_loop(rate, duration_s)
+    with contextlib.suppress(aiohttp.ClientError, ValueError):
+        async with session.get(f"http://{host}:{port}/v1/status") as r:
+            server_side = (await r.json()).get("commit_latency_ms", {})
     return {
         "case": f"{target.name} commit latency at {rate:.0f} msgs/s ({body_bytes} B, single)",
         "offered_msgs_per_s": rate,
@@ -168,6 +179,7 @@ async def case_latency(
         "latency_ms_p50": round(pct(load.latencies_ms, 0.50), 2),
         "latency_ms_p99": round(pct(load.latencies_ms, 0.99), 2),
         "latency_ms_max": round(max(load.latencies_ms) if load.latencies_ms else float("nan"), 2),
+        "leader_commit_latency_ms": server_side,
         "errors": load.errors,
     }
 

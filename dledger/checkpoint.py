@@ -6,8 +6,10 @@ have the same digest, so tests compare state machines across nodes and across re
 
 The record is written to one of two fixed slots, alternating, each with its own CRC and a
 sequence number; a torn write spoils at most the slot being written and the other still holds the
-previous state. ``apply`` writes and fdatasyncs before returning, so an entry is never applied
-twice: after a crash, applying resumes at ``applied_index() + 1``.
+previous state. The record *is* the whole state together with the index it reflects, so an entry
+is never applied twice: whatever record survives a crash, applying resumes right after the index
+stored with that state. (A lost write rolls state and index back together, so ``apply`` need not
+fsync; ``close`` does.)
 
     slot A (offset 0)      slot B (offset 40)
     +-----+-----+-------+--------+------+-----+
@@ -61,7 +63,6 @@ class ApplyCheckpoint:
         body = _REC.pack(self.seq, self.index, self.bodies, self.digest, self.anchor, 0)[:-4]
         record = body + struct.pack("<I", zlib.crc32(body))
         os.pwrite(self._fd, record, (self.seq % 2) * _SLOT_BYTES)
-        os.fdatasync(self._fd)
 
     # -- StateMachine ------------------------------------------------------------------------
     def applied_index(self) -> int:
@@ -86,5 +87,6 @@ class ApplyCheckpoint:
 
     def close(self) -> None:
         if self._fd >= 0:
+            os.fdatasync(self._fd)
             os.close(self._fd)
             self._fd = -1

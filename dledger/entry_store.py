@@ -172,7 +172,6 @@ class EntryStore:
         fd = self._index_fd(index, create=True)
         assert fd is not None
         os.pwrite(fd, encode_index(rec), self._index_offset(index))
-        self._dirty.add(fd)
 
     def _read_index(self, index: int) -> IndexRecord | None:
         fd = self._index_fd(index, create=False)
@@ -277,7 +276,10 @@ class EntryStore:
             room = self.segment_bytes - current.size
             if room >= BLANK_SIZE:
                 os.pwrite(current.fd, encode_blank(room), current.size)
-                self._dirty.add(current.fd)
+            # sealing: from now on recovery trusts this segment's index records without a scan
+            os.fdatasync(current.fd)
+            self._dirty.discard(current.fd)
+            self._sync_index_files()
             start = current.start + self.segment_bytes
         path = os.path.join(self._log_dir, _name(start))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -288,10 +290,19 @@ class EntryStore:
         return seg
 
     def flush(self) -> None:
+        """Make appended entries durable: fdatasync the dirty log segments.
+
+        Index files are not synced here: they are derived. Recovery rescans the last segment and
+        rewrites its index records; an earlier segment's index records are synced when the
+        segment is sealed (``_roll``), on truncation and on close."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
             for fd in dirty:
                 os.fdatasync(fd)
+
+    def _sync_index_files(self) -> None:
+        for fd in self._index_fds.values():
+            os.fdatasync(fd)
 
     def truncate_suffix(self, from_index: int) -> None:
         """Drop every entry ``>= from_index``."""
@@ -337,7 +348,7 @@ class EntryStore:
         fd = self._index_fd(from_index, create=False)
         if fd is not None:
             os.ftruncate(fd, self._index_offset(from_index))
-            self._dirty.add(fd)
+            os.fdatasync(fd)
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
         """Drop everything; the log continues after this anchor (a follower installed from a leader
@@ -563,6 +574,8 @@ class EntryStore:
             if self._closed:
                 return
             self._closed = True
+            self.flush()
+            self._sync_index_files()
             for seg in self._segments:
                 os.close(seg.fd)
             for fd in self._index_fds.values():

@@ -170,6 +170,7 @@ class _Pending:
     size: int
     future: asyncio.Future[list[BodyLocation]]
     loop: asyncio.AbstractEventLoop
+    enqueued: float = 0.0
 
 
 @dataclasses.dataclass
@@ -211,6 +212,7 @@ class DLedgerNode:
         )
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_pending = False
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RoleChange]]] = []
@@ -227,6 +229,8 @@ class DLedgerNode:
         self._last_flush = time.monotonic()
         self._last_retention = 0.0
         self._counters: collections.Counter[str] = collections.Counter()
+        # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
+        self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
         self._fatal: BaseException | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -307,6 +311,10 @@ class DLedgerNode:
             os.close(self._wake_w)
 
     def _wake(self) -> None:
+        # One byte in the pipe is enough: _wake_pending is True only while a byte is unread.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -318,6 +326,9 @@ class DLedgerNode:
                 pass
         except BlockingIOError:
             pass
+        # Cleared after draining: a wake that raced with the drain leaves a byte (a spurious but
+        # harmless wake-up) rather than a lost one.
+        self._wake_pending = False
 
     # -- NodeHooks (tick thread) ------------------------------------------------------------
     def before_ack(self) -> None:
@@ -354,7 +365,7 @@ class DLedgerNode:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[BodyLocation]] = loop.create_future()
         self._queued_bytes += size
-        self._queue.append(_Pending(list(bodies), size, future, loop))
+        self._queue.append(_Pending(list(bodies), size, future, loop, time.perf_counter()))
         self._wake()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
@@ -510,7 +521,9 @@ class DLedgerNode:
             if w.index > self.commit_index:
                 return
             self._waiting.popleft()
+            now = time.perf_counter()
             for req, locs in w.requests:
+                self.commit_latency_ms.append((now - req.enqueued) * 1000)
                 self._resolve(req, result=[BodyLocation(w.index, w.term, s, p, n) for s, p, n in locs])
 
     def _apply_committed(self) -> None:
@@ -680,6 +693,7 @@ class DLedgerNode:
                 "installs_sent": sync.dl_installs_sent,
             },
             "queued_bytes": self._queued_bytes,
+            "commit_latency_ms": _latency_summary(list(self.commit_latency_ms)),
         }
 
 
@@ -695,6 +709,14 @@ def _to_committed(entry: Entry, store: EntryStore) -> CommittedEntry:
         entry.chain_crc,
         [(base + off, b) for off, b in command_codec.decode_batch(body)],
     )
+
+
+def _latency_summary(samples: list[float]) -> dict[str, float | int]:
+    if not samples:
+        return {"count": 0}
+    samples.sort()
+    at = lambda q: round(samples[min(len(samples) - 1, int(q * len(samples)))], 3)  # noqa: E731
+    return {"count": len(samples), "p50": at(0.5), "p99": at(0.99), "max": round(samples[-1], 3)}
 
 
 def _disk_used_ratio(path: str) -> float:

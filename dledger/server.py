@@ -101,6 +101,7 @@ class HttpApi:
         app.router.add_get("/v1/state", self.state)
         app.router.add_post("/v1/transfer", self.transfer)
         app.router.add_post("/v1/retention", self.retention)
+        app.router.add_post("/v1/metrics/reset", self.reset_metrics)
         return app
 
     @web.middleware
@@ -183,6 +184,10 @@ class HttpApi:
                 raise _BadRequest("BAD_REQUEST", "target must be a peer id string")
         leader = await self.node.transfer_leadership(target)
         return web.json_response({"leader_id": leader})
+
+    async def reset_metrics(self, request: web.Request) -> web.Response:
+        self.node.commit_latency_ms.clear()
+        return web.json_response({"ok": True})
 
     async def retention(self, request: web.Request) -> web.Response:
         await self.node._on_tick_thread(self.node.run_retention_now, 5.0)
