@@ -64,7 +64,9 @@ async def find_leader(session: aiohttp.ClientSession, target: Target, timeout_s:
     while time.monotonic() < deadline:
         for node, (host, port) in target.http.items():
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                async with session.get(f"http://{host}:{port}/v1/status", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                async with session.get(
+                    f"http://{host}:{port}/v1/status", timeout=aiohttp.ClientTimeout(total=0.5)
+                ) as r:
                     st = await r.json()
                     if st.get("role") == "LEADER":
                         return node
@@ -95,7 +97,7 @@ class Load:
             async with self.session.post(f"http://{host}:{port}/v1/append", data=self.payload) as r:
                 await r.read()
                 ok = r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         if ok:
             self.appends += 1
@@ -137,7 +139,12 @@ class Load:
 
 
 async def case_throughput(
-    session: aiohttp.ClientSession, target: Target, body_bytes: int, per_append: int, concurrency: int, duration_s: float
+    session: aiohttp.ClientSession,
+    target: Target,
+    body_bytes: int,
+    per_append: int,
+    concurrency: int,
+    duration_s: float,
 ) -> dict[str, Any]:
     load = Load(session, target, body_bytes, per_append)
     await load.closed_loop(min(4, concurrency), 1.0)  # warm-up
@@ -230,7 +237,9 @@ async def case_failover(session: aiohttp.ClientSession, target: Target, rounds: 
         done = asyncio.Event()
         first_ack: list[float] = []
 
-        async def prober() -> None:
+        async def prober(
+            load: Load = load, done: asyncio.Event = done, first_ack: list[float] = first_ack
+        ) -> None:
             while not done.is_set():
                 if await load._post():
                     first_ack.append(time.perf_counter())
@@ -257,12 +266,18 @@ async def wait_all_up(session: aiohttp.ClientSession, target: Target, timeout_s:
         statuses = []
         for host, port in target.http.values():
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                async with session.get(f"http://{host}:{port}/v1/status", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                async with session.get(
+                    f"http://{host}:{port}/v1/status", timeout=aiohttp.ClientTimeout(total=0.5)
+                ) as r:
                     statuses.append(await r.json())
         if len(statuses) == len(target.http):
             leaders = [s for s in statuses if s["role"] == "LEADER"]
             commits = [s["commit_index"] for s in statuses]
-            if len(leaders) == 1 and max(commits) - min(commits) <= 0 and all(s.get("leader_id") for s in statuses):
+            if (
+                len(leaders) == 1
+                and max(commits) - min(commits) <= 0
+                and all(s.get("leader_id") for s in statuses)
+            ):
                 return
         await asyncio.sleep(0.05)
     raise RuntimeError(f"{target.name}: the group did not settle within {timeout_s} s")
@@ -356,7 +371,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await wait_all_up(session, target)
             for body in (100, 1024):
                 emit(await case_throughput(session, target, body, 1, args.single_in_flight, args.duration))
-                emit(await case_throughput(session, target, body, args.batch, args.batch_in_flight, args.duration))
+                emit(
+                    await case_throughput(
+                        session, target, body, args.batch, args.batch_in_flight, args.duration
+                    )
+                )
             emit(await case_latency(session, target, args.rate, args.duration))
             if args.failover_rounds:
                 emit(await case_failover(session, target, args.failover_rounds))
@@ -369,7 +388,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             stock = start_stock(root)
             try:
                 await wait_all_up(session, stock)
-                ours = {c["case"].split(" ", 1)[1]: c for c in results["cases"] if c["case"].startswith("dledger ")}
+                ours = {
+                    c["case"].split(" ", 1)[1]: c
+                    for c in results["cases"]
+                    if c["case"].startswith("dledger ")
+                }
                 for per_append, in_flight in ((1, args.single_in_flight), (args.batch, args.batch_in_flight)):
                     r = await case_throughput(session, stock, 1024, per_append, in_flight, args.duration)
                     mine = ours.get(r["case"].split(" ", 1)[1])

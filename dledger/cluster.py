@@ -155,7 +155,9 @@ def start_process(info: ProcessInfo, python: str = sys.executable) -> int:
 
 
 def http_json(host: str, port: int, path: str, timeout_s: float = 1.0, data: bytes | None = None) -> Any:
-    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method="POST" if data is not None else "GET")
+    req = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=data, method="POST" if data is not None else "GET"
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())
 
@@ -209,7 +211,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     running = [p for p in _load_state(root) if is_running(p)]
     if running:
-        raise UsageError(f"a cluster is already running from {root} ({len(running)} processes); run 'down' first")
+        raise UsageError(
+            f"a cluster is already running from {root} ({len(running)} processes); run 'down' first"
+        )
     extra = dict(kv.split("=", 1) for kv in args.set or [])
     planned = plan(root, args.groups, args.host, args.raft_port, args.http_port, args.flush, extra)
     os.makedirs(os.path.join(root, "conf"), exist_ok=True)
@@ -223,7 +227,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     rows = wait_healthy(procs, args.wait)
     print_rows(rows, args.json)
     if not healthy(rows):
-        print(f"dledger-cluster: the cluster did not elect leaders within {args.wait} s; see {root}/logs", file=sys.stderr)
+        print(
+            f"dledger-cluster: the cluster did not elect leaders within {args.wait} s; see {root}/logs",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -272,7 +279,9 @@ def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dledger-cluster", description="Run a local dledger cluster on loopback.")
+    parser = argparse.ArgumentParser(
+        prog="dledger-cluster", description="Run a local dledger cluster on loopback."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the processes and wait for leaders")
     up.add_argument("--dir", required=True)

@@ -149,7 +149,7 @@ class _Reader:
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(key, message, self.source)
 
-    def str(self, key: str, default: str | None = None) -> str:
+    def text(self, key: str, default: str | None = None) -> str:
         value = self.props.get(key)
         if value is None or value == "":
             if default is None:
@@ -157,7 +157,7 @@ class _Reader:
             return default
         return value
 
-    def int(self, key: str, default: int, low: int, high: int) -> int:
+    def integer(self, key: str, default: int, low: int, high: int) -> int:
         raw = self.props.get(key)
         if raw is None or raw == "":
             return default
@@ -168,7 +168,7 @@ class _Reader:
             raise self.error(key, f"must be in {low}..{high}, got {value}")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def boolean(self, key: str, default: bool) -> bool:
         raw = self.props.get(key)
         if raw is None or raw == "":
             return default
@@ -219,43 +219,55 @@ def parse_dledger_config(
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(key, f"unknown key{hint}", source)
     r = _Reader(props, source)
-    group = r.str("dLegerGroup")
+    group = r.text("dLegerGroup")
     if not NAME_RE.match(group):
         raise r.error("dLegerGroup", f"{group!r} must be 1..127 characters of [a-zA-Z0-9_-]")
-    peers = parse_peers(r.str("dLegerPeers"), source)
+    peers = parse_peers(r.text("dLegerPeers"), source)
     ids = {p.id for p in peers}
-    self_id = r.str("dLegerSelfId")
+    self_id = r.text("dLegerSelfId")
     if self_id not in ids:
         raise r.error("dLegerSelfId", f"{self_id!r} is not one of the peers ({', '.join(sorted(ids))})")
-    if not r.bool("enableDLegerCommitLog", True):
-        raise r.error("enableDLegerCommitLog", "must be true: the Raft log is the only commit log this broker has")
-    flush_raw = r.str("flushDiskType", "SYNC_FLUSH")
+    if not r.boolean("enableDLegerCommitLog", True):
+        raise r.error(
+            "enableDLegerCommitLog", "must be true: the Raft log is the only commit log this broker has"
+        )
+    flush_raw = r.text("flushDiskType", "SYNC_FLUSH")
     if flush_raw not in ("SYNC_FLUSH", "ASYNC_FLUSH"):
         raise r.error("flushDiskType", f"must be SYNC_FLUSH or ASYNC_FLUSH, got {flush_raw!r}")
-    el_min = r.int("dLegerElectionTimeoutMinMs", 300, 50, 60_000)
-    el_max = r.int("dLegerElectionTimeoutMaxMs", 600, 51, 120_000)
+    el_min = r.integer("dLegerElectionTimeoutMinMs", 300, 50, 60_000)
+    el_max = r.integer("dLegerElectionTimeoutMaxMs", 600, 51, 120_000)
     if el_max <= el_min:
-        raise r.error("dLegerElectionTimeoutMaxMs", f"must be greater than dLegerElectionTimeoutMinMs ({el_min})")
-    heartbeat = r.int("dLegerHeartbeatIntervalMs", 50, 5, 10_000)
+        raise r.error(
+            "dLegerElectionTimeoutMaxMs", f"must be greater than dLegerElectionTimeoutMinMs ({el_min})"
+        )
+    heartbeat = r.integer("dLegerHeartbeatIntervalMs", 50, 5, 10_000)
     if heartbeat * 3 >= el_min:
-        raise r.error("dLegerHeartbeatIntervalMs", f"must be below a third of dLegerElectionTimeoutMinMs ({el_min})")
-    step_down = r.int("dLegerLeaderStepDownMs", 1500, 100, 600_000)
+        raise r.error(
+            "dLegerHeartbeatIntervalMs", f"must be below a third of dLegerElectionTimeoutMinMs ({el_min})"
+        )
+    step_down = r.integer("dLegerLeaderStepDownMs", 1500, 100, 600_000)
     if step_down <= el_min:
         raise r.error("dLegerLeaderStepDownMs", f"must be greater than dLegerElectionTimeoutMinMs ({el_min})")
-    password = r.str("dLegerPeerPassword")
+    password = r.text("dLegerPeerPassword")
     if len(password) < 8:
-        raise r.error("dLegerPeerPassword", "must be at least 8 characters (it authenticates every peer frame)")
+        raise r.error(
+            "dLegerPeerPassword", "must be at least 8 characters (it authenticates every peer frame)"
+        )
     preferred = props.get("preferredLeaderId") or None
     if preferred is not None and preferred not in ids:
         raise r.error("preferredLeaderId", f"{preferred!r} is not one of the peers")
-    max_used = r.int("diskMaxUsedSpaceRatio", 75, 10, 95)
-    warning = r.int("diskSpaceWarningLevelRatio", 90, 11, 99)
+    max_used = r.integer("diskMaxUsedSpaceRatio", 75, 10, 95)
+    warning = r.integer("diskSpaceWarningLevelRatio", 90, 11, 99)
     if warning <= max_used:
-        raise r.error("diskSpaceWarningLevelRatio", f"must be greater than diskMaxUsedSpaceRatio ({max_used})")
-    delete_when = r.str("deleteWhen", "04")
-    if not re.fullmatch(r"[0-9]{2}(;[0-9]{2})*", delete_when) or any(int(h) > 23 for h in delete_when.split(";")):
+        raise r.error(
+            "diskSpaceWarningLevelRatio", f"must be greater than diskMaxUsedSpaceRatio ({max_used})"
+        )
+    delete_when = r.text("deleteWhen", "04")
+    if not re.fullmatch(r"[0-9]{2}(;[0-9]{2})*", delete_when) or any(
+        int(h) > 23 for h in delete_when.split(";")
+    ):
         raise r.error("deleteWhen", f"must be hours like '04' or '04;16', got {delete_when!r}")
-    reserved_raw = r.str("fileReservedTime", "72")
+    reserved_raw = r.text("fileReservedTime", "72")
     try:
         reserved = float(reserved_raw)
     except ValueError:
@@ -263,36 +275,36 @@ def parse_dledger_config(
     if not 0 <= reserved <= 24 * 3650:
         raise r.error("fileReservedTime", f"must be in 0..87600 hours, got {reserved}")
     self_host = next(p.host for p in peers if p.id == self_id)
-    http_host = r.str("brokerIP1", self_host)
+    http_host = r.text("brokerIP1", self_host)
     if not HOST_RE.match(http_host):
         raise r.error("brokerIP1", f"bad host {http_host!r}")
-    segment_bytes = r.int("mappedFileSizeCommitLog", 1 << 30, 65536, 1 << 40)
-    max_entry = r.int("maxEntryBodyBytes", (4 << 20) + (64 << 10), 1024, 64 << 20)
+    segment_bytes = r.integer("mappedFileSizeCommitLog", 1 << 30, 65536, 1 << 40)
+    max_entry = r.integer("maxEntryBodyBytes", (4 << 20) + (64 << 10), 1024, 64 << 20)
     if max_entry + 64 > segment_bytes:
         raise r.error("mappedFileSizeCommitLog", f"must exceed maxEntryBodyBytes ({max_entry}) plus a header")
     return DLedgerConfig(
         group=group,
         peers=peers,
         self_id=self_id,
-        store_root=r.str("storePathRootDir"),
+        store_root=r.text("storePathRootDir"),
         flush_policy="sync" if flush_raw == "SYNC_FLUSH" else "async",
-        flush_interval_ms=r.int("flushIntervalCommitLog", 10, 1, 10_000),
+        flush_interval_ms=r.integer("flushIntervalCommitLog", 10, 1, 10_000),
         segment_bytes=segment_bytes,
         election_timeout_min_ms=el_min,
         election_timeout_max_ms=el_max,
         heartbeat_interval_ms=heartbeat,
         leader_step_down_ms=step_down,
-        connection_timeout_ms=r.int("dLegerConnectionTimeoutMs", 1500, 100, 60_000),
-        connection_retry_ms=r.int("dLegerConnectionRetryMs", 300, 10, 60_000),
+        connection_timeout_ms=r.integer("dLegerConnectionTimeoutMs", 1500, 100, 60_000),
+        connection_retry_ms=r.integer("dLegerConnectionRetryMs", 300, 10, 60_000),
         peer_password=password,
         preferred_leader_id=preferred,
         file_reserved_hours=reserved,
         disk_max_used_space_ratio=max_used,
         disk_space_warning_level_ratio=warning,
         delete_when=delete_when,
-        retention_check_interval_ms=r.int("retentionCheckIntervalMs", 10_000, 10, 3_600_000),
+        retention_check_interval_ms=r.integer("retentionCheckIntervalMs", 10_000, 10, 3_600_000),
         max_entry_body_bytes=max_entry,
-        listen_port=r.int("listenPort", 10911, 1, 65535),
+        listen_port=r.integer("listenPort", 10911, 1, 65535),
         http_host=http_host,
         source=source,
     )

@@ -84,7 +84,9 @@ def chain_crc(prev_chain_crc: int, index: int, term: int, body_crc: int) -> int:
     return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
 
 
-def encode_entry(index: int, term: int, position: int, body: bytes, prev_chain_crc: int) -> tuple[bytes, EntryHeader]:
+def encode_entry(
+    index: int, term: int, position: int, body: bytes, prev_chain_crc: int
+) -> tuple[bytes, EntryHeader]:
     total = HEADER_SIZE + len(body)
     if total > MAX_ENTRY_BYTES:
         raise EntryTooLargeError(f"entry of {total} bytes exceeds the format limit")

@@ -181,7 +181,9 @@ class EntryStore:
 
     def _record(self, index: int) -> IndexRecord:
         if not self.first_index <= index <= self.last_index:
-            raise IndexOutOfRangeError(f"index {index} is outside the store [{self.first_index}, {self.last_index}]")
+            raise IndexOutOfRangeError(
+                f"index {index} is outside the store [{self.first_index}, {self.last_index}]"
+            )
         rec = self._read_index(index)
         if rec is None:
             raise CorruptStoreError(f"{self._index_dir}: no index record for held index {index}")
@@ -204,7 +206,9 @@ class EntryStore:
         head = decode_header(raw)
         body = raw[HEADER_SIZE:]
         if head.index != index or zlib.crc32(body) != head.body_crc:
-            raise CorruptEntryError(f"{seg.path}: entry {index} at offset {rec.position - seg.start} fails its checks")
+            raise CorruptEntryError(
+                f"{seg.path}: entry {index} at offset {rec.position - seg.start} fails its checks"
+            )
         return Entry(index, head.term, rec.position, body, head.chain_crc)
 
     def read_range(self, first: int, max_count: int, max_bytes: int) -> list[Entry]:
@@ -252,7 +256,9 @@ class EntryStore:
             raise ValueError(f"append of index {index}, expected {self.last_index + 1}")
         total = HEADER_SIZE + len(body)
         if total > self.segment_bytes - BLANK_SIZE:
-            raise EntryTooLargeError(f"entry of {total} bytes does not fit a {self.segment_bytes}-byte segment")
+            raise EntryTooLargeError(
+                f"entry of {total} bytes does not fit a {self.segment_bytes}-byte segment"
+            )
         with self._lock:
             seg = self._segments[-1] if self._segments else None
             if seg is None or seg.size + total > self.segment_bytes:
@@ -307,7 +313,9 @@ class EntryStore:
     def truncate_suffix(self, from_index: int) -> None:
         """Drop every entry ``>= from_index``."""
         if not self.first_index <= from_index <= self.last_index + 1:
-            raise IndexOutOfRangeError(f"cannot truncate from {from_index} in [{self.first_index}, {self.last_index}]")
+            raise IndexOutOfRangeError(
+                f"cannot truncate from {from_index} in [{self.first_index}, {self.last_index}]"
+            )
         if from_index == self.last_index + 1:
             return
         with self._lock:
@@ -381,7 +389,11 @@ class EntryStore:
                     continue
                 nxt = self._segments[i + 1].first_index if i + 1 < len(self._segments) else 0
                 last = nxt - 1 if nxt else self.last_index
-                out.append(SegmentInfo(seg.start, seg.first_index, last, seg.size, os.fstat(seg.fd).st_mtime, seg.path))
+                out.append(
+                    SegmentInfo(
+                        seg.start, seg.first_index, last, seg.size, os.fstat(seg.fd).st_mtime, seg.path
+                    )
+                )
             return out
 
     def delete_segments_before(self, index_floor: int) -> int:
@@ -500,7 +512,9 @@ class EntryStore:
         seg.first_index = head.index
         return nxt_head.index - 1, last.chain_crc
 
-    def _scan_segment(self, seg: _Segment, prev_index: int, prev_chain: int, is_last: bool) -> tuple[int, int]:
+    def _scan_segment(
+        self, seg: _Segment, prev_index: int, prev_chain: int, is_last: bool
+    ) -> tuple[int, int]:
         offset = 0
         size = seg.size
         while offset < size:

@@ -187,7 +187,7 @@ class RaftJournal:
         # SyncObj calls this only when loading a snapshot, which dledger never makes.
         raise JournalError("clear() is not supported: dledger never installs pysyncobj snapshots")
 
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
         index = self._first_visible() + entryFrom
         if self.skip_next_truncate:
             self.skip_next_truncate = False
@@ -200,7 +200,7 @@ class RaftJournal:
         log.info("truncating %d entries from index %d (conflict with the leader)", dropped, index)
         self.store.truncate_suffix(index)
 
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+    def deleteEntriesTo(self, entryTo: int) -> None:
         # Only pysyncobj's log compaction calls this, and compaction is switched off.
         raise JournalError("deleteEntriesTo() is not supported: retention is done by the store")
 
@@ -212,28 +212,30 @@ class RaftJournal:
         return True
 
     # -- Raft persistent state -------------------------------------------------------------
-    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802,N803
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
         self._commit_index = raftCommitIndex
 
-    def getRaftCommitIndex(self) -> int:  # noqa: N802
+    def getRaftCommitIndex(self) -> int:
         return min(self._commit_index, self.store.last_index)
 
-    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802,N803
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
         voted = "" if votedForNodeId is None else str(votedForNodeId)
         if term == self._term and voted == (self._voted_for or ""):
             return
         raw_vote = voted.encode()
         payload = _TERM_FMT.pack(term, len(raw_vote)) + raw_vote
-        _atomic_write(os.path.join(self._meta_dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload)))
+        _atomic_write(
+            os.path.join(self._meta_dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload))
+        )
         self._term, self._voted_for = term, (voted or None)
 
-    def getCurrentTerm(self) -> int:  # noqa: N802
+    def getCurrentTerm(self) -> int:
         return self._term
 
-    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+    def getVotedForNodeId(self) -> str | None:
         return self._voted_for
 
-    def onOneSecondTimer(self) -> None:  # noqa: N802
+    def onOneSecondTimer(self) -> None:
         if self._commit_index != self._commit_written:
             payload = struct.pack("<Q", self._commit_index)
             path = os.path.join(self._meta_dir, _COMMIT_FILE)

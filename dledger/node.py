@@ -195,7 +195,9 @@ class DLedgerNode:
         self._clock = clock
         self._sm = state_machine
         os.makedirs(settings.data_dir, exist_ok=True)
-        self.store = EntryStore(os.path.join(settings.data_dir, "store"), segment_bytes=settings.segment_bytes)
+        self.store = EntryStore(
+            os.path.join(settings.data_dir, "store"), segment_bytes=settings.segment_bytes
+        )
         self.journal = RaftJournal(self.store, os.path.join(settings.data_dir, "meta"))
         view = settings.view()
         self._addr_to_id = {addr: pid for pid, addr in view.items()}
@@ -207,9 +209,9 @@ class DLedgerNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._queued_bytes = 0
-        self._control: collections.deque[tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]] = (
-            collections.deque()
-        )
+        self._control: collections.deque[
+            tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+        ] = collections.deque()
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         self._wake_pending = False
@@ -236,7 +238,9 @@ class DLedgerNode:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, timeout_s: float = 10.0) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name=f"dledger-tick-{self.settings.self_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"dledger-tick-{self.settings.self_id}", daemon=True
+        )
         self._thread.start()
         ok = await self._loop.run_in_executor(None, self._started.wait, timeout_s)
         if self._fatal is not None:
@@ -355,7 +359,9 @@ class DLedgerNode:
             raise ValueError("append needs at least one body")
         size = sum(len(b) for b in bodies) + command_codec.batch_overhead(len(bodies))
         if size > self.settings.max_entry_bytes:
-            raise EntryTooLargeError(f"request of {size} bytes exceeds the entry limit {self.settings.max_entry_bytes}")
+            raise EntryTooLargeError(
+                f"request of {size} bytes exceeds the entry limit {self.settings.max_entry_bytes}"
+            )
         if self.role != "LEADER":
             raise NotLeaderError(self.leader_id)
         if self.disk_full:
@@ -413,9 +419,9 @@ class DLedgerNode:
         deadline = time.monotonic() + timeout_s
         queue = self.role_changes()
         while time.monotonic() < deadline:
-            if self.leader_id is not None and self.leader_id != self.settings.self_id:
-                if target_id is None or self.leader_id == target_id:
-                    return self.leader_id
+            leader = self.leader_id
+            if leader is not None and leader != self.settings.self_id and target_id in (None, leader):
+                return leader
             try:
                 await asyncio.wait_for(queue.get(), max(0.01, deadline - time.monotonic()))
             except TimeoutError:
@@ -504,7 +510,10 @@ class DLedgerNode:
         if not self.store.dirty:
             return
         now = time.monotonic()
-        if self.settings.flush_policy == "sync" or now - self._last_flush >= self.settings.flush_interval_ms / 1000:
+        if (
+            self.settings.flush_policy == "sync"
+            or now - self._last_flush >= self.settings.flush_interval_ms / 1000
+        ):
             self.store.flush()
             self._last_flush = now
             self._counters["fsync"] += 1
@@ -513,10 +522,14 @@ class DLedgerNode:
         store = self.store
         while self._waiting:
             w = self._waiting[0]
-            if w.index > store.last_index or (w.index >= store.first_index and store.term_at(w.index) != w.term):
+            if w.index > store.last_index or (
+                w.index >= store.first_index and store.term_at(w.index) != w.term
+            ):
                 self._waiting.popleft()
                 for req, _ in w.requests:
-                    self._resolve(req, exc=AppendFailedError(f"entry {w.index} was replaced by a newer leader's entry"))
+                    self._resolve(
+                        req, exc=AppendFailedError(f"entry {w.index} was replaced by a newer leader's entry")
+                    )
                 continue
             if w.index > self.commit_index:
                 return
@@ -677,7 +690,9 @@ class DLedgerNode:
             "last_term": store.last_term,
             "anchor_index": store.anchor[0],
             "chain_crc_at_commit": (
-                store.chain_crc_at(self.commit_index) if store.anchor[0] <= self.commit_index <= store.last_index else None
+                store.chain_crc_at(self.commit_index)
+                if store.anchor[0] <= self.commit_index <= store.last_index
+                else None
             ),
             "bytes_stored": store.bytes_stored,
             "segments": len(store.segments()),

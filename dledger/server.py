@@ -112,7 +112,9 @@ class HttpApi:
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status >= 400 and exc.content_type != "application/json":
-                return error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.text or exc.reason)
+                return error_response(
+                    exc.status, exc.reason.upper().replace(" ", "_"), exc.text or exc.reason
+                )
             raise
         except DLedgerError as exc:
             extra = {"leader_id": exc.leader_id} if isinstance(exc, NotLeaderError) else {}
@@ -129,7 +131,11 @@ class HttpApi:
             payload = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
             raise _BadRequest("BAD_MSGPACK", f"request body is not msgpack: {exc}") from None
-        if not isinstance(payload, dict) or not isinstance(payload.get("bodies"), list) or not payload["bodies"]:
+        if (
+            not isinstance(payload, dict)
+            or not isinstance(payload.get("bodies"), list)
+            or not payload["bodies"]
+        ):
             raise _BadRequest("BAD_REQUEST", "expected a map with a non-empty 'bodies' array")
         bodies = payload["bodies"]
         if not all(isinstance(b, bytes) for b in bodies):
@@ -222,7 +228,9 @@ async def serve(cfg: DLedgerConfig, stop: asyncio.Event) -> None:
     await runner.setup()
     site = web.TCPSite(runner, cfg.http_host, cfg.listen_port, reuse_address=True)
     await site.start()
-    log.info("dledger node %s of %s serving HTTP on %s:%d", cfg.self_id, cfg.group, cfg.http_host, cfg.listen_port)
+    log.info(
+        "dledger node %s of %s serving HTTP on %s:%d", cfg.self_id, cfg.group, cfg.http_host, cfg.listen_port
+    )
     try:
         await stop.wait()
     finally:
@@ -237,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     try:
         cfg = load_dledger_config(args.config)

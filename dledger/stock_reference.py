@@ -20,15 +20,20 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 ROLE = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
 
 
-class Counter(SyncObj):  # type: ignore[misc]
+class Counter(SyncObj):
     def __init__(self, self_addr: str, peers: list[str]):
         super().__init__(self_addr, peers, conf=SyncObjConf())
         self.bodies = 0
 
-    @replicated  # type: ignore[misc]
+    @replicated
     def append(self, bodies: list[bytes]) -> int:
         self.bodies += len(bodies)
         return self.bodies
+
+
+def _settle(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def make_app(obj: Counter, self_addr: str) -> web.Application:
@@ -38,11 +43,11 @@ def make_app(obj: Counter, self_addr: str) -> web.Application:
         fut: asyncio.Future[Any] = loop.create_future()
 
         def done(res: Any, err: Any) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((res, err)))
+            loop.call_soon_threadsafe(_settle, fut, (res, err))
 
         obj.append(payload["bodies"], callback=done)
         try:
-            res, err = await asyncio.wait_for(fut, payload.get("timeout_ms", 3000) / 1000)
+            _res, err = await asyncio.wait_for(fut, payload.get("timeout_ms", 3000) / 1000)
         except TimeoutError:
             return web.json_response({"code": "APPEND_TIMEOUT", "message": "timeout"}, status=504)
         if err != 0:
@@ -61,7 +66,9 @@ def make_app(obj: Counter, self_addr: str) -> web.Application:
             {
                 "role": role,
                 "term": st["raft_term"],
-                "leader_id": self_addr if role == "LEADER" else (leader.address if leader is not None else None),
+                "leader_id": self_addr
+                if role == "LEADER"
+                else (leader.address if leader is not None else None),
                 "commit_index": st["commit_idx"],
                 "applied_index": st["last_applied"],
             }

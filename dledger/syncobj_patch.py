@@ -116,7 +116,7 @@ class NodeHooks(Protocol):
     def on_leader_floor(self, floor: int) -> None: ...
 
 
-class DLedgerTransport(TCPTransport):  # type: ignore[misc]
+class DLedgerTransport(TCPTransport):
     """TCPTransport that makes entries durable before a follower acknowledges them."""
 
     hooks: NodeHooks | None = None
@@ -128,12 +128,12 @@ class DLedgerTransport(TCPTransport):  # type: ignore[misc]
         if node.address in self.blocked:
             return False
         hooks = self.hooks
-        if hooks is not None and type(message) is dict and message.get("type") == "next_node_idx":
-            if message.get("success"):
-                hooks.before_ack()
+        is_ack = type(message) is dict and message.get("type") == "next_node_idx" and message.get("success")
+        if hooks is not None and is_ack:
+            hooks.before_ack()
         return bool(super().send(node, message))
 
-    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
         if node.address in self.blocked:
             return
         super()._onMessageReceived(node, message)
@@ -144,7 +144,7 @@ class DLedgerTransport(TCPTransport):  # type: ignore[misc]
             return 0
         return int(conn.getSendBufferSize())
 
-    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         # Unlisted ("readonly") peers would receive the whole log: refuse them.
         if message == "readonly" and (not self._syncObj.encryptor or conn.sendRandKey):
             conn.disconnect()
@@ -192,7 +192,7 @@ def align_append_entries(
     return out, False
 
 
-class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
+class DLedgerSyncObj(SyncObj):
     """SyncObj with dledger's corrections; ticked by the node's own thread (autoTick off)."""
 
     def __init__(
@@ -250,15 +250,16 @@ class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
         """Before the first tick: SyncObj need not re-run entries that are already applied."""
         store = self.dl_journal.store
         floor = max(1, store.anchor[0])
-        self._SyncObj__raftLastApplied = max(floor, min(applied_index, store.last_index))
-        self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
+        applied = max(floor, min(applied_index, store.last_index))
+        self._SyncObj__raftLastApplied = applied
+        self._SyncObj__raftCommitIndex = max(int(self.raftCommitIndex), applied)
 
     def dl_send_now(self) -> None:
         if self.dl_state == RAFT_STATE_LEADER:
             self._SyncObj__sendAppendEntries()
 
     # -- item 2, 3 and the install message: incoming messages ----------------------------------
-    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         mtype = message.get("type") if type(message) is dict else None
         if mtype == "append_entries":
             if "transmission" in message:
@@ -309,7 +310,10 @@ class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
             return  # only the current leader may move our anchor; it retries
         anchor_index, anchor_term, anchor_chain = message["anchor"]
         store = self.dl_journal.store
-        has_anchor = store.anchor[0] <= anchor_index <= store.last_index and self._dl_term_at(anchor_index) == anchor_term
+        has_anchor = (
+            store.anchor[0] <= anchor_index <= store.last_index
+            and self._dl_term_at(anchor_index) == anchor_term
+        )
         if not has_anchor:
             log.warning(
                 "leader %s no longer holds our next entry: restarting the log after its anchor %d (term %d)",
@@ -324,11 +328,12 @@ class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
             self.dl_hooks.on_install_anchor(anchor_index)
         self._SyncObj__raftElectionDeadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
         self.dl_transport.send(
-            node, {"type": "next_node_idx", "next_node_idx": anchor_index + 1, "reset": True, "success": False}
+            node,
+            {"type": "next_node_idx", "next_node_idx": anchor_index + 1, "reset": True, "success": False},
         )
 
     # -- item 4: replication --------------------------------------------------------------------
-    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802
+    def _SyncObj__sendAppendEntries(self) -> None:
         self._SyncObj__newAppendEntriesTime = time.monotonic() + self._SyncObj__conf.appendEntriesPeriod
         nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
         if not nodes:
@@ -366,7 +371,7 @@ class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
             message = {
                 "type": "append_entries",
                 "term": term,
-                "commit_index": self._SyncObj__raftCommitIndex,
+                "commit_index": int(self._SyncObj__raftCommitIndex),
                 "entries": entries,
                 "prevLogIdx": prev if prev_term is not None else None,
                 "prevLogTerm": prev_term,
@@ -380,7 +385,10 @@ class DLedgerSyncObj(SyncObj):  # type: ignore[misc]
             next_index = entries[-1][1] + 1
             self._SyncObj__raftNextIndex[node] = next_index
             sent_bytes += sum(len(e[0]) for e in entries)
-            if sent_bytes >= self.dl_per_call_budget_bytes or transport.pending_bytes(node) > self.dl_max_queued_bytes:
+            if (
+                sent_bytes >= self.dl_per_call_budget_bytes
+                or transport.pending_bytes(node) > self.dl_max_queued_bytes
+            ):
                 return
 
     def _dl_send_install(self, node: Any) -> None:

@@ -56,13 +56,13 @@ async def wait_until(
         except Exception as exc:  # conditions may race with failover
             last_exc = exc
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_exc!r})")
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what} (last error: {last_exc!r})"
+            )
         await asyncio.sleep(step_s)
 
 
-def settings_for(
-    root: str, ids: list[str], ports: list[int], self_id: str, **overrides: Any
-) -> RaftSettings:
+def settings_for(root: str, ids: list[str], ports: list[int], self_id: str, **overrides: Any) -> RaftSettings:
     peers = {pid: f"{HOST}:{port}" for pid, port in zip(ids, ports, strict=True)}
     base = RaftSettings(
         group="TestGroup",
@@ -155,7 +155,9 @@ class NodeProcess:
 class ProcessCluster:
     """A 3-node group of ``python -m dledger.server`` processes, ended by PID."""
 
-    def __init__(self, root: str, extra: dict[str, str] | None = None, ids: tuple[str, ...] = ("n0", "n1", "n2")):
+    def __init__(
+        self, root: str, extra: dict[str, str] | None = None, ids: tuple[str, ...] = ("n0", "n1", "n2")
+    ):
         self.root = root
         ports = free_ports(2 * len(ids))
         self.nodes: dict[str, NodeProcess] = {}
@@ -179,7 +181,9 @@ class ProcessCluster:
             }
             with open(conf, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in lines.items()))
-            self.nodes[nid] = NodeProcess(nid, conf, ports[len(ids) + i], ports[i], os.path.join(root, "logs", f"{nid}.log"))
+            self.nodes[nid] = NodeProcess(
+                nid, conf, ports[len(ids) + i], ports[i], os.path.join(root, "logs", f"{nid}.log")
+            )
         self.session: aiohttp.ClientSession | None = None
 
     def data_dir(self, node_id: str) -> str:
@@ -208,7 +212,7 @@ class ProcessCluster:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        for nid, n in self.nodes.items():
+        for _nid, n in self.nodes.items():
             if n.alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(n.pid, signal.SIGTERM)
@@ -239,7 +243,11 @@ class ProcessCluster:
         exclude = exclude or set()
 
         async def find() -> str | None:
-            dead = [nid for nid, n in self.nodes.items() if n.proc is not None and not n.alive() and nid not in exclude]
+            dead = [
+                nid
+                for nid, n in self.nodes.items()
+                if n.proc is not None and not n.alive() and nid not in exclude
+            ]
             if dead:
                 raise AssertionError(f"node(s) {dead} exited:\n{self.dump_logs()}")
             seen = {}
@@ -255,7 +263,9 @@ class ProcessCluster:
 
         return await wait_until(find, timeout_s, "a leader known to every live node", step_s=0.05)  # type: ignore[no-any-return]
 
-    async def append(self, node_id: str, bodies: list[bytes], timeout_ms: int = 3000) -> tuple[int, dict[str, Any]]:
+    async def append(
+        self, node_id: str, bodies: list[bytes], timeout_ms: int = 3000
+    ) -> tuple[int, dict[str, Any]]:
         assert self.session is not None
         n = self.nodes[node_id]
         async with self.session.post(
@@ -270,7 +280,9 @@ class ProcessCluster:
     async def chain(self, node_id: str, first: int, last: int) -> list[int]:
         assert self.session is not None
         n = self.nodes[node_id]
-        async with self.session.get(f"http://{HOST}:{n.http_port}/v1/chain", params={"from": first, "to": last}) as r:
+        async with self.session.get(
+            f"http://{HOST}:{n.http_port}/v1/chain", params={"from": first, "to": last}
+        ) as r:
             data = await r.json()
             assert data["from"] == first, data
             return data["crcs"]  # type: ignore[no-any-return]

@@ -22,7 +22,9 @@ async def cluster(tmp_path: Any) -> Any:
 
 async def all_applied(c: InProcCluster, index: int, timeout_s: float = 10.0) -> None:
     await wait_until(
-        lambda: all(n.applied_index >= index for n in c.nodes.values()), timeout_s, f"every node applied {index}"
+        lambda: all(n.applied_index >= index for n in c.nodes.values()),
+        timeout_s,
+        f"every node applied {index}",
     )
 
 
@@ -62,7 +64,9 @@ async def test_concurrent_appends_share_entries(cluster: InProcCluster) -> None:
     indexes = {r[0].index for r in results}
     assert len(indexes) < 500, "group commit should put several requests in one entry"
     await all_applied(cluster, max(indexes))
-    bodies = {n.settings.self_id: cluster.checkpoints[n.settings.self_id].bodies for n in cluster.nodes.values()}
+    bodies = {
+        n.settings.self_id: cluster.checkpoints[n.settings.self_id].bodies for n in cluster.nodes.values()
+    }
     digests = {cluster.checkpoints[nid].digest for nid in cluster.nodes}
     assert set(bodies.values()) == {500} and len(digests) == 1
 
@@ -134,7 +138,9 @@ async def test_transfer_leadership(cluster: InProcCluster) -> None:
     leader = await cluster.leader()
     await leader.append([b"x"])
     target = cluster.followers(leader)[0].settings.self_id
-    await wait_until(lambda: all(n.commit_index == leader.commit_index for n in cluster.nodes.values()), 5, "sync")
+    await wait_until(
+        lambda: all(n.commit_index == leader.commit_index for n in cluster.nodes.values()), 5, "sync"
+    )
     new_id = await leader.transfer_leadership(target)
     assert new_id == target
     await wait_until(lambda: cluster.nodes[target].role == "LEADER", 5, "the target leads")
@@ -154,7 +160,7 @@ async def test_wiped_follower_catches_up(tmp_path: Any) -> None:
     await c.start()
     try:
         leader = await c.leader()
-        for i in range(200):
+        for _i in range(200):
             await leader.append([os.urandom(1000)])
         victim = c.followers(leader)[0].settings.self_id
         await c.stop_node(victim)
@@ -162,7 +168,9 @@ async def test_wiped_follower_catches_up(tmp_path: Any) -> None:
 
         shutil.rmtree(os.path.join(str(tmp_path), victim))
         node = await c.start_node(victim)
-        await wait_until(lambda: node.applied_index >= leader.commit_index, 20, "the wiped follower to catch up")
+        await wait_until(
+            lambda: node.applied_index >= leader.commit_index, 20, "the wiped follower to catch up"
+        )
         idx = leader.commit_index
         assert node.chain_crc_at(idx) == leader.chain_crc_at(idx)
         assert c.checkpoints[victim].digest == c.checkpoints[leader.settings.self_id].digest
@@ -173,7 +181,12 @@ async def test_wiped_follower_catches_up(tmp_path: Any) -> None:
 async def test_follower_behind_retention_is_installed(tmp_path: Any) -> None:
     c = InProcCluster(
         str(tmp_path),
-        overrides={"segment_bytes": 64 << 10, "retention_hours": 0.0, "live_follower_s": 0.5, "retention_check_ms": 100},
+        overrides={
+            "segment_bytes": 64 << 10,
+            "retention_hours": 0.0,
+            "live_follower_s": 0.5,
+            "retention_check_ms": 100,
+        },
     )
     await c.start()
     try:
@@ -183,9 +196,13 @@ async def test_follower_behind_retention_is_installed(tmp_path: Any) -> None:
         for _ in range(300):
             await leader.append([os.urandom(1000)])
         # retention (age 0 h) removes every whole segment the live nodes no longer need
-        await wait_until(lambda: leader.store.anchor[0] > 0, 10, "retention to drop old segments on the leader")
+        await wait_until(
+            lambda: leader.store.anchor[0] > 0, 10, "retention to drop old segments on the leader"
+        )
         node = await c.start_node(lagger)
-        await wait_until(lambda: node.applied_index >= leader.commit_index, 20, "the lagging follower to catch up")
+        await wait_until(
+            lambda: node.applied_index >= leader.commit_index, 20, "the lagging follower to catch up"
+        )
         assert node.store.anchor[0] > 0
         idx = leader.commit_index
         assert node.chain_crc_at(idx) == leader.chain_crc_at(idx)
@@ -198,7 +215,12 @@ async def test_follower_behind_retention_is_installed(tmp_path: Any) -> None:
 async def test_live_lagging_follower_holds_retention(tmp_path: Any) -> None:
     c = InProcCluster(
         str(tmp_path),
-        overrides={"segment_bytes": 64 << 10, "retention_hours": 0.0, "live_follower_s": 60, "retention_check_ms": 50},
+        overrides={
+            "segment_bytes": 64 << 10,
+            "retention_hours": 0.0,
+            "live_follower_s": 60,
+            "retention_check_ms": 50,
+        },
     )
     await c.start()
     try:
@@ -215,7 +237,9 @@ async def test_live_lagging_follower_holds_retention(tmp_path: Any) -> None:
         for _ in range(200):
             await leader.append([os.urandom(1000)])
         checks = leader._counters["retention_checks"]
-        await wait_until(lambda: leader._counters["retention_checks"] >= checks + 5, 10, "five retention checks")
+        await wait_until(
+            lambda: leader._counters["retention_checks"] >= checks + 5, 10, "five retention checks"
+        )
         assert len(leader.store.segments()) > 1
         assert leader.store.anchor[0] <= match_before, "retention cut entries a live follower needs"
         for n in c.nodes.values():

@@ -15,7 +15,9 @@ from tests.dledger.harness import ProcessCluster, wait_until
 pytestmark = pytest.mark.slow
 
 
-async def send_many(c: ProcessCluster, leader: str, total: int, concurrency: int = 64) -> list[tuple[int, int]]:
+async def send_many(
+    c: ProcessCluster, leader: str, total: int, concurrency: int = 64
+) -> list[tuple[int, int]]:
     """``total`` single-body appends, ``concurrency`` at a time; returns (index, position) per ack."""
     acked: list[tuple[int, int]] = []
     sem = asyncio.Semaphore(concurrency)
@@ -37,7 +39,9 @@ async def chains_equal(c: ProcessCluster, ids: list[str], upto: int) -> None:
     ref = chains[ids[0]]
     assert len(ref) == upto - first + 1
     for n in ids[1:]:
-        diverge = next((first + i for i, (a, b) in enumerate(zip(ref, chains[n], strict=True)) if a != b), None)
+        diverge = next(
+            (first + i for i, (a, b) in enumerate(zip(ref, chains[n], strict=True)) if a != b), None
+        )
         assert diverge is None, f"{ids[0]} and {n} diverge at index {diverge}"
 
 
@@ -86,7 +90,9 @@ async def test_group_replicates_fails_over_and_recovers(tmp_path: Any) -> None:
 
 
 async def test_wiped_follower_catches_up(tmp_path: Any) -> None:
-    async with ProcessCluster(str(tmp_path), extra={"mappedFileSizeCommitLog": str(256 << 10), "maxEntryBodyBytes": str(64 << 10)}) as c:
+    async with ProcessCluster(
+        str(tmp_path), extra={"mappedFileSizeCommitLog": str(256 << 10), "maxEntryBodyBytes": str(64 << 10)}
+    ) as c:
         try:
             leader = await c.leader()
             acked = await send_many(c, leader, 2000)

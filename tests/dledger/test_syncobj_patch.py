@@ -111,7 +111,9 @@ def test_align_pure_cases() -> None:
     m = {**base, "prevLogIdx": 5, "prevLogTerm": 2, "entries": [(b"", 6, 2)]}
     assert align_append_entries(m, 5, 1, term_at) == (m, False)
     # heartbeat behind our end: keep our tail, cap the commit index at what it verified
-    msg, skip = align_append_entries({**base, "prevLogIdx": 3, "prevLogTerm": 1, "entries": []}, 5, 1, term_at)
+    msg, skip = align_append_entries(
+        {**base, "prevLogIdx": 3, "prevLogTerm": 1, "entries": []}, 5, 1, term_at
+    )
     assert (msg["commit_index"], skip) == (3, True)
     # prev mismatch: stock path answers "reset"
     m = {**base, "prevLogIdx": 4, "prevLogTerm": 9, "entries": []}
