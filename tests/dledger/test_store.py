@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import resource
@@ -70,7 +71,7 @@ def test_segments_roll_with_blank_padding(tmp_path: Any) -> None:
     s = filled(str(tmp_path), 100, size=300)
     segs = s.segments()
     assert len(segs) > 5
-    for a, b in zip(segs, segs[1:], strict=False):
+    for a, b in itertools.pairwise(segs):
         assert b.first_index == a.last_index + 1 and b.start_position == a.start_position + SEG
         assert a.size_bytes <= SEG
     # an entry that exactly fills a fresh segment
@@ -102,7 +103,7 @@ def last_segment(path: Any) -> str:
 @pytest.mark.parametrize("damage", ["cut-mid-record", "garbage-appended", "zeros-appended", "flipped-last-body"])
 def test_torn_tail_is_repaired_and_logged(tmp_path: Any, caplog: Any, damage: str) -> None:
     s = filled(str(tmp_path), 40)
-    last = s.read(40)
+    s.read(40)
     s.close()
     seg = last_segment(tmp_path)
     size = os.path.getsize(seg)
