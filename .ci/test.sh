@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The project's test command (README): setup, lint, type-check, then every test tier.
+#
+#   bash .ci/test.sh                  # everything: fast tier and slow (clusters, chaos, Spark, Docker)
+#   bash .ci/test.sh -m "not slow"    # fast tier only; any extra arguments go to pytest
+#
+# Runs all three checks even when one fails, so one run reports everything; exits non-zero if
+# any failed. pytest's exit code 5 (no tests collected) is a failure too.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+bash "$REPO/.ci/setup.sh"
+
+VENV_BIN="$REPO/.venv/bin"
+# Tests find toxiproxy-server on PATH; the venv's tools come first.
+export PATH="$VENV_BIN:$REPO/.ci/bin:$PATH"
+export PYTHONDONTWRITEBYTECODE=1
+
+failed=()
+step() { # step NAME COMMAND...: run one check, remember a failure, keep going
+    local name="$1" rc=0
+    shift
+    printf '\n==> %s: %s\n' "$name" "$*"
+    "$@" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        printf '==> %s FAILED (exit %d)\n' "$name" "$rc"
+        failed+=("$name (exit $rc)")
+    fi
+}
+
+step ruff "$VENV_BIN/ruff" check .
+step mypy "$VENV_BIN/mypy"
+step pytest "$VENV_BIN/python" -m pytest -p no:cacheprovider "$@"
+
+echo
+if [ "${#failed[@]}" -ne 0 ]; then
+    printf '==> FAILED: %s\n' "${failed[*]}"
+    exit 1
+fi
+echo "==> all checks passed"
