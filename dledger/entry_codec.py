@@ -1,23 +1,33 @@
-"""Binary layout of log entries and index records (pure functions, no I/O).
+"""The on-disk record formats of the entry store: entry headers, padding and index records.
 
-Entry = 44-byte header + body, little-endian::
+Pure functions over bytes; no I/O. All integers are little-endian.
 
-    magic u32 | total_size u32 | index u64 | term u64 | position u64 |
-    body_crc u32 | chain_crc u32 | header_crc u32
+Entry (one Raft log entry, never split across segment files)::
 
-- ``position``: the entry's global byte position in this replica's log (segment start + offset).
-- ``body_crc = crc32(body)``.
-- ``chain_crc = crc32(pack('<QQI', index, term, body_crc), prev_chain_crc)``, with 0 before the
-  first entry ever: two replicas that agree on one entry's chain CRC agree on the whole prefix.
-  Positions are per replica and deliberately outside the chain.
-- ``header_crc = crc32(first 40 header bytes)``: a torn or flipped header is detected before its
-  size is trusted.
+    0       4            8        16       24          32         36          40           44
+    +-------+------------+--------+--------+-----------+----------+-----------+------------+------
+    | magic | total_size | index  | term   | position  | body_crc | chain_crc | header_crc | body
+    | u32   | u32        | u64    | u64    | u64       | u32      | u32       | u32        | ...
+    +-------+------------+--------+--------+-----------+----------+-----------+------------+------
 
-A BLANK marker (magic ``BLANK_MAGIC`` + u32 size) pads the end of a segment when the next entry
-does not fit; readers move on to the next segment.
+- ``magic`` is ``MAGIC``; its low byte is the format version (01).
+- ``total_size`` counts header and body; ``position`` is the entry's global byte position in the
+  replica's log (segment start + offset), so a record read from the wrong place is detected.
+- ``body_crc = crc32(body)``; ``header_crc = crc32(first 40 header bytes)``.
+- ``chain_crc = crc32(pack('<QQI', index, term, body_crc), prev_chain_crc)`` with the chain CRC of
+  the entry before (0 before the first entry ever). Two replicas that agree on one entry's chain
+  CRC agree on the whole prefix up to it.
 
-Index record (24 bytes, one per Raft index): ``position u64 | term u64 | total_size u32 | chain_crc u32``.
-An all-zero record means "no entry here".
+Padding: when the next entry does not fit the rest of a segment, the writer puts ``BLANK_MAGIC``
+(4 bytes, if there is room for them) after the last entry and starts a new segment. A reader
+that meets it, or the end of a non-last segment, continues with the next segment.
+
+Index record (fixed width, one per Raft index, slot ``index - file_base``)::
+
+    +----------+------+------------+-----------+
+    | position | term | total_size | chain_crc |
+    | u64      | u64  | u32        | u32       |     24 bytes; all zero = no record
+    +----------+------+------------+-----------+
 """
 
 from __future__ import annotations
@@ -28,51 +38,52 @@ from dataclasses import dataclass
 
 MAGIC = 0xD1ED6E01
 BLANK_MAGIC = 0xD1ED0B1A
+
 _HEADER = struct.Struct("<IIQQQIII")
-HEADER_SIZE = _HEADER.size  # 44
-_BLANK = struct.Struct("<II")
-BLANK_SIZE = _BLANK.size
+_HEADER_CRC_SPAN = _HEADER.size - 4
 _CHAIN = struct.Struct("<QQI")
-_INDEX = struct.Struct("<QQII")
-INDEX_RECORD_SIZE = _INDEX.size  # 24
-MAX_ENTRY_BYTES = 0xFFFFFFFF
+_MAGIC_ONLY = struct.Struct("<I")
+_INDEX_RECORD = struct.Struct("<QQII")
+
+HEADER_SIZE = _HEADER.size  # 44
+BLANK_SIZE = _MAGIC_ONLY.size  # 4
+INDEX_RECORD_SIZE = _INDEX_RECORD.size  # 24
+MAX_TOTAL_SIZE = 0xFFFFFFFF
+MAGIC_BYTES = _MAGIC_ONLY.pack(MAGIC)
+BLANK_BYTES = _MAGIC_ONLY.pack(BLANK_MAGIC)
+
+assert HEADER_SIZE == 44 and INDEX_RECORD_SIZE == 24
 
 
 class StoreError(Exception):
-    """Base of every storage error."""
+    """Base of every error the entry store raises on purpose; ``code`` is stable for users."""
+
+    code = "STORE_ERROR"
 
 
 class CorruptEntryError(StoreError):
-    """A record whose bytes do not check out."""
+    """A record whose bytes do not verify (magic, CRCs, size, or not the record expected)."""
+
+    code = "STORE_CORRUPT_ENTRY"
 
 
-class CorruptStoreError(StoreError):
-    """Damage before the tail of the log: the store refuses to open rather than guess."""
-
-
-class EntryTooLargeError(StoreError):
-    pass
-
-
-class IndexOutOfRangeError(StoreError):
-    pass
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EntryHeader:
+    magic: int
     total_size: int
     index: int
     term: int
     position: int
     body_crc: int
     chain_crc: int
+    header_crc: int
 
     @property
     def body_size(self) -> int:
         return self.total_size - HEADER_SIZE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IndexRecord:
     position: int
     term: int
@@ -80,49 +91,85 @@ class IndexRecord:
     chain_crc: int
 
 
-def chain_crc(prev_chain_crc: int, index: int, term: int, body_crc: int) -> int:
-    return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+def chain_crc(prev: int, index: int, term: int, body_crc: int) -> int:
+    """The chain CRC of entry ``index`` given the chain CRC of the entry before it."""
+    return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev)
+
+
+def encode_header(index: int, term: int, position: int, body: bytes, prev_chain_crc: int) -> EntryHeader:
+    """The header ``body`` gets as entry ``index`` at ``position`` (``pack_header`` packs it)."""
+    total_size = HEADER_SIZE + len(body)
+    if total_size > MAX_TOTAL_SIZE:
+        raise ValueError(f"entry of {total_size} bytes does not fit the u32 size field")
+    body_crc = zlib.crc32(body)
+    chain = chain_crc(prev_chain_crc, index, term, body_crc)
+    head = _HEADER.pack(MAGIC, total_size, index, term, position, body_crc, chain, 0)[:_HEADER_CRC_SPAN]
+    return EntryHeader(MAGIC, total_size, index, term, position, body_crc, chain, zlib.crc32(head))
+
+
+def pack_header(header: EntryHeader) -> bytes:
+    """The 44 header bytes of ``header``."""
+    h = header
+    return _HEADER.pack(
+        h.magic, h.total_size, h.index, h.term, h.position, h.body_crc, h.chain_crc, h.header_crc
+    )
 
 
 def encode_entry(
     index: int, term: int, position: int, body: bytes, prev_chain_crc: int
 ) -> tuple[bytes, EntryHeader]:
-    total = HEADER_SIZE + len(body)
-    if total > MAX_ENTRY_BYTES:
-        raise EntryTooLargeError(f"entry of {total} bytes exceeds the format limit")
-    body_crc = zlib.crc32(body)
-    chain = chain_crc(prev_chain_crc, index, term, body_crc)
-    head = _HEADER.pack(MAGIC, total, index, term, position, body_crc, chain, 0)[:-4]
-    header = head + struct.pack("<I", zlib.crc32(head))
-    return header + body, EntryHeader(total, index, term, position, body_crc, chain)
+    """The full record (header + body) and its header."""
+    header = encode_header(index, term, position, body, prev_chain_crc)
+    return pack_header(header) + body, header
 
 
-def decode_header(buf: bytes | memoryview) -> EntryHeader:
-    if len(buf) < HEADER_SIZE:
-        raise CorruptEntryError(f"header truncated ({len(buf)} of {HEADER_SIZE} bytes)")
-    magic, total, index, term, position, body_crc, chain, header_crc = _HEADER.unpack_from(buf, 0)
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> EntryHeader:
+    """Decode and verify the header at ``buf[offset:]``; raises CorruptEntryError."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise CorruptEntryError(f"short header: {len(buf) - offset} of {HEADER_SIZE} bytes")
+    fields = _HEADER.unpack_from(buf, offset)
+    magic, total_size = fields[0], fields[1]
     if magic != MAGIC:
-        raise CorruptEntryError(f"bad magic 0x{magic:08x}")
-    if zlib.crc32(bytes(buf[: HEADER_SIZE - 4])) != header_crc:
-        raise CorruptEntryError("header checksum mismatch")
-    if total < HEADER_SIZE:
-        raise CorruptEntryError(f"impossible entry size {total}")
-    return EntryHeader(total, index, term, position, body_crc, chain)
+        raise CorruptEntryError(f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+    header_crc = zlib.crc32(memoryview(buf)[offset : offset + _HEADER_CRC_SPAN])
+    if header_crc != fields[7]:
+        raise CorruptEntryError(f"header crc 0x{fields[7]:08x} does not match computed 0x{header_crc:08x}")
+    if total_size < HEADER_SIZE:
+        raise CorruptEntryError(f"absurd total_size {total_size} (< header size {HEADER_SIZE})")
+    return EntryHeader(*fields)
 
 
-def is_blank(buf: bytes | memoryview) -> bool:
-    return len(buf) >= 4 and struct.unpack_from("<I", buf, 0)[0] == BLANK_MAGIC
+def verify_body(header: EntryHeader, body: bytes | bytearray | memoryview) -> None:
+    """Raise CorruptEntryError unless ``body`` is the body ``header`` describes."""
+    if len(body) != header.body_size:
+        raise CorruptEntryError(
+            f"entry {header.index}: body is {len(body)} bytes, header says {header.body_size}"
+        )
+    crc = zlib.crc32(body)
+    if crc != header.body_crc:
+        raise CorruptEntryError(
+            f"entry {header.index}: body crc 0x{crc:08x} does not match header 0x{header.body_crc:08x}"
+        )
 
 
-def encode_blank(size: int) -> bytes:
-    return _BLANK.pack(BLANK_MAGIC, size)
+def is_blank(buf: bytes | bytearray | memoryview, offset: int = 0) -> bool:
+    """True when the padding marker starts at ``buf[offset:]``."""
+    return len(buf) - offset >= BLANK_SIZE and _MAGIC_ONLY.unpack_from(buf, offset)[0] == BLANK_MAGIC
 
 
-def encode_index(rec: IndexRecord) -> bytes:
-    return _INDEX.pack(rec.position, rec.term, rec.total_size, rec.chain_crc)
+def encode_index_record(record: IndexRecord) -> bytes:
+    return _INDEX_RECORD.pack(record.position, record.term, record.total_size, record.chain_crc)
 
 
-def decode_index(buf: bytes) -> IndexRecord | None:
-    if len(buf) < INDEX_RECORD_SIZE or buf[:INDEX_RECORD_SIZE] == bytes(INDEX_RECORD_SIZE):
-        return None
-    return IndexRecord(*_INDEX.unpack_from(buf, 0))
+def pack_index_record(position: int, term: int, total_size: int, chain: int) -> bytes:
+    return _INDEX_RECORD.pack(position, term, total_size, chain)
+
+
+def decode_index_record(buf: bytes | bytearray | memoryview, offset: int = 0) -> IndexRecord:
+    """Decode one record; an all-zero or short record raises CorruptEntryError (no record)."""
+    if len(buf) - offset < INDEX_RECORD_SIZE:
+        raise CorruptEntryError(f"short index record: {len(buf) - offset} of {INDEX_RECORD_SIZE} bytes")
+    position, term, total_size, chain = _INDEX_RECORD.unpack_from(buf, offset)
+    if total_size < HEADER_SIZE:
+        raise CorruptEntryError(f"index record holds no entry (total_size {total_size})")
+    return IndexRecord(position, term, total_size, chain)
