@@ -188,11 +188,13 @@ class DLedgerNode:
         state_machine: StateMachine | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        disk_used_ratio: Callable[[str], float] | None = None,
     ):
         if settings.self_id not in settings.peers:
             raise ValueError(f"self id {settings.self_id!r} is not among the peers")
         self.settings = settings
         self._clock = clock
+        self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
         self._sm = state_machine
         os.makedirs(settings.data_dir, exist_ok=True)
         self.store = EntryStore(
@@ -609,7 +611,7 @@ class DLedgerNode:
         else:
             floor = min(floor, self.leader_floor)
         self._own_floor = floor
-        used = _disk_used_ratio(self.settings.data_dir)
+        used = self._disk_used_ratio(self.settings.data_dir)
         self.disk_full = used >= s.disk_warning_ratio
         segments = self.store.segments()
         if len(segments) <= 1:

@@ -21,8 +21,10 @@ tests/dledger/test_syncobj_patch.py that fails without it.
 5. Check-quorum (defect 4) is pysyncobj's ``leaderFallbackTimeout``, set from
    dLegerLeaderStepDownMs by the node: an isolated leader steps down after ~1.5 s, not 30 s.
 6. Authentication (defect 5): ``DLedgerSyncObj`` refuses to start without a password, so every
-   peer frame is Fernet-authenticated before it is unpickled; read-only (unlisted) peers are
-   refused.
+   peer frame is authenticated before it is unpickled; read-only (unlisted) peers are refused.
+   pysyncobj's Fernet encryptor is replaced by ``AeadEncryptor`` (AES-256-GCM, key from the
+   password by PBKDF2): same three calls, same replay check on the timestamp, but binary frames.
+   Measured: Fernet's base64 took 30 % of the leader's and 67 % of a follower's CPU at 18k msgs/s.
 7. Wire encoding: frames are pickled with protocol 5 (bytes travel raw, not as latin-1 text) and
    zlib level 0 (stored blocks: still readable by stock peers). Measured: zlib took 58 % of the
    leader's CPU on incompressible 1 KiB bodies.
@@ -35,7 +37,9 @@ event loop.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import pickle as std_pickle
 import struct
 import time
@@ -45,6 +49,7 @@ from typing import Any, Protocol
 
 import pysyncobj.syncobj as _syncobj_mod
 import pysyncobj.tcp_connection as _tcp_mod
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
@@ -70,6 +75,49 @@ def check_pinned_version() -> None:
             f"dledger patches pysyncobj internals and is pinned to {PINNED_VERSION}; "
             f"found {PYSYNCOBJ_VERSION}. Install pysyncobj=={PINNED_VERSION}."
         )
+
+
+class AeadEncryptor:
+    """Authenticated encryption of peer frames: ``v1 | timestamp u64 | nonce(12) | ciphertext+tag``.
+
+    The version byte and timestamp are authenticated (associated data). Nonces are an 8-byte random
+    prefix per instance plus a 4-byte counter; the prefix is drawn again before the counter wraps,
+    so a (key, nonce) pair is never reused in practice.
+    """
+
+    VERSION = b"\x01"
+    _HEAD = struct.Struct("<cQ")
+    SALT = b"dledger-peer-frames-v1"
+
+    def __init__(self, password: str):
+        key = hashlib.pbkdf2_hmac("sha256", password.encode(), self.SALT, 200_000, 32)
+        self._aead = AESGCM(key)
+        self._prefix = os.urandom(8)
+        self._counter = 0
+
+    def _nonce(self) -> bytes:
+        self._counter += 1
+        if self._counter >= 1 << 32:
+            self._prefix, self._counter = os.urandom(8), 1
+        return self._prefix + self._counter.to_bytes(4, "little")
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        head = self._HEAD.pack(self.VERSION, current_time)
+        nonce = self._nonce()
+        return head + nonce + self._aead.encrypt(nonce, data, head)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        if len(token) < self._HEAD.size + 12 + 16 or token[:1] != self.VERSION:
+            raise ValueError("not a dledger peer frame")
+        return int(self._HEAD.unpack_from(token, 0)[1])
+
+    def decrypt(self, token: bytes) -> bytes:
+        head, nonce = token[: self._HEAD.size], token[self._HEAD.size : self._HEAD.size + 12]
+        return self._aead.decrypt(nonce, token[self._HEAD.size + 12 :], head)  # raises InvalidTag
+
+
+def _get_encryptor(password: str) -> AeadEncryptor:
+    return AeadEncryptor(password)
 
 
 _original_create_journal = _syncobj_mod.createJournal
@@ -100,6 +148,7 @@ def install() -> None:
     if _installed:
         return
     _syncobj_mod.createJournal = _create_journal
+    _syncobj_mod.getEncryptor = _get_encryptor
     _tcp_mod.TcpConnection.send = _fast_send
     _installed = True
 

@@ -90,9 +90,11 @@ class InProcCluster:
     nodes: dict[str, DLedgerNode] = field(default_factory=dict)
     checkpoints: dict[str, ApplyCheckpoint] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
+    disk_used: dict[str, float] = field(default_factory=dict)  # per node, what the disk reports
 
     def __post_init__(self) -> None:
         self.ports = free_ports(len(self.ids))
+        self.disk_used = dict.fromkeys(self.ids, 0.10)
 
     def settings(self, node_id: str) -> RaftSettings:
         return settings_for(self.root, self.ids, self.ports, node_id, **self.overrides)
@@ -100,7 +102,7 @@ class InProcCluster:
     async def start_node(self, node_id: str) -> DLedgerNode:
         s = self.settings(node_id)
         cp = ApplyCheckpoint(os.path.join(s.data_dir, "meta", "apply_checkpoint"))
-        node = DLedgerNode(s, cp)
+        node = DLedgerNode(s, cp, disk_used_ratio=lambda _path: self.disk_used[node_id])
         await node.start()
         self.nodes[node_id] = node
         self.checkpoints[node_id] = cp

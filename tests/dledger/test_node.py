@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dledger.node import AppendTimeoutError, DLedgerNode, NotCommittedError, NotLeaderError
+from dledger.node import AppendTimeoutError, DiskFullError, DLedgerNode, NotCommittedError, NotLeaderError
 from tests.dledger.harness import InProcCluster, wait_until
 
 
@@ -250,5 +250,48 @@ async def test_live_lagging_follower_holds_retention(tmp_path: Any) -> None:
             "the lagger to catch up",
         )
         assert slow.store.anchor[0] == 0  # caught up by replication: no install was needed
+    finally:
+        await c.stop()
+
+
+async def test_disk_thresholds_remove_old_segments_and_refuse_writes(tmp_path: Any) -> None:
+    c = InProcCluster(str(tmp_path), overrides={"segment_bytes": 64 << 10, "retention_check_ms": 50})
+    await c.start()
+    try:
+        leader = await c.leader()
+        lid = leader.settings.self_id
+        for _ in range(200):
+            await leader.append([os.urandom(1000)])
+        await all_applied(c, leader.commit_index)
+        segments_before = len(leader.store.segments())
+        assert segments_before > 2 and leader.store.anchor[0] == 0  # young data: age keeps it all
+        # above diskMaxUsedSpaceRatio (75 %): the oldest segments go, one per check, writes go on
+        c.disk_used[lid] = 0.80
+        await wait_until(lambda: leader.store.anchor[0] > 0, 10, "disk-pressure retention on the leader")
+        await leader.append([b"still accepted at 80 %"])
+        # above diskSpaceWarningLevelRatio (90 %): writes are refused with a clear error
+        c.disk_used[lid] = 0.93
+        await wait_until(lambda: leader.disk_full, 10, "the leader to notice the full disk")
+        with pytest.raises(DiskFullError):
+            await leader.append([b"refused"])
+        c.disk_used[lid] = 0.50
+        await wait_until(lambda: not leader.disk_full, 10, "the leader to notice space again")
+        await leader.append([b"accepted again"])
+        # followers keep everything a live follower... and the leader never cut past them
+        for f in c.followers(leader):
+            assert f.applied_index >= leader.store.anchor[0]
+    finally:
+        await c.stop()
+
+
+async def test_async_flush_policy_replicates(tmp_path: Any) -> None:
+    c = InProcCluster(str(tmp_path), overrides={"flush_policy": "async", "flush_interval_ms": 20})
+    await c.start()
+    try:
+        leader = await c.leader()
+        locs = await asyncio.gather(*(leader.append([f"a{i}".encode()]) for i in range(100)))
+        await all_applied(c, max(loc[0].index for loc in locs))
+        assert len({cp.digest for cp in c.checkpoints.values()}) == 1
+        assert not leader.store.dirty or leader._counters["fsync"] > 0
     finally:
         await c.stop()

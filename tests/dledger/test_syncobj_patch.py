@@ -281,3 +281,24 @@ def test_unauthenticated_frames_are_never_unpickled(make_syncobj: Any) -> None:
                 closed = True
     assert closed, "the node kept a connection that sent an unauthenticated frame"
     assert not os.path.exists(marker), "an unauthenticated pickle was executed"
+
+
+def test_aead_frames_round_trip_and_reject_tampering() -> None:
+    from cryptography.exceptions import InvalidTag
+
+    from dledger.syncobj_patch import AeadEncryptor
+
+    a, b, other = AeadEncryptor(PASSWORD), AeadEncryptor(PASSWORD), AeadEncryptor("another-password")
+    token = a.encrypt_at_time(b"frame", 1234)
+    assert b.extract_timestamp(token) == 1234 and b.decrypt(token) == b"frame"
+    assert a.encrypt_at_time(b"frame", 1234) != token  # fresh nonce per frame
+    for bad in (
+        token[:-1] + bytes([token[-1] ^ 1]),  # ciphertext/tag
+        token[:1] + (9999).to_bytes(8, "little") + token[9:],  # replayed with a newer timestamp
+    ):
+        with pytest.raises(InvalidTag):
+            b.decrypt(bad)
+    with pytest.raises(InvalidTag):
+        other.decrypt(token)
+    with pytest.raises(ValueError):
+        b.extract_timestamp(b"gAAAAA-a-fernet-token")
