@@ -85,6 +85,7 @@ class Load:
         self.per_append = per_append
         self.appends = 0
         self.errors = 0
+        self.error_codes: dict[str, int] = {}
         self.latencies_ms: list[float] = []
         self.leader: str | None = None
 
@@ -93,19 +94,25 @@ class Load:
             self.leader = await find_leader(self.session, self.target)
         host, port = self.target.http[self.leader]
         t0 = time.perf_counter()
+        code = "OK"
         try:
             async with self.session.post(f"http://{host}:{port}/v1/append", data=self.payload) as r:
-                await r.read()
-                ok = r.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            ok = False
-        if ok:
+                raw = await r.read()
+                if r.status != 200:
+                    try:
+                        code = json.loads(raw).get("code", str(r.status))
+                    except ValueError:
+                        code = str(r.status)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            code = type(exc).__name__
+        if code == "OK":
             self.appends += 1
             self.latencies_ms.append((time.perf_counter() - t0) * 1000)
-        else:
-            self.errors += 1
-            self.leader = None
-        return ok
+            return True
+        self.errors += 1
+        self.error_codes[code] = self.error_codes.get(code, 0) + 1
+        self.leader = None
+        return False
 
     async def closed_loop(self, concurrency: int, duration_s: float) -> float:
         end = time.monotonic() + duration_s
@@ -160,6 +167,7 @@ async def case_throughput(
         "latency_ms_p50": round(pct(load.latencies_ms, 0.50), 2),
         "latency_ms_p99": round(pct(load.latencies_ms, 0.99), 2),
         "errors": load.errors,
+        "error_codes": load.error_codes,
     }
 
 
@@ -188,6 +196,7 @@ async def case_latency(
         "latency_ms_max": round(max(load.latencies_ms) if load.latencies_ms else float("nan"), 2),
         "leader_commit_latency_ms": server_side,
         "errors": load.errors,
+        "error_codes": load.error_codes,
     }
 
 
