@@ -93,6 +93,12 @@ class NotCommittedError(DLedgerError):
     code = "NOT_COMMITTED"
 
 
+class EntryRemovedError(DLedgerError):
+    """The entry was removed by retention (or lies before this replica's anchor)."""
+
+    code = "ENTRY_REMOVED"
+
+
 # -- settings and results ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class RaftSettings:
@@ -384,14 +390,22 @@ class DLedgerNode:
     def read(self, index: int) -> CommittedEntry:
         if index > self.commit_index:
             raise NotCommittedError(f"index {index} is not committed (commit index {self.commit_index})")
+        self._check_held(index)
         return _to_committed(self.store.read(index), self.store)
 
     def read_range(self, first: int, max_count: int, max_bytes: int = 4 << 20) -> list[CommittedEntry]:
         commit = self.commit_index
         if first > commit:
             return []
+        self._check_held(first)
         entries = self.store.read_range(first, min(max_count, commit - first + 1), max_bytes)
         return [_to_committed(e, self.store) for e in entries if e.index <= commit]
+
+    def _check_held(self, index: int) -> None:
+        if index < self.store.first_index:
+            raise EntryRemovedError(
+                f"index {index} was removed by retention: this replica holds {self.store.first_index} onwards"
+            )
 
     def chain_crc_at(self, index: int) -> int:
         return int(self.store.chain_crc_at(index))
@@ -402,6 +416,8 @@ class DLedgerNode:
             return self.commit_index
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
+        if len(self._commit_waiters) > 1000:  # drop the ones whose callers gave up
+            self._commit_waiters = [w for w in self._commit_waiters if not w[1].done()]
         self._commit_waiters.append((index, future, loop))
         self._wake()
         return await asyncio.wait_for(future, timeout_s)
@@ -420,6 +436,19 @@ class DLedgerNode:
         started = await self._on_tick_thread(lambda: self._start_transfer(target_id), timeout_s)
         deadline = time.monotonic() + timeout_s
         queue = self.role_changes()
+        try:
+            return await self._await_new_leader(queue, target_id, deadline, started, timeout_s)
+        finally:
+            self._listeners = [(lp, q) for lp, q in self._listeners if q is not queue]
+
+    async def _await_new_leader(
+        self,
+        queue: asyncio.Queue[RoleChange],
+        target_id: str | None,
+        deadline: float,
+        started: str,
+        timeout_s: float,
+    ) -> str:
         while time.monotonic() < deadline:
             leader = self.leader_id
             if leader is not None and leader != self.settings.self_id and target_id in (None, leader):
@@ -454,7 +483,7 @@ class DLedgerNode:
         self.commit_index = sync.raftCommitIndex
         if self._waiting:
             self._complete_waiting()
-        if self._sm is not None or self.applied_index < self.commit_index:
+        if self.applied_index < self.commit_index:
             self._apply_committed()
         if self._commit_waiters and self.commit_index > old_commit:
             self._wake_commit_waiters()

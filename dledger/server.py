@@ -38,6 +38,7 @@ from dledger.node import (
     DiskFullError,
     DLedgerError,
     DLedgerNode,
+    EntryRemovedError,
     EntryTooLargeError,
     NotCommittedError,
     NotLeaderError,
@@ -56,6 +57,7 @@ _STATUS_BY_ERROR: dict[type[DLedgerError], int] = {
     AppendFailedError: 409,
     AppendTimeoutError: 504,
     NotCommittedError: 404,
+    EntryRemovedError: 410,
 }
 
 

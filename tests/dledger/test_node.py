@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from dledger.node import AppendTimeoutError, DiskFullError, DLedgerNode, NotCommittedError, NotLeaderError
+from dledger.node import (
+    AppendTimeoutError,
+    DiskFullError,
+    DLedgerNode,
+    EntryRemovedError,
+    NotCommittedError,
+    NotLeaderError,
+)
 from tests.dledger.harness import InProcCluster, wait_until
 
 
@@ -199,6 +206,10 @@ async def test_follower_behind_retention_is_installed(tmp_path: Any) -> None:
         await wait_until(
             lambda: leader.store.anchor[0] > 0, 10, "retention to drop old segments on the leader"
         )
+        with pytest.raises(EntryRemovedError):
+            leader.read(1)
+        with pytest.raises(EntryRemovedError):
+            leader.read_range(1, 10)
         node = await c.start_node(lagger)
         await wait_until(
             lambda: node.applied_index >= leader.commit_index, 20, "the lagging follower to catch up"
