@@ -1,0 +1,97 @@
+"""The NameServer's configuration: a RocketMQ-style properties file (``conf/namesrv.conf``).
+
+Keys (RocketMQ's names; all optional):
+
+    listenPort=9876                     0 = any free port (the bound port is logged)
+    bindAddress=127.0.0.1               IPv4 literal or host name to bind
+    scanNotActiveBrokerInterval=10000   ms between scans for brokers that stopped heartbeating
+    brokerChannelMaxIdleTime=120000     ms without a heartbeat before a broker is removed
+                                        (a registration's own heartbeat_timeout_ms overrides it)
+
+Invariant: scanNotActiveBrokerInterval <= brokerChannelMaxIdleTime, so a dead broker leaves the
+routes at most idle + interval after its last heartbeat. Every failure is a ``ConfigError`` naming
+the key and the file; unknown keys are errors (with a "did you mean" hint), never ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dledger.config import ConfigError, is_valid_host, load_properties
+
+NAMESRV_KEYS: Final = frozenset(
+    {"listenPort", "bindAddress", "scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime"}
+)
+_DECIMAL_RE: Final = re.compile(r"-?[0-9]+")  # ASCII only: int() would also take '1_000' or '١'
+
+
+@dataclass(frozen=True, slots=True)
+class NamesrvConfig:
+    listen_port: int = 9876
+    bind_address: str = "127.0.0.1"
+    scan_not_active_broker_interval_ms: int = 10_000
+    broker_channel_max_idle_time_ms: int = 120_000
+    source: str = ""
+
+    def as_properties(self) -> dict[str, Any]:
+        """The effective settings under their file keys (for /v1/status)."""
+        return {
+            "listenPort": self.listen_port,
+            "bindAddress": self.bind_address,
+            "scanNotActiveBrokerInterval": self.scan_not_active_broker_interval_ms,
+            "brokerChannelMaxIdleTime": self.broker_channel_max_idle_time_ms,
+        }
+
+
+def _integer(props: Mapping[str, str], key: str, default: int, low: int, high: int, source: str) -> int:
+    raw = props.get(key)
+    if raw is None:
+        return default
+    if not _DECIMAL_RE.fullmatch(raw):
+        raise ConfigError(key, f"must be a decimal integer, got {raw!r}", source)
+    value = int(raw)
+    if not low <= value <= high:
+        raise ConfigError(key, f"must be in {low}..{high}, got {value}", source)
+    return value
+
+
+def _check_known_keys(props: Mapping[str, str], source: str) -> None:
+    for key in props:
+        if key not in NAMESRV_KEYS:
+            close = difflib.get_close_matches(key, NAMESRV_KEYS, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(key, f"unknown key{hint}", source)
+
+
+def parse_namesrv_config(props: Mapping[str, str], source: str = "<properties>") -> NamesrvConfig:
+    _check_known_keys(props, source)
+    bind_address = props.get("bindAddress", "127.0.0.1")
+    if not is_valid_host(bind_address):
+        raise ConfigError(
+            "bindAddress", f"must be an IPv4 address or host name, got {bind_address!r}", source
+        )
+    scan_ms = _integer(props, "scanNotActiveBrokerInterval", 10_000, 100, 3_600_000, source)
+    idle_ms = _integer(props, "brokerChannelMaxIdleTime", 120_000, 1_000, 86_400_000, source)
+    if scan_ms > idle_ms:
+        raise ConfigError(
+            "scanNotActiveBrokerInterval",
+            f"({scan_ms} ms) must not exceed brokerChannelMaxIdleTime ({idle_ms} ms)",
+            source,
+        )
+    return NamesrvConfig(
+        listen_port=_integer(props, "listenPort", 9876, 0, 65535, source),
+        bind_address=bind_address,
+        scan_not_active_broker_interval_ms=scan_ms,
+        broker_channel_max_idle_time_ms=idle_ms,
+        source=source,
+    )
+
+
+def load_namesrv_config(path: str | os.PathLike[str]) -> NamesrvConfig:
+    """Read and validate a file; raises ConfigError (or OSError when it cannot be read)."""
+    return parse_namesrv_config(load_properties(path), os.fspath(path))

@@ -1,0 +1,418 @@
+"""``dledger-namesrv -c conf/namesrv.conf``: the NameServer process, a thin aiohttp shell over
+``RouteTable``.
+
+Endpoints (bodies: msgpack or JSON by Content-Type, every body carries ``"v": 1``; answers are
+msgpack when the request asks for it by Accept or sent msgpack, JSON otherwise; errors are always
+JSON ``{v, code, message}``)::
+
+    POST   /v1/brokers/register     BrokerRegistration  -> {v, accepted, changed, namesrv_time_ms, ...}
+    POST   /v1/brokers/unregister   {cluster, broker_name, address} -> {v, removed}
+    GET    /v1/routes/{topic}       TopicRouteData, or 404 TOPIC_NOT_EXIST
+    GET    /v1/clusters             {v, clusters: {cluster: [names]}, brokers: {name: BrokerData}}
+    GET    /v1/topics               {v, topics: [...]}
+    DELETE /v1/topics/{topic}       {v, topic, deleted: true}, or 404 TOPIC_NOT_EXIST
+    GET    /v1/status               uptime, counts, totals, live brokers, config
+
+Ownership: one task (``TableOwner``) owns the RouteTable and the counters. Handlers only decode,
+submit a closure to its bounded queue and encode the answer; the scan task submits a scan every
+``scanNotActiveBrokerInterval`` ms. The table's clock is injected (monotonic ms by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+
+from dledger.config import ConfigError
+from namesrv import wire
+from namesrv.config import NamesrvConfig, load_namesrv_config
+from namesrv.route_table import (
+    WIRE_VERSION,
+    BrokerRegistration,
+    ConflictError,
+    ExpiredBroker,
+    InvalidRecordError,
+    NamesrvError,
+    NotFoundError,
+    RegisterResult,
+    RouteTable,
+    TableFullError,
+    validate_topic,
+)
+
+log = logging.getLogger("namesrv")
+
+BODY_BYTES_MAX: Final = 4 << 20
+QUEUE_JOBS_MAX: Final = 1024
+SUBMIT_TIMEOUT_S: Final = 5.0
+T = TypeVar("T")
+Clock = Callable[[], int]
+
+
+class BusyError(NamesrvError):
+    """The table task's queue stayed full for SUBMIT_TIMEOUT_S."""
+
+
+_STATUS_BY_ERROR: Final[dict[type[NamesrvError], int]] = {
+    InvalidRecordError: 400,
+    wire.WireError: 400,
+    wire.UnsupportedMediaTypeError: 415,
+    NotFoundError: 404,
+    ConflictError: 409,
+    TableFullError: 429,
+    BusyError: 503,
+}
+_CODE_BY_HTTP_STATUS: Final = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TableOwner:
+    """The one task that touches the RouteTable. ``call(fn)`` runs ``fn(table, now_ms)`` there."""
+
+    def __init__(self, table: RouteTable, clock_ms: Clock, jobs_max: int = QUEUE_JOBS_MAX):
+        self.table = table
+        self._clock_ms = clock_ms
+        self._jobs: asyncio.Queue[tuple[Callable[[RouteTable, int], Any], asyncio.Future[Any]]] = (
+            asyncio.Queue(jobs_max)
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="namesrv-table")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        while not self._jobs.empty():  # jobs that will never run: tell their callers
+            _, future = self._jobs.get_nowait()
+            if not future.done():
+                future.set_exception(BusyError("SHUTTING_DOWN", "the NameServer is stopping"))
+
+    async def call(self, fn: Callable[[RouteTable, int], T]) -> T:
+        assert self._task is not None, "TableOwner.call before startup"
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._jobs.put((fn, future)), SUBMIT_TIMEOUT_S)
+        except TimeoutError:
+            raise BusyError("BUSY", f"the route table task is {QUEUE_JOBS_MAX} jobs behind") from None
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            fn, future = await self._jobs.get()
+            try:
+                result = fn(self.table, self._clock_ms())
+            except NamesrvError as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            except Exception as exc:  # a bug: the caller gets a 500 (logged there), serving goes on
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(result)
+
+
+class NamesrvService:
+    """The NameServer: its table task, its scan task and the HTTP handlers."""
+
+    def __init__(
+        self,
+        cfg: NamesrvConfig,
+        *,
+        clock_ms: Clock = monotonic_ms,
+        wall_clock_ms: Clock = wall_ms,
+        run_scanner: bool = True,
+    ):
+        self.cfg = cfg
+        self.owner = TableOwner(RouteTable(cfg.broker_channel_max_idle_time_ms), clock_ms)
+        self._wall_clock_ms = wall_clock_ms
+        self._run_scanner = run_scanner
+        self._scanner: asyncio.Task[None] | None = None
+        self._started_ms = monotonic_ms()
+        self._started_wall_ms = wall_clock_ms()
+        # Owned by the table task (updated only inside closures it runs).
+        self.totals = dict.fromkeys(
+            ("registrations", "route_changes", "stale_ignored", "unregistrations", "expired", "scans"), 0
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=BODY_BYTES_MAX, middlewares=[_errors])
+        app.router.add_post("/v1/brokers/register", self.handle_register)
+        app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
+        app.router.add_get("/v1/routes/{topic}", self.handle_route)
+        app.router.add_get("/v1/clusters", self.handle_clusters)
+        app.router.add_get("/v1/topics", self.handle_topics)
+        app.router.add_delete("/v1/topics/{topic}", self.handle_delete_topic)
+        app.router.add_get("/v1/status", self.handle_status)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def startup(self) -> None:
+        await self.owner.startup()
+        if self._run_scanner:
+            self._scanner = asyncio.create_task(self._scan_loop(), name="namesrv-scan")
+
+    async def shutdown(self) -> None:
+        if self._scanner is not None:
+            self._scanner.cancel()
+            await asyncio.gather(self._scanner, return_exceptions=True)
+            self._scanner = None
+        await self.owner.shutdown()
+
+    async def _on_startup(self, app: web.Application) -> None:
+        await self.startup()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self.shutdown()
+
+    # -- expiry ------------------------------------------------------------------------------
+    async def scan_now(self) -> list[ExpiredBroker]:
+        """Expire brokers idle past their timeout (the scan task calls this every interval)."""
+        return await self.owner.call(self._scan)
+
+    def _scan(self, table: RouteTable, now_ms: int) -> list[ExpiredBroker]:
+        expired = table.scan_expired(now_ms)
+        self.totals["scans"] += 1
+        self.totals["expired"] += len(expired)
+        for e in expired:
+            log.warning(
+                "expired %s/%d at %s (cluster %s): no heartbeat for %d ms > %d ms",
+                e.broker_name,
+                e.broker_id,
+                e.address,
+                e.cluster,
+                e.idle_ms,
+                e.heartbeat_timeout_ms,
+            )
+        return expired
+
+    async def _scan_loop(self) -> None:
+        interval_s = self.cfg.scan_not_active_broker_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.scan_now()
+            except NamesrvError as exc:
+                log.warning("scan skipped: %s", exc)
+            except Exception:  # a bug in the scan must not end expiry for good
+                log.exception("scan failed")
+
+    # -- handlers ----------------------------------------------------------------------------
+    async def handle_register(self, request: web.Request) -> web.Response:
+        fmt = wire.format_for_content_type(request.content_type)
+        reg = wire.registration_from_dict(wire.parse_body(await request.read(), fmt))
+        result = await self.owner.call(lambda table, now_ms: self._register(table, reg, now_ms))
+        body = wire.register_response_to_dict(wire.RegisterResponse(result, self._wall_clock_ms()))
+        return _reply(request, body)
+
+    def _register(self, table: RouteTable, reg: BrokerRegistration, now_ms: int) -> RegisterResult:
+        result = table.register(reg, now_ms)
+        self.totals["registrations"] += 1
+        who = f"{reg.broker_name}/{reg.broker_id} at {reg.address} ({reg.role}, term {reg.term})"
+        if result.ignored_reason is not None:
+            self.totals["stale_ignored"] += 1
+            log.warning(
+                "ignored %s registration of %s: group leader %s at term %d",
+                result.ignored_reason,
+                who,
+                result.leader_address,
+                result.leader_term,
+            )
+        elif result.changed:
+            self.totals["route_changes"] += 1
+            log.info("route change: %s [%s]", "; ".join(result.changes), who)
+        return result
+
+    async def handle_unregister(self, request: web.Request) -> web.Response:
+        fmt = wire.format_for_content_type(request.content_type)
+        req = wire.unregister_from_dict(wire.parse_body(await request.read(), fmt))
+
+        def job(table: RouteTable, now_ms: int) -> bool:
+            removed = table.unregister(req.cluster, req.broker_name, req.address)
+            if removed:
+                self.totals["unregistrations"] += 1
+                log.info("unregistered %s/%s at %s", req.cluster, req.broker_name, req.address)
+            return removed
+
+        return _reply(request, {"v": WIRE_VERSION, "removed": await self.owner.call(job)})
+
+    async def handle_route(self, request: web.Request) -> web.Response:
+        topic = _topic_param(request)
+        route = await self.owner.call(lambda table, now_ms: table.topic_route(topic))
+        if route is None:
+            raise NotFoundError("TOPIC_NOT_EXIST", f"no route for topic {topic}")
+        return _reply(request, wire.topic_route_to_dict(route))
+
+    async def handle_clusters(self, request: web.Request) -> web.Response:
+        _check_query_version(request)
+        info = await self.owner.call(lambda table, now_ms: table.cluster_info())
+        return _reply(request, wire.cluster_info_to_dict(info))
+
+    async def handle_topics(self, request: web.Request) -> web.Response:
+        _check_query_version(request)
+        topics = await self.owner.call(lambda table, now_ms: table.topic_list())
+        return _reply(request, wire.topic_list_to_dict(topics))
+
+    async def handle_delete_topic(self, request: web.Request) -> web.Response:
+        topic = _topic_param(request)
+
+        def job(table: RouteTable, now_ms: int) -> bool:
+            deleted = table.delete_topic(topic)
+            if deleted:
+                log.info("deleted topic %s (brokers still holding it re-announce it)", topic)
+            return deleted
+
+        if not await self.owner.call(job):
+            raise NotFoundError("TOPIC_NOT_EXIST", f"topic {topic} is not in the route table")
+        return _reply(request, {"v": WIRE_VERSION, "topic": topic, "deleted": True})
+
+    async def handle_status(self, request: web.Request) -> web.Response:
+        _check_query_version(request)
+        return _reply(request, await self.owner.call(self._status))
+
+    def _status(self, table: RouteTable, now_ms: int) -> dict[str, Any]:
+        return {
+            "v": WIRE_VERSION,
+            "uptime_ms": monotonic_ms() - self._started_ms,
+            "started_at_ms": self._started_wall_ms,
+            "namesrv_time_ms": self._wall_clock_ms(),
+            "counts": table.counts(),
+            "totals": dict(self.totals),
+            "brokers": [
+                {
+                    "address": b.address,
+                    "cluster": b.cluster,
+                    "broker_name": b.broker_name,
+                    "broker_id": b.broker_id,
+                    "role": b.role,
+                    "term": b.term,
+                    "data_version": b.data_version,
+                    "idle_ms": now_ms - b.last_update_ms,
+                    "heartbeat_timeout_ms": b.heartbeat_timeout_ms,
+                }
+                for b in table.live_brokers()
+            ],
+            "config": self.cfg.as_properties(),
+        }
+
+
+# -- HTTP helpers --------------------------------------------------------------------------------
+def _wants_msgpack(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    if any(t in accept for t in wire.MSGPACK_TYPES):
+        return True
+    return wire.JSON_TYPE not in accept and request.content_type in wire.MSGPACK_TYPES
+
+
+def _reply(request: web.Request, body: dict[str, Any], status: int = 200) -> web.Response:
+    fmt: wire.Format = "msgpack" if _wants_msgpack(request) else "json"
+    content_type = wire.MSGPACK_TYPE if fmt == "msgpack" else wire.JSON_TYPE
+    return web.Response(body=wire.dump_body(body, fmt), status=status, content_type=content_type)
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    body = wire.dump_body(wire.error_to_dict(code, message), "json")
+    return web.Response(body=body, status=status, content_type=wire.JSON_TYPE)
+
+
+def _check_query_version(request: web.Request) -> None:
+    raw = request.query.get("v")
+    if raw is not None and raw != str(WIRE_VERSION):
+        raise wire.WireError("UNSUPPORTED_VERSION", f"schema version {raw!r:.20} is not supported (v1 only)")
+
+
+def _topic_param(request: web.Request) -> str:
+    _check_query_version(request)
+    topic = request.match_info["topic"]
+    validate_topic(topic)
+    return topic
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except NamesrvError as exc:
+        status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
+        return error_response(status, exc.code, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _CODE_BY_HTTP_STATUS.get(exc.status, exc.reason.upper().replace(" ", "_"))
+        return error_response(exc.status, code, exc.text or exc.reason)
+    except Exception as exc:  # a bug, not bad input: still answer JSON, and keep serving
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "INTERNAL_ERROR", f"{type(exc).__name__}: {exc!s:.200}")
+
+
+# -- process -------------------------------------------------------------------------------------
+async def serve(cfg: NamesrvConfig, stop: asyncio.Event) -> None:
+    service = NamesrvService(cfg)
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.bind_address, cfg.listen_port, reuse_address=True)
+        await site.start()
+        log.info("NameServer listening on %s (config %s)", ", ".join(map(str, runner.addresses)), cfg.source)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    log.info("NameServer stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dledger-namesrv", description="Run a NameServer (route registry).")
+    parser.add_argument("-c", "--config", help="properties file (see conf/namesrv.conf); defaults if omitted")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        cfg = load_namesrv_config(args.config) if args.config else NamesrvConfig()
+    except (ConfigError, OSError) as exc:
+        print(f"dledger-namesrv: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:  # e.g. the port is taken
+        print(
+            f"dledger-namesrv: cannot serve on {cfg.bind_address}:{cfg.listen_port}: {exc}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
