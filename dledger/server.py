@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,6 +43,7 @@ from dledger.node import (
     NotLeaderError,
     RaftSettings,
 )
+from dledger.process_main import run_until_signalled, setup_logging
 
 log = logging.getLogger("dledger.server")
 
@@ -246,25 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--config", required=True, help="properties file (see conf/dledger-n0.conf)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level)
     try:
         cfg = load_dledger_config(args.config)
     except (ConfigError, OSError) as exc:
         print(f"dledger-node: {exc}", file=sys.stderr)
         return 2
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop)
-
-    asyncio.run(run())
+    run_until_signalled(lambda stop: serve(cfg, stop))
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 
 from dledger.config import ConfigError
+from dledger.process_main import run_until_signalled, setup_logging
 from namesrv import wire
 from namesrv.config import NamesrvConfig, load_namesrv_config
 from namesrv.route_table import (
@@ -386,26 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--config", help="properties file (see conf/namesrv.conf); defaults if omitted")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level)
     try:
         cfg = load_namesrv_config(args.config) if args.config else NamesrvConfig()
     except (ConfigError, OSError) as exc:
         print(f"dledger-namesrv: {exc}", file=sys.stderr)
         return 2
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop)
-
     try:
-        asyncio.run(run())
+        run_until_signalled(lambda stop: serve(cfg, stop))
     except OSError as exc:  # e.g. the port is taken
         print(
             f"dledger-namesrv: cannot serve on {cfg.bind_address}:{cfg.listen_port}: {exc}", file=sys.stderr
