@@ -481,10 +481,10 @@ class DLedgerNode:
             sync.dl_send_now()
         old_commit = self.commit_index
         self.commit_index = sync.raftCommitIndex
-        if self._waiting:
-            self._complete_waiting()
         if self.applied_index < self.commit_index:
             self._apply_committed()
+        if self._waiting:
+            self._complete_waiting()
         if self._commit_waiters and self.commit_index > old_commit:
             self._wake_commit_waiters()
         self._publish_role(sync)
@@ -562,7 +562,9 @@ class DLedgerNode:
                         req, exc=AppendFailedError(f"entry {w.index} was replaced by a newer leader's entry")
                     )
                 continue
-            if w.index > self.commit_index:
+            # With a state machine, an append resolves once it is applied too: the caller
+            # (the broker's send path) reads what applying it produced (queue offsets).
+            if w.index > self.commit_index or (self._sm is not None and w.index > self.applied_index):
                 return
             self._waiting.popleft()
             now = time.perf_counter()

@@ -59,7 +59,7 @@ def test_cluster_up_status_down(tmp_path: Any) -> None:
     raft, http = free_ports(1)[0], free_ports(1)[0]
     # pick bases whose derived ports (+0..2, +0/10/20) are very likely free: retry once if not
     raft_base, http_base = 20000 + raft % 10000, 30000 + http % 10000
-    args = ["--dir", str(tmp_path), "--raft-port", str(raft_base), "--http-port", str(http_base)]
+    args = ["--dir", str(tmp_path), "--raft-port", str(raft_base), "--http-port", str(http_base), "--kind", "node"]
     try:
         up = run("dledger.cluster", "up", *args, "--json", timeout_s=90)
         assert up.returncode == 0, up.stdout + up.stderr

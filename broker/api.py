@@ -1,0 +1,636 @@
+"""The broker's HTTP API v1 handlers (docs/BROKER_API.md). Thin: validate, then call the store,
+the dledger node or the long-poll registry owned by ``BrokerServer``."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.codec import ApiError, answer, check_fields, error, read_body
+from broker.consume_queue import ConsumeQueue
+from broker.message import (
+    InvalidInput,
+    StoredMessage,
+    build_messages,
+    check_group,
+    check_int,
+    check_topic,
+    check_unique_id,
+    encode_command,
+    encode_message,
+    message_view,
+    parse_msg_id,
+    tag_hash,
+)
+from broker.metadata import TopicConfig
+from broker.store import MessageNotFound
+from dledger.node import (
+    AppendFailedError,
+    AppendTimeoutError,
+    BusyError,
+    DiskFullError,
+    DLedgerError,
+    EntryRemovedError,
+    EntryTooLargeError,
+    NotLeaderError,
+)
+
+if TYPE_CHECKING:
+    from broker.server import BrokerServer
+
+log = logging.getLogger("broker.api")
+
+INT64_MAX = 2**63 - 1
+MAX_PULL_COUNT = 1024
+MAX_SCAN_UNITS = 16_384
+MAX_QUERY = 512
+_PULL_FIELDS = frozenset(
+    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group"}
+)
+
+_DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
+    AppendFailedError: (409, "APPEND_FAILED"),
+    AppendTimeoutError: (504, "SEND_TIMEOUT"),
+    BusyError: (429, "BUSY"),
+    DiskFullError: (507, "DISK_FULL"),
+    EntryTooLargeError: (413, "MESSAGE_TOO_LARGE"),
+    EntryRemovedError: (410, "MESSAGE_REMOVED"),
+}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _int_query(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        if default is None:
+            raise ApiError(400, "MISSING_FIELD", f"query parameter {name!r} is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "BAD_PARAMETER", f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not lo <= value <= hi:
+        raise ApiError(400, "BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _tag_filter(expr: Any) -> tuple[set[int], set[str]] | None:
+    """None = every message; else (tag hashes, tags)."""
+    if expr is None or expr in ("", "*"):
+        return None
+    if not isinstance(expr, str) or len(expr) > 4096:
+        raise ApiError(400, "INVALID_TAGS", "tags must be '*' or 'a||b' (at most 4096 chars)")
+    tags = {t.strip() for t in expr.split("||") if t.strip()}
+    if not tags:
+        return None
+    return {tag_hash(t) for t in tags}, tags
+
+
+class BrokerApi:
+    def __init__(self, server: BrokerServer):
+        self.s = server
+
+    def app(self, client_max_size: int) -> web.Application:
+        app = web.Application(client_max_size=client_max_size, middlewares=[self._errors])
+        r = app.router
+        r.add_post("/v1/send", self.send)
+        r.add_post("/v1/pull", self.pull)
+        r.add_get("/v1/msg/id/{msg_id}", self.msg_by_id)
+        r.add_get("/v1/msg/key", self.msg_by_key)
+        r.add_get("/v1/msg/unique", self.msg_by_unique)
+        r.add_get("/v1/msg/offset", self.msg_by_offset)
+        r.add_get("/v1/offset/search", self.offset_search)
+        r.add_post("/v1/topics", self.topic_put)
+        r.add_get("/v1/topics", self.topic_list)
+        r.add_get("/v1/topics/{topic}", self.topic_get)
+        r.add_delete("/v1/topics/{topic}", self.topic_delete)
+        r.add_get("/v1/topics/{topic}/status", self.topic_status)
+        r.add_post("/v1/groups", self.group_put)
+        r.add_get("/v1/groups", self.group_list)
+        r.add_delete("/v1/groups/{group}", self.group_delete)
+        r.add_get("/v1/groups/{group}/progress", self.group_progress)
+        r.add_get("/v1/groups/{group}/consumers", self.group_consumers)
+        r.add_post("/v1/offsets", self.offsets_commit)
+        r.add_get("/v1/offsets", self.offsets_get)
+        r.add_post("/v1/offsets/reset", self.offsets_reset)
+        r.add_post("/v1/heartbeat", self.heartbeat)
+        r.add_post("/v1/unregister", self.unregister)
+        r.add_get("/v1/status", self.status)
+        r.add_post("/v1/admin/transfer", self.transfer)
+        return app
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error(request, exc.status, exc.code, exc.message, **exc.extra)
+        except InvalidInput as exc:
+            return error(request, exc.status, exc.code, exc.message)
+        except NotLeaderError:
+            return self._not_leader(request)
+        except DLedgerError as exc:
+            status, code = _DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))
+            return error(request, status, code, str(exc))
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(
+                    exc.status, exc.reason.upper().replace(" ", "_")
+                )
+                return error(request, exc.status, code, exc.text or exc.reason)
+            raise
+        except Exception:
+            log.exception("unexpected error in %s %s", request.method, request.path)
+            return error(request, 500, "INTERNAL", "internal error (logged by the broker)")
+
+    def _not_leader(self, request: web.Request) -> web.Response:
+        leader_id = self.s.node.leader_id
+        return error(
+            request,
+            409,
+            "NOT_LEADER",
+            f"this broker ({self.s.node.settings.self_id}) is not the leader; leader is {leader_id}",
+            leader_addr=self.s.client_addr_of(leader_id),
+            leader_id=leader_id,
+        )
+
+    # -- writes ---------------------------------------------------------------------------------
+    def _require_writable(self) -> None:
+        if self.s.node.role != "LEADER":
+            raise NotLeaderError(self.s.node.leader_id)
+        if not self.s.ready:
+            raise ApiError(503, "NOT_READY", "new leader is still applying committed entries; retry shortly")
+
+    async def _command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._require_writable()
+        locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
+        result = self.s.store.results.pop(locs[0].position, None)
+        if result is None:
+            return {}
+        if "error" in result:
+            raise ApiError(400, "BAD_COMMAND", str(result["error"]))
+        return dict(result)
+
+    async def _topic_for_send(self, topic: str) -> TopicConfig:
+        tc = self.s.store.topic(topic)
+        if tc is not None:
+            return tc
+        if not self.s.cfg.auto_create_topic:
+            raise ApiError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist (autoCreateTopicEnable=false)")
+        pending = self.s.creating.get(topic)
+        if pending is None:
+            n = self.s.cfg.default_topic_queue_nums
+            cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": n, "write_queue_nums": n, "perm": 6}
+            pending = self.s.loop.create_task(self._command(cmd))
+            self.s.creating[topic] = pending
+            pending.add_done_callback(lambda _t: self.s.creating.pop(topic, None))
+        await pending
+        tc = self.s.store.topic(topic)
+        if tc is None:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created")
+        return tc
+
+    async def send(self, request: web.Request) -> web.Response:
+        body = await read_body(request, binary=True)
+        check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}), ("topic", "messages"))
+        topic = check_topic(body["topic"])
+        if body.get("producer_group") is not None:
+            check_group(body["producer_group"])
+        self._require_writable()
+        tc = await self._topic_for_send(topic)
+        if not tc.writable:
+            raise ApiError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
+        qid = check_int(body.get("queue_id", 0), "queue_id", 0, tc.write_queue_nums - 1, "INVALID_QUEUE_ID")
+        store_ts = _now_ms()
+        peer = request.remote or ""
+        msgs = build_messages(
+            topic,
+            qid,
+            body["messages"],
+            store_ts=store_ts,
+            max_size=self.s.cfg.max_message_size,
+            new_unique_id=lambda: uuid.uuid4().hex.upper(),
+            default_born_host=peer,
+        )
+        records = [encode_message(m) for m in msgs]
+        self.s.counters["send_requests"] += 1
+        locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
+        self.s.counters["messages_sent"] += len(records)
+        results = []
+        for m, loc in zip(msgs, locs, strict=True):
+            offset = self.s.store.results.pop(loc.position, None)
+            if offset is None:
+                cq = self.s.store.cqs.get(topic, qid)
+                offset = cq.search_by_position(loc.position) if cq is not None else None
+            results.append(
+                {
+                    "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
+                    "unique_id": m.unique_id,
+                    "queue_offset": offset,
+                    "position": loc.position,
+                }
+            )
+        return answer(
+            request,
+            {
+                "status": "SEND_OK",
+                "broker_name": self.s.cfg.broker_name,
+                "queue_id": qid,
+                "store_ts": store_ts,
+                "results": results,
+            },
+        )
+
+    # -- pull -------------------------------------------------------------------------------------
+    async def pull(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
+        topic = check_topic(body["topic"])
+        if body.get("consumer_group") is not None:
+            check_group(body["consumer_group"])
+        tc = self._topic(topic)
+        if not tc.readable:
+            raise ApiError(403, "NO_PERMISSION", f"topic {topic!r} is not readable (perm {tc.perm})")
+        qid = check_int(body["queue_id"], "queue_id", 0, tc.read_queue_nums - 1, "INVALID_QUEUE_ID")
+        offset = check_int(body["offset"], "offset", 0, INT64_MAX)
+        max_count = check_int(body.get("max_count", 32), "max_count", 1, MAX_PULL_COUNT)
+        max_bytes = check_int(body.get("max_bytes", 4 << 20), "max_bytes", 1, 64 << 20)
+        suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, self.s.cfg.long_polling_max_ms)
+        flt = _tag_filter(body.get("tags"))
+        deadline = time.monotonic() + suspend_ms / 1000
+        while True:
+            cq = self.s.store.cqs.get(topic, qid)
+            lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+            if offset < lo:
+                return self._pull_answer(request, "OFFSET_TOO_SMALL", lo, lo, hi, [])
+            if offset > hi:
+                return self._pull_answer(request, "OFFSET_OVERFLOW", hi, lo, hi, [])
+            if offset == hi or cq is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
+                await self.s.wait_for_queue(topic, qid, remaining)
+                continue
+            return self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+
+    def _read_queue(
+        self,
+        request: web.Request,
+        cq: ConsumeQueue,
+        offset: int,
+        max_count: int,
+        max_bytes: int,
+        flt: tuple[set[int], set[str]] | None,
+        lo: int,
+    ) -> web.Response:
+        scan = max_count if flt is None else min(MAX_SCAN_UNITS, max_count * 64)
+        units = cq.read(offset, scan)
+        out: list[dict[str, Any]] = []
+        total = 0
+        next_offset = offset
+        for u in units:
+            if flt is not None and u.tag_hash not in flt[0]:
+                next_offset = u.offset + 1
+                continue
+            try:
+                m = self.s.store.read_message(u.position, u.size)
+            except MessageNotFound:  # removed by retention between the queue read and now
+                next_offset = u.offset + 1
+                continue
+            if flt is not None and m.tags not in flt[1]:
+                next_offset = u.offset + 1
+                continue
+            if out and total + len(m.body) > max_bytes:
+                break
+            total += len(m.body)
+            out.append(self._view(m, u.position, u.size, u.offset))
+            next_offset = u.offset + 1
+            if len(out) >= max_count:
+                break
+        hi = cq.max_offset
+        status = "FOUND" if out else "NO_MATCHED_MSG"
+        return self._pull_answer(request, status, next_offset, max(lo, cq.min_offset), hi, out)
+
+    def _pull_answer(
+        self, request: web.Request, status: str, next_offset: int, lo: int, hi: int, msgs: list[dict[str, Any]]
+    ) -> web.Response:
+        self.s.counters["pulls"] += 1
+        self.s.counters["messages_pulled"] += len(msgs)
+        return answer(
+            request,
+            {"status": status, "next_offset": next_offset, "min_offset": lo, "max_offset": hi, "messages": msgs},
+        )
+
+    def _view(self, m: StoredMessage, position: int, size: int, offset: int | None) -> dict[str, Any]:
+        return message_view(m, broker_name=self.s.cfg.broker_name, position=position, size=size, queue_offset=offset)
+
+    def _topic(self, topic: str) -> TopicConfig:
+        tc = self.s.store.topic(topic)
+        if tc is None:
+            raise ApiError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist")
+        return tc
+
+    # -- queries ---------------------------------------------------------------------------------
+    def _message_at(self, position: int) -> dict[str, Any]:
+        try:
+            m = self.s.store.read_message(position)
+        except MessageNotFound:
+            if position < self.s.store.applied_end_position and position < self.s.first_log_position():
+                raise ApiError(410, "MESSAGE_REMOVED", f"position {position} was removed by retention") from None
+            raise ApiError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}") from None
+        cq = self.s.store.cqs.get(m.topic, m.queue_id)
+        offset = cq.search_by_position(position) if cq is not None else None
+        if offset is None:
+            raise ApiError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}")
+        unit = cq.get(offset) if cq is not None else None
+        return self._view(m, position, unit.size if unit else 0, offset)
+
+    async def msg_by_id(self, request: web.Request) -> web.Response:
+        name, position = parse_msg_id(request.match_info["msg_id"])
+        if name != self.s.cfg.broker_name:
+            raise ApiError(404, "MESSAGE_NOT_FOUND", f"msg id belongs to broker group {name!r}, this is "
+                           f"{self.s.cfg.broker_name!r}")
+        return answer(request, self._message_at(position))
+
+    def _by_index(self, request: web.Request, key: str, *, unique: bool) -> list[dict[str, Any]]:
+        topic = check_topic(request.query.get("topic"))
+        max_n = _int_query(request, "max", 64, 1, MAX_QUERY)
+        begin = _int_query(request, "begin_ts", 0, 0, INT64_MAX)
+        end = _int_query(request, "end_ts", INT64_MAX, 0, INT64_MAX)
+        out = []
+        for position in self.s.store.index.query(topic, key, max_n * 2, begin, end):
+            try:
+                m = self.s.store.read_message(position)
+            except MessageNotFound:
+                continue
+            if m.topic != topic or (m.unique_id != key if unique else key not in m.keys):
+                continue  # a hash collision
+            cq = self.s.store.cqs.get(m.topic, m.queue_id)
+            offset = cq.search_by_position(position) if cq is not None else None
+            out.append(self._view(m, position, 0, offset))
+            if len(out) >= max_n:
+                break
+        return out
+
+    async def msg_by_key(self, request: web.Request) -> web.Response:
+        key = request.query.get("key", "")
+        if not key or len(key) > 255:
+            raise ApiError(400, "INVALID_KEYS", "key must be 1..255 chars")
+        return answer(request, {"messages": self._by_index(request, key, unique=False)})
+
+    async def msg_by_unique(self, request: web.Request) -> web.Response:
+        uid = check_unique_id(request.query.get("unique_id"))
+        return answer(request, {"messages": self._by_index(request, uid, unique=True)})
+
+    async def msg_by_offset(self, request: web.Request) -> web.Response:
+        topic = check_topic(request.query.get("topic"))
+        tc = self._topic(topic)
+        qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
+        offset = _int_query(request, "offset", None, 0, INT64_MAX)
+        cq = self.s.store.cqs.get(topic, qid)
+        unit = cq.get(offset) if cq is not None else None
+        if unit is None:
+            raise ApiError(404, "MESSAGE_NOT_FOUND", f"no message at {topic}/{qid} offset {offset}")
+        try:
+            m = self.s.store.read_message(unit.position, unit.size)
+        except MessageNotFound:
+            raise ApiError(410, "MESSAGE_REMOVED", f"{topic}/{qid} offset {offset} was removed") from None
+        return answer(request, self._view(m, unit.position, unit.size, offset))
+
+    async def offset_search(self, request: web.Request) -> web.Response:
+        topic = check_topic(request.query.get("topic"))
+        tc = self._topic(topic)
+        qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
+        ts = _int_query(request, "ts", None, 0, INT64_MAX)
+        cq = self.s.store.cqs.get(topic, qid)
+        return answer(request, {"offset": cq.search_by_time(ts) if cq is not None else 0})
+
+    # -- topics ------------------------------------------------------------------------------------
+    async def topic_put(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(
+            body, frozenset({"topic", "read_queue_nums", "write_queue_nums", "perm", "order"}), ("topic",)
+        )
+        topic = check_topic(body["topic"])
+        cmd = {
+            "op": "topic.put",
+            "topic": topic,
+            "read_queue_nums": check_int(body.get("read_queue_nums", 4), "read_queue_nums", 1, 1024,
+                                         "INVALID_QUEUE_NUMS"),
+            "write_queue_nums": check_int(body.get("write_queue_nums", 4), "write_queue_nums", 1, 1024,
+                                          "INVALID_QUEUE_NUMS"),
+            "perm": check_int(body.get("perm", 6), "perm", 0, 7, "INVALID_PERM"),
+            "order": body.get("order", False),
+        }
+        if not isinstance(cmd["order"], bool):
+            raise ApiError(400, "BAD_REQUEST", "order must be a boolean")
+        result = await self._command(cmd)
+        return answer(request, result.get("topic", {}))
+
+    async def topic_list(self, request: web.Request) -> web.Response:
+        md = self.s.store.metadata_view()
+        return answer(request, {"topics": [tc.to_dict() for _, tc in sorted(md.topics.items())]})
+
+    async def topic_get(self, request: web.Request) -> web.Response:
+        topic = check_topic(request.match_info["topic"])
+        return answer(request, self._topic(topic).to_dict())
+
+    async def topic_delete(self, request: web.Request) -> web.Response:
+        topic = check_topic(request.match_info["topic"])
+        self._topic(topic)
+        await self._command({"op": "topic.delete", "topic": topic})
+        return answer(request, {"topic": topic, "deleted": True})
+
+    async def topic_status(self, request: web.Request) -> web.Response:
+        topic = check_topic(request.match_info["topic"])
+        tc = self._topic(topic)
+        queues = []
+        for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+            cq = self.s.store.cqs.get(topic, qid)
+            last = cq.last_unit() if cq is not None else None
+            queues.append(
+                {
+                    "queue_id": qid,
+                    "min_offset": cq.min_offset if cq else 0,
+                    "max_offset": cq.max_offset if cq else 0,
+                    "last_store_ts": last.store_ts if last else 0,
+                }
+            )
+        return answer(request, {"topic": topic, "broker_name": self.s.cfg.broker_name, "queues": queues})
+
+    # -- groups and offsets -------------------------------------------------------------------------
+    async def group_put(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(
+            body, frozenset({"group", "consume_enable", "consume_broadcast_enable", "retry_max_times"}), ("group",)
+        )
+        cmd: dict[str, Any] = {"op": "group.put", "group": check_group(body["group"])}
+        for flag in ("consume_enable", "consume_broadcast_enable"):
+            value = body.get(flag, True)
+            if not isinstance(value, bool):
+                raise ApiError(400, "BAD_REQUEST", f"{flag} must be a boolean")
+            cmd[flag] = value
+        cmd["retry_max_times"] = check_int(body.get("retry_max_times", 16), "retry_max_times", 0, 1000)
+        result = await self._command(cmd)
+        return answer(request, result.get("group", {}))
+
+    async def group_list(self, request: web.Request) -> web.Response:
+        md = self.s.store.metadata_view()
+        return answer(request, {"groups": [g.to_dict() for _, g in sorted(md.groups.items())]})
+
+    async def group_delete(self, request: web.Request) -> web.Response:
+        group = check_group(request.match_info["group"])
+        result = await self._command({"op": "group.delete", "group": group})
+        return answer(request, {"group": group, "deleted": bool(result.get("deleted"))})
+
+    def _offsets_map(self, raw: Any, tc: TopicConfig) -> dict[int, int]:
+        if not isinstance(raw, dict) or len(raw) > 1024:
+            raise ApiError(400, "BAD_REQUEST", "offsets must be a map of queue id -> offset (≤ 1024 entries)")
+        out = {}
+        for k, v in raw.items():
+            try:
+                qid = int(k)
+            except (TypeError, ValueError):
+                raise ApiError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer") from None
+            check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
+            out[qid] = check_int(v, f"offsets[{qid}]", 0, INT64_MAX, "INVALID_OFFSET")
+        return out
+
+    async def offsets_commit(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"group", "topic", "offsets"}), ("group", "topic", "offsets"))
+        group, topic = check_group(body["group"]), check_topic(body["topic"])
+        offsets = self._offsets_map(body["offsets"], self._topic(topic))
+        result = await self._command({"op": "offset.commit", "group": group, "topic": topic, "offsets": offsets})
+        return answer(request, {"updated": int(result.get("updated", 0))})
+
+    async def offsets_get(self, request: web.Request) -> web.Response:
+        group = check_group(request.query.get("group"))
+        topic = check_topic(request.query.get("topic"))
+        md = self.s.store.metadata_view()
+        return answer(request, {"offsets": {str(q): o for q, o in sorted(md.group_offsets(group, topic).items())}})
+
+    async def offsets_reset(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"group", "topic", "ts", "offsets"}), ("group", "topic"))
+        group, topic = check_group(body["group"]), check_topic(body["topic"])
+        tc = self._topic(topic)
+        if ("ts" in body) == ("offsets" in body):
+            raise ApiError(400, "BAD_REQUEST", "give exactly one of ts or offsets")
+        if "ts" in body:
+            ts = check_int(body["ts"], "ts", 0, INT64_MAX)
+            offsets = {}
+            for qid in range(tc.read_queue_nums):
+                cq = self.s.store.cqs.get(topic, qid)
+                offsets[qid] = cq.search_by_time(ts) if cq is not None else 0
+        else:
+            offsets = self._offsets_map(body["offsets"], tc)
+        await self._command({"op": "offset.reset", "group": group, "topic": topic, "offsets": offsets})
+        return answer(request, {"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+
+    async def group_progress(self, request: web.Request) -> web.Response:
+        group = check_group(request.match_info["group"])
+        only = request.query.get("topic")
+        md = self.s.store.metadata_view()
+        topics = set(md.group_topics(group))
+        for m in self.s.consumers.members(group, _now_ms()):
+            topics.update(m.topics)
+        if only is not None:
+            topics = {check_topic(only)}
+        out, total = [], 0
+        for topic in sorted(topics):
+            tc = md.topics.get(topic)
+            if tc is None:
+                continue
+            offsets = md.group_offsets(group, topic)
+            queues = []
+            for qid in range(tc.read_queue_nums):
+                cq = self.s.store.cqs.get(topic, qid)
+                broker_offset = cq.max_offset if cq is not None else 0
+                consumer_offset = offsets.get(qid, 0)
+                lag = max(0, broker_offset - consumer_offset)
+                total += lag
+                last = cq.get(consumer_offset - 1) if cq is not None and consumer_offset > 0 else None
+                queues.append(
+                    {
+                        "queue_id": qid,
+                        "broker_offset": broker_offset,
+                        "consumer_offset": consumer_offset,
+                        "lag": lag,
+                        "last_ts": last.store_ts if last else 0,
+                    }
+                )
+            out.append({"topic": topic, "queues": queues})
+        return answer(
+            request, {"group": group, "broker_name": self.s.cfg.broker_name, "topics": out, "total_lag": total}
+        )
+
+    # -- membership -------------------------------------------------------------------------------
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"client_id", "groups"}), ("client_id", "groups"))
+        cid = body["client_id"]
+        if not isinstance(cid, str) or not 1 <= len(cid) <= 255:
+            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be a string of 1..255 chars")
+        groups = body["groups"]
+        if not isinstance(groups, list) or len(groups) > 64:
+            raise ApiError(400, "BAD_REQUEST", "groups must be a list of at most 64 entries")
+        parsed = []
+        for i, g in enumerate(groups):
+            if not isinstance(g, dict):
+                raise ApiError(400, "BAD_REQUEST", f"groups[{i}] must be a map")
+            check_fields(g, frozenset({"group", "topics", "model"}), ("group",))
+            model = g.get("model", "CLUSTERING")
+            if model not in ("CLUSTERING", "BROADCASTING"):
+                raise ApiError(400, "BAD_REQUEST", f"groups[{i}].model must be CLUSTERING or BROADCASTING")
+            topics = g.get("topics", [])
+            if not isinstance(topics, list) or len(topics) > 1024:
+                raise ApiError(400, "BAD_REQUEST", f"groups[{i}].topics must be a list (≤ 1024)")
+            parsed.append((check_group(g["group"]), model, tuple(check_topic(t) for t in topics)))
+        if not self.s.consumers.heartbeat(cid, parsed, _now_ms()):
+            raise ApiError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
+        return answer(request, {"ok": True})
+
+    async def unregister(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"client_id"}), ("client_id",))
+        if not isinstance(body["client_id"], str):
+            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be a string")
+        return answer(request, {"removed": self.s.consumers.unregister(body["client_id"])})
+
+    async def group_consumers(self, request: web.Request) -> web.Response:
+        group = check_group(request.match_info["group"])
+        members = self.s.consumers.members(group, _now_ms())
+        return answer(
+            request,
+            {
+                "group": group,
+                "client_ids": [m.client_id for m in members],
+                "members": [{"client_id": m.client_id, "model": m.model, "topics": list(m.topics)} for m in members],
+            },
+        )
+
+    # -- broker -------------------------------------------------------------------------------------
+    async def status(self, request: web.Request) -> web.Response:
+        return answer(request, await self.s.status())
+
+    async def transfer(self, request: web.Request) -> web.Response:
+        target = None
+        if request.can_read_body:
+            body = await read_body(request)
+            check_fields(body, frozenset({"target"}))
+            target = body.get("target")
+            if target is not None and target not in self.s.node.settings.peers:
+                raise ApiError(400, "BAD_REQUEST", f"target must be one of {sorted(self.s.node.settings.peers)}")
+        leader = await self.s.node.transfer_leadership(target)
+        return answer(request, {"leader_id": leader})

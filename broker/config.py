@@ -1,0 +1,148 @@
+"""``conf/broker-nX.conf``: the broker's keys on top of the dledger keys (RocketMQ names).
+
+| key | default | meaning |
+|---|---|---|
+| brokerClusterName | DefaultCluster | cluster the group registers under |
+| brokerName | = dLegerGroup | must equal dLegerGroup (DLedger mode: one group = one broker name) |
+| namesrvAddr | env NAMESRV_ADDR | `a:9876;b:9877`; every NameServer gets every registration |
+| registerNameServerPeriod | 30000 | ms between periodic registrations (heartbeats) |
+| autoCreateTopicEnable | true | a send to an unknown topic creates it (defaultTopicQueueNums queues) |
+| defaultTopicQueueNums | 4 | read and write queues of an auto-created topic |
+| maxMessageSize | 4194304 | body bytes of one message, and of a batch's bodies together |
+| longPollingMaxMs | 30000 | longest hold a pull may ask for (suspend_ms) |
+| clientExpiryMs | 40000 | a consumer silent this long leaves its group's member list |
+| storeSnapshotIntervalMs | 1000 | how often consume queues and metadata reach disk (the apply checkpoint) |
+| brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
+|  |  | (so a follower's NOT_LEADER names the leader's address) |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+
+from dledger.config import (
+    ConfigError,
+    DLedgerConfig,
+    _Reader,
+    load_properties,
+    parse_dledger_config,
+)
+
+CLUSTER_RE = re.compile(r"^[a-zA-Z0-9_-]{1,127}$")
+
+BROKER_KEYS = frozenset(
+    {
+        "brokerClusterName",
+        "brokerName",
+        "namesrvAddr",
+        "registerNameServerPeriod",
+        "autoCreateTopicEnable",
+        "defaultTopicQueueNums",
+        "maxMessageSize",
+        "longPollingMaxMs",
+        "clientExpiryMs",
+        "storeSnapshotIntervalMs",
+        "brokerPeerClientAddrs",
+        "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
+        "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    dledger: DLedgerConfig
+    cluster: str
+    broker_name: str
+    namesrv_addrs: tuple[str, ...]
+    register_period_ms: int
+    auto_create_topic: bool
+    default_topic_queue_nums: int
+    max_message_size: int
+    long_polling_max_ms: int
+    client_expiry_ms: int
+    snapshot_interval_ms: int
+    peer_client_addrs: dict[str, str]
+
+    @property
+    def address(self) -> str:
+        """The client API address this broker advertises."""
+        return f"{self.dledger.http_host}:{self.dledger.listen_port}"
+
+    @property
+    def follower_broker_id(self) -> int:
+        """RocketMQ's DLedger id for a non-leader: the peer's place in dLegerPeers + 1."""
+        ids = [p.id for p in self.dledger.peers]
+        return ids.index(self.dledger.self_id) + 1
+
+    @property
+    def store_dir(self) -> str:
+        return os.path.join(self.dledger.node_dir, "broker")
+
+
+def parse_broker_config(
+    props: Mapping[str, str], *, source: str, env: Mapping[str, str] | None = None
+) -> BrokerConfig:
+    env = os.environ if env is None else env
+    dl = parse_dledger_config(props, source=source, extra_known_keys=BROKER_KEYS)
+    r = _Reader(props, source)
+    cluster = r.optional("brokerClusterName") or "DefaultCluster"
+    if not CLUSTER_RE.match(cluster):
+        raise r.error("brokerClusterName", f"{cluster!r} must be 1..127 characters of [a-zA-Z0-9_-]")
+    name = r.optional("brokerName") or dl.group
+    if name != dl.group:
+        raise r.error("brokerName", f"{name!r} must equal dLegerGroup ({dl.group!r}) in DLedger mode")
+    raw_ns = r.optional("namesrvAddr") or env.get("NAMESRV_ADDR", "")
+    addrs = tuple(a.strip() for a in raw_ns.replace(",", ";").split(";") if a.strip())
+    if not addrs:
+        raise ConfigError("namesrvAddr", "required (or set NAMESRV_ADDR): e.g. 127.0.0.1:9876;127.0.0.1:9877", source)
+    for a in addrs:
+        if not _is_host_port(a):
+            raise r.error("namesrvAddr", f"{a!r} is not host:port")
+    peer_ids = {p.id for p in dl.peers}
+    client_addrs: dict[str, str] = {}
+    for item in (r.optional("brokerPeerClientAddrs") or "").split(";"):
+        if not item.strip():
+            continue
+        pid, sep, addr = item.strip().partition("-")
+        if not sep or pid not in peer_ids or not _is_host_port(addr):
+            raise r.error("brokerPeerClientAddrs", f"{item!r} must be <peer id>-<host>:<port> for a dLegerPeers id")
+        client_addrs[pid] = addr
+    return BrokerConfig(
+        dledger=dl,
+        cluster=cluster,
+        broker_name=name,
+        namesrv_addrs=addrs,
+        register_period_ms=r.integer("registerNameServerPeriod", 30_000, 100, 600_000),
+        auto_create_topic=r.boolean("autoCreateTopicEnable", True),
+        default_topic_queue_nums=r.integer("defaultTopicQueueNums", 4, 1, 1024),
+        max_message_size=r.integer("maxMessageSize", 4 << 20, 1, 16 << 20),
+        long_polling_max_ms=r.integer("longPollingMaxMs", 30_000, 0, 300_000),
+        client_expiry_ms=r.integer("clientExpiryMs", 40_000, 1000, 3_600_000),
+        snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),
+        peer_client_addrs=client_addrs,
+    )
+
+
+def _is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def load_broker_config(
+    path: str | os.PathLike[str], overrides: Mapping[str, str] | None = None
+) -> BrokerConfig:
+    props = load_properties(path)
+    props.update(overrides or {})
+    cfg = parse_broker_config(props, source=os.fspath(path))
+    if cfg.max_message_size + (64 << 10) > cfg.dledger.max_entry_body_bytes:
+        raise ConfigError(
+            "maxMessageSize",
+            f"{cfg.max_message_size} plus 64 KiB of headers must fit in maxEntryBodyBytes "
+            f"({cfg.dledger.max_entry_body_bytes})",
+            os.fspath(path),
+        )
+    return cfg

@@ -1,0 +1,302 @@
+"""Messages as they live in the Raft log, and the rules every field obeys.
+
+A Raft entry carries a batch of bodies (``dledger.command_codec``); each body is one *record*:
+
+    b"M" | u32 header length | msgpack header array | message body bytes      a message
+    b"C" | msgpack map                                                         a command (topics, offsets...)
+
+The message header is an array (compact, positional):
+``[topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len]``
+(``body_len`` lets a reader that only knows a position — a msg id — read exactly one record).
+Queue offsets are not stored: every replica assigns them when it applies the entry, in log order,
+so every replica assigns the same ones.
+
+A message's ``position`` is the log position of its record (what ``dledger`` returns for the body);
+``msg_id`` is ``"<brokerName>:<position as 16 hex digits>"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+MESSAGE_MAGIC = b"M"
+COMMAND_MAGIC = b"C"
+_HLEN = struct.Struct("<I")
+
+TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
+UNIQUE_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+PROPERTY_NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_WS_RE = re.compile(r"\s")
+
+MAX_TAGS_CHARS = 255
+MAX_KEYS = 32
+MAX_KEY_CHARS = 255
+MAX_PROPERTIES = 64
+MAX_PROPERTY_BYTES = 32 << 10
+MAX_BORN_HOST_CHARS = 255
+MAX_BATCH = 1024
+DEFAULT_MAX_MESSAGE_SIZE = 4 << 20
+
+
+class InvalidInput(Exception):
+    """Bad client input: ``code`` is the API error code, ``status`` the HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredMessage:
+    topic: str
+    queue_id: int
+    flag: int
+    tags: str
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    born_ts: int
+    born_host: str
+    store_ts: int
+    unique_id: str
+    body: bytes
+
+
+def encode_message(m: StoredMessage) -> bytes:
+    header = msgpack.packb(
+        [
+            m.topic,
+            m.queue_id,
+            m.flag,
+            m.tags,
+            list(m.keys),
+            m.properties,
+            m.born_ts,
+            m.born_host,
+            m.store_ts,
+            m.unique_id,
+            len(m.body),
+        ],
+        use_bin_type=True,
+    )
+    return b"".join((MESSAGE_MAGIC, _HLEN.pack(len(header)), header, m.body))
+
+
+def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
+    """The header array and where the body starts; raises ValueError on a malformed record."""
+    if len(record) < 5 or record[0:1] != MESSAGE_MAGIC:
+        raise ValueError("not a message record")
+    (hlen,) = _HLEN.unpack_from(record, 1)
+    end = 5 + hlen
+    if end > len(record):
+        raise ValueError("message header runs past the record")
+    header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
+    if not isinstance(header, list) or len(header) < 11:
+        raise ValueError("malformed message header")
+    return header, end
+
+
+def decode_message(record: bytes) -> StoredMessage:
+    h, start = decode_header(record)
+    return StoredMessage(
+        topic=h[0],
+        queue_id=h[1],
+        flag=h[2],
+        tags=h[3],
+        keys=tuple(h[4]),
+        properties=dict(h[5]),
+        born_ts=h[6],
+        born_host=h[7],
+        store_ts=h[8],
+        unique_id=h[9],
+        body=bytes(record[start:]),
+    )
+
+
+def encode_command(cmd: Mapping[str, Any]) -> bytes:
+    return COMMAND_MAGIC + msgpack.packb(dict(cmd), use_bin_type=True)
+
+
+def decode_command(record: bytes) -> dict[str, Any]:
+    value = msgpack.unpackb(record[1:], raw=False, strict_map_key=False)
+    if not isinstance(value, dict):
+        raise ValueError("malformed command record")
+    return value
+
+
+def tag_hash(tags: str) -> int:
+    """What consume-queue units store for tag filtering (0 = no tags). Stable across processes."""
+    return zlib.crc32(tags.encode("utf-8")) + 1 if tags else 0
+
+
+def make_msg_id(broker_name: str, position: int) -> str:
+    return f"{broker_name}:{position:016X}"
+
+
+def parse_msg_id(msg_id: str) -> tuple[str, int]:
+    name, sep, hexpos = msg_id.rpartition(":")
+    if not sep or not GROUP_RE.match(name) or len(hexpos) != 16:
+        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>")
+    try:
+        return name, int(hexpos, 16)
+    except ValueError:
+        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} has a bad position") from None
+
+
+# -- validation ---------------------------------------------------------------------------------
+def check_topic(topic: Any) -> str:
+    if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+        raise InvalidInput("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
+    return topic
+
+
+def check_group(group: Any) -> str:
+    if not isinstance(group, str) or not GROUP_RE.match(group):
+        raise InvalidInput("INVALID_GROUP", f"group {str(group)[:270]!r} must match [%|a-zA-Z0-9_-]{{1,255}}")
+    return group
+
+
+def check_int(value: Any, name: str, lo: int, hi: int, code: str = "BAD_REQUEST") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidInput(code, f"{name} must be an integer in [{lo}, {hi}], got {str(value)[:40]!r}")
+    return value
+
+
+def check_tags(tags: Any) -> str:
+    if tags is None:
+        return ""
+    if not isinstance(tags, str) or len(tags) > MAX_TAGS_CHARS or _CONTROL_RE.search(tags) or "||" in tags:
+        raise InvalidInput(
+            "INVALID_TAGS", f"tags must be a string of at most {MAX_TAGS_CHARS} chars without '||' or control chars"
+        )
+    return tags
+
+
+def check_keys(keys: Any) -> tuple[str, ...]:
+    if keys is None:
+        return ()
+    if isinstance(keys, str):
+        keys = keys.split()
+    if not isinstance(keys, (list, tuple)) or len(keys) > MAX_KEYS:
+        raise InvalidInput("INVALID_KEYS", f"keys must be a list of at most {MAX_KEYS} strings")
+    for k in keys:
+        if not isinstance(k, str) or not 1 <= len(k) <= MAX_KEY_CHARS or _WS_RE.search(k):
+            raise InvalidInput(
+                "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{MAX_KEY_CHARS} chars without whitespace"
+            )
+    return tuple(keys)
+
+
+def check_properties(props: Any) -> dict[str, str]:
+    if props is None:
+        return {}
+    if not isinstance(props, dict) or len(props) > MAX_PROPERTIES:
+        raise InvalidInput("INVALID_PROPERTIES", f"properties must be a map of at most {MAX_PROPERTIES} entries")
+    total = 0
+    for k, v in props.items():
+        if not isinstance(k, str) or not PROPERTY_NAME_RE.match(k):
+            raise InvalidInput("INVALID_PROPERTIES", f"property name {str(k)[:70]!r} must match [a-zA-Z0-9_.-]{{1,64}}")
+        if not isinstance(v, str):
+            raise InvalidInput("INVALID_PROPERTIES", f"property {k!r} must have a string value")
+        total += len(v.encode("utf-8"))
+    if total > MAX_PROPERTY_BYTES:
+        raise InvalidInput("INVALID_PROPERTIES", f"property values exceed {MAX_PROPERTY_BYTES} bytes together")
+    return dict(props)
+
+
+def check_unique_id(value: Any) -> str:
+    if not isinstance(value, str) or not UNIQUE_ID_RE.match(value):
+        raise InvalidInput("INVALID_UNIQUE_ID", f"unique_id {str(value)[:70]!r} must match [0-9A-Za-z_-]{{1,64}}")
+    return value
+
+
+def check_body(body: Any, max_size: int) -> bytes:
+    if not isinstance(body, (bytes, bytearray)) or len(body) == 0:
+        raise InvalidInput("INVALID_BODY", "body must be non-empty bytes (msgpack bin)")
+    if len(body) > max_size:
+        raise InvalidInput("MESSAGE_TOO_LARGE", f"body of {len(body)} bytes exceeds {max_size}", 413)
+    return bytes(body)
+
+
+_MESSAGE_FIELDS = frozenset({"body", "tags", "keys", "properties", "unique_id", "born_ts", "born_host", "flag"})
+
+
+def build_messages(
+    topic: str,
+    queue_id: int,
+    items: Any,
+    *,
+    store_ts: int,
+    max_size: int,
+    new_unique_id: Any,
+    default_born_host: str,
+) -> list[StoredMessage]:
+    """Validate a send request's ``messages`` and make the records (one store time for the batch)."""
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not 1 <= len(items) <= MAX_BATCH:
+        raise InvalidInput("INVALID_BATCH", f"messages must be a list of 1..{MAX_BATCH} messages")
+    out: list[StoredMessage] = []
+    total = 0
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput("INVALID_BATCH", f"messages[{i}] must be a map")
+        unknown = set(item) - _MESSAGE_FIELDS
+        if unknown:
+            raise InvalidInput("UNKNOWN_FIELD", f"messages[{i}] has unknown field(s) {sorted(map(str, unknown))[:5]}")
+        body = check_body(item.get("body"), max_size)
+        total += len(body)
+        born_host = item.get("born_host", default_born_host)
+        if not isinstance(born_host, str) or len(born_host) > MAX_BORN_HOST_CHARS:
+            raise InvalidInput("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {MAX_BORN_HOST_CHARS}")
+        uid = item.get("unique_id")
+        out.append(
+            StoredMessage(
+                topic=topic,
+                queue_id=queue_id,
+                flag=check_int(item.get("flag", 0), f"messages[{i}].flag", 0, 2**31 - 1),
+                tags=check_tags(item.get("tags")),
+                keys=check_keys(item.get("keys")),
+                properties=check_properties(item.get("properties")),
+                born_ts=check_int(item.get("born_ts", store_ts), f"messages[{i}].born_ts", 0, 2**63 - 1),
+                born_host=born_host,
+                store_ts=store_ts,
+                unique_id=check_unique_id(uid) if uid is not None else new_unique_id(),
+                body=body,
+            )
+        )
+    if total > max_size:
+        raise InvalidInput("MESSAGE_TOO_LARGE", f"batch bodies of {total} bytes exceed {max_size}", 413)
+    return out
+
+
+def message_view(
+    m: StoredMessage, *, broker_name: str, position: int, size: int, queue_offset: int | None
+) -> dict[str, Any]:
+    """The API's Message map."""
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": queue_offset,
+        "msg_id": make_msg_id(broker_name, position),
+        "unique_id": m.unique_id,
+        "tags": m.tags,
+        "keys": list(m.keys),
+        "properties": m.properties,
+        "body": m.body,
+        "flag": m.flag,
+        "born_ts": m.born_ts,
+        "born_host": m.born_host,
+        "store_ts": m.store_ts,
+        "position": position,
+        "size": size,
+        "broker_name": broker_name,
+    }

@@ -1,0 +1,167 @@
+"""Replicated broker metadata: topic configs, subscription groups, consumer offsets.
+
+Pure state changed only by commands applied from the Raft log (``apply``), in log order, on every
+replica — so every replica holds the same metadata, and a new leader never rewinds a consumer.
+Commands are plain maps (``broker.message.encode_command``); a malformed or unknown command is
+*skipped* (answering ``{"error": ...}``) rather than raised, because the log is already committed
+and every replica must skip it the same way.
+
+Consumer offsets only move forward, except through ``offset.reset`` (RocketMQ's resetOffsetByTime).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+PERM_READ = 4
+PERM_WRITE = 2
+DEFAULT_PERM = PERM_READ | PERM_WRITE
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicConfig:
+    topic: str
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = DEFAULT_PERM
+    order: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupConfig:
+    group: str
+    consume_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_max_times: int = 16
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+OffsetKey = tuple[str, str, int]  # (group, topic, queue_id)
+
+
+class Metadata:
+    def __init__(self) -> None:
+        self.topics: dict[str, TopicConfig] = {}
+        self.groups: dict[str, GroupConfig] = {}
+        self.offsets: dict[OffsetKey, int] = {}
+        self.version = 0  # bumped by every applied change (registration data_version source)
+
+    # -- commands -----------------------------------------------------------------------------
+    def apply(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            op = cmd["op"]
+            handler = _HANDLERS.get(op)
+            if handler is None:
+                return {"error": f"unknown op {str(op)[:40]!r}"}
+            result = handler(self, cmd)
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"error": f"malformed command: {exc!r}"[:200]}
+        self.version += 1
+        return result
+
+    def _topic_put(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        tc = TopicConfig(
+            str(cmd["topic"]),
+            int(cmd["read_queue_nums"]),
+            int(cmd["write_queue_nums"]),
+            int(cmd["perm"]),
+            bool(cmd.get("order", False)),
+        )
+        self.topics[tc.topic] = tc
+        return {"topic": tc.to_dict()}
+
+    def _topic_delete(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        topic = str(cmd["topic"])
+        existed = self.topics.pop(topic, None) is not None
+        for key in [k for k in self.offsets if k[1] == topic]:
+            del self.offsets[key]
+        return {"deleted": existed}
+
+    def _group_put(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        gc = GroupConfig(
+            str(cmd["group"]),
+            bool(cmd.get("consume_enable", True)),
+            bool(cmd.get("consume_broadcast_enable", True)),
+            int(cmd.get("retry_max_times", 16)),
+        )
+        self.groups[gc.group] = gc
+        return {"group": gc.to_dict()}
+
+    def _group_delete(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        group = str(cmd["group"])
+        existed = self.groups.pop(group, None) is not None
+        for key in [k for k in self.offsets if k[0] == group]:
+            del self.offsets[key]
+        return {"deleted": existed}
+
+    def _offsets(self, cmd: Mapping[str, Any], *, reset: bool) -> dict[str, Any]:
+        group, topic = str(cmd["group"]), str(cmd["topic"])
+        updated = 0
+        for qid, offset in dict(cmd["offsets"]).items():
+            key = (group, topic, int(qid))
+            offset = int(offset)
+            if offset < 0:
+                continue
+            if reset or offset > self.offsets.get(key, -1):
+                self.offsets[key] = offset
+                updated += 1
+        return {"updated": updated}
+
+    def _offset_commit(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        return self._offsets(cmd, reset=False)
+
+    def _offset_reset(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+        return self._offsets(cmd, reset=True)
+
+    # -- queries ------------------------------------------------------------------------------
+    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return {q: off for (g, t, q), off in self.offsets.items() if g == group and t == topic}
+
+    def group_topics(self, group: str) -> list[str]:
+        return sorted({t for (g, t, _q) in self.offsets if g == group})
+
+    # -- snapshots ----------------------------------------------------------------------------
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "topics": [tc.to_dict() for tc in self.topics.values()],
+            "groups": [gc.to_dict() for gc in self.groups.values()],
+            "offsets": [[g, t, q, off] for (g, t, q), off in self.offsets.items()],
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_snapshot(cls, snap: Mapping[str, Any]) -> Metadata:
+        md = cls()
+        for t in snap.get("topics", []):
+            md.topics[t["topic"]] = TopicConfig(**t)
+        for g in snap.get("groups", []):
+            md.groups[g["group"]] = GroupConfig(**g)
+        for g, t, q, off in snap.get("offsets", []):
+            md.offsets[(g, t, int(q))] = int(off)
+        md.version = int(snap.get("version", 0))
+        return md
+
+
+_HANDLERS = {
+    "topic.put": Metadata._topic_put,
+    "topic.delete": Metadata._topic_delete,
+    "group.put": Metadata._group_put,
+    "group.delete": Metadata._group_delete,
+    "offset.commit": Metadata._offset_commit,
+    "offset.reset": Metadata._offset_reset,
+}

@@ -1,0 +1,90 @@
+"""Registration with every NameServer: periodic (heartbeat) and at once on demand (role change,
+topic change). Invariant 6: a role change reaches the NameServers within a second — ``trigger``
+wakes the loop, which registers with all NameServers concurrently (3 s timeout each).
+
+``data_version`` is monotonic per broker process (start ms × 1000 + counter), as the NameServer
+requires; the registration body follows namesrv/wire.py (schema v1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.client.transport import ClientError, Transport
+
+log = logging.getLogger("broker.registration")
+
+
+class Registrar:
+    def __init__(
+        self,
+        namesrv_addrs: tuple[str, ...],
+        record: Callable[[], dict[str, Any]],
+        *,
+        period_ms: int = 30_000,
+        transport: Transport | None = None,
+    ):
+        self.addrs = namesrv_addrs
+        self._record = record
+        self._period_s = period_ms / 1000
+        self._transport = transport or Transport(timeout_s=3.0)
+        self._wake = asyncio.Event()
+        self._version_base = int(time.time() * 1000) * 1000
+        self._counter = 0
+        self.last_ok: dict[str, float] = {}
+        self.last_error: dict[str, str] = {}
+        self.registrations = 0
+        self.last_registered_role: tuple[str, int] | None = None
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            await self.register_all()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._period_s)
+            except TimeoutError:
+                pass
+
+    async def register_all(self) -> None:
+        self._counter += 1
+        body = {"v": 1, **self._record(), "data_version": self._version_base + self._counter}
+        results = await asyncio.gather(
+            *(self._register(addr, body) for addr in self.addrs), return_exceptions=True
+        )
+        for addr, res in zip(self.addrs, results, strict=True):
+            if isinstance(res, BaseException):
+                msg = str(res)
+                if self.last_error.get(addr) != msg:
+                    log.warning("registration with NameServer %s failed: %s", addr, msg)
+                self.last_error[addr] = msg
+            else:
+                if addr in self.last_error:
+                    log.info("registration with NameServer %s works again", addr)
+                self.last_error.pop(addr, None)
+                self.last_ok[addr] = time.time()
+        self.registrations += 1
+        self.last_registered_role = (str(body["role"]), int(body["broker_id"]))
+
+    async def _register(self, addr: str, body: dict[str, Any]) -> Any:
+        return await self._transport.call(addr, "POST", "/v1/brokers/register", body, timeout_s=3.0)
+
+    async def unregister_all(self, cluster: str, broker_name: str, address: str) -> None:
+        body = {"v": 1, "cluster": cluster, "broker_name": broker_name, "address": address}
+
+        async def one(addr: str) -> None:
+            try:
+                await self._transport.call(addr, "POST", "/v1/brokers/unregister", body, timeout_s=2.0)
+            except ClientError as exc:
+                log.warning("unregister at NameServer %s failed: %s", addr, exc)
+
+        await asyncio.gather(*(one(a) for a in self.addrs))
+
+    async def close(self) -> None:
+        await self._transport.close()

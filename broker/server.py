@@ -1,0 +1,268 @@
+"""``dledger-broker -c conf/broker-n0.conf``: one broker replica (a dledger node + the message store +
+the HTTP API + NameServer registration).
+
+Roles (DLedger mode):
+
+    FOLLOWER/CANDIDATE --elected--> LEADER (not ready: applying up to its log end)
+          ^                            | applied >= last index at election
+          |                            v
+          +------ stepped down ---- LEADER (ready: accepts writes, registers as brokerId 0)
+
+Every role change re-registers with every NameServer at once (``Registrar.trigger``); a leader
+registers as id 0 only once ready, before that as CANDIDATE under its own id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from broker.api import BrokerApi
+from broker.config import BrokerConfig, load_broker_config
+from broker.consumers import ConsumerManager
+from broker.registration import Registrar
+from broker.store import MessageStore
+from dledger.config import ConfigError
+from dledger.node import DLedgerNode, RoleChange
+from dledger.process_main import run_until_signalled, setup_logging
+from dledger.server import settings_from_config
+
+log = logging.getLogger("broker.server")
+
+AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknown topics by it
+
+
+class BrokerServer:
+    def __init__(self, cfg: BrokerConfig):
+        self.cfg = cfg
+        self.store = MessageStore(
+            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms
+        )
+        self.node = DLedgerNode(settings_from_config(cfg.dledger), self.store)
+        self.consumers = ConsumerManager(cfg.client_expiry_ms)
+        self.send_timeout_s = 3.0
+        self.ready = False
+        self.creating: dict[str, asyncio.Task[Any]] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._role_generation = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
+        self._ready_task: asyncio.Task[None] | None = None
+        self.registrar = Registrar(cfg.namesrv_addrs, self.registration_record, period_ms=cfg.register_period_ms)
+        self.api = BrokerApi(self)
+        self._runner: web.AppRunner | None = None
+        self.started_at = time.time()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.store.open(self.node.store)
+        self.store.listener = self
+        await self.node.start()
+        app = self.api.app(client_max_size=self.cfg.max_message_size + (8 << 20))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.dledger.http_host, self.cfg.dledger.listen_port, reuse_address=True)
+        await site.start()
+        self._tasks = [
+            self.loop.create_task(self._watch_roles(), name="roles"),
+            self.loop.create_task(self.registrar.run(), name="registrar"),
+            self.loop.create_task(self._expire_clients(), name="clients"),
+        ]
+        log.info(
+            "broker %s/%s (%s) serving %s, NameServers %s",
+            self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
+            ";".join(self.cfg.namesrv_addrs),
+        )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(
+                self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
+            )
+        except TimeoutError:
+            log.warning("unregistering timed out")
+        await self.registrar.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.node.stop()
+        self.store.close()
+
+    # -- roles ----------------------------------------------------------------------------------
+    async def _watch_roles(self) -> None:
+        queue = self.node.role_changes()
+        change = RoleChange(self.node.role, self.node.term, self.node.leader_id, time.time())
+        try:
+            while True:
+                if self._ready_task is not None:
+                    self._ready_task.cancel()
+                self._ready_task = self.loop.create_task(self._on_role(change))
+                change = await queue.get()
+        finally:
+            if self._ready_task is not None:
+                self._ready_task.cancel()
+
+    async def _on_role(self, change: RoleChange) -> None:
+        self._role_generation += 1
+        generation = self._role_generation
+        self.ready = False
+        if change.role != "LEADER":
+            self.store.track_results = False
+            self.store.results.clear()
+            self.registrar.trigger()
+            return
+        self.store.track_results = True
+        target = self.node.store.last_index
+        self.registrar.trigger()  # as CANDIDATE under its own id until ready
+        started = time.monotonic()
+        while self.node.applied_index < target or self.node.commit_index < target:
+            if generation != self._role_generation or self.node.role != "LEADER":
+                return
+            await asyncio.sleep(0.002)
+        if generation != self._role_generation:
+            return
+        self.ready = True
+        log.info(
+            "leader of term %d ready after applying to index %d (%.0f ms)",
+            change.term, target, (time.monotonic() - started) * 1000,
+        )
+        self.registrar.trigger()
+
+    def client_addr_of(self, peer_id: str | None) -> str | None:
+        if peer_id is None:
+            return None
+        if peer_id == self.cfg.dledger.self_id:
+            return self.cfg.address
+        return self.cfg.peer_client_addrs.get(peer_id)
+
+    def registration_record(self) -> dict[str, Any]:
+        leader = self.node.role == "LEADER" and self.ready
+        md = self.store.metadata_view()
+        topics = [tc.to_dict() for tc in md.topics.values()]
+        if self.cfg.auto_create_topic and AUTO_CREATE_TOPIC not in md.topics:
+            n = self.cfg.default_topic_queue_nums
+            topics.append(
+                {"topic": AUTO_CREATE_TOPIC, "read_queue_nums": n, "write_queue_nums": n, "perm": 7, "order": False}
+            )
+        role = self.node.role if self.node.role != "LEADER" else ("LEADER" if leader else "CANDIDATE")
+        return {
+            "cluster": self.cfg.cluster,
+            "broker_name": self.cfg.broker_name,
+            "broker_id": 0 if leader else self.cfg.follower_broker_id,
+            "address": self.cfg.address,
+            "role": role,
+            "term": self.node.term,
+            "topics": topics,
+        }
+
+    # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
+    def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
+        self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
+
+    def _on_applied_loop(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
+        for key in touched:
+            for fut in self._waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+        if metadata_changed:
+            self.registrar.trigger()
+
+    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float) -> None:
+        fut: asyncio.Future[None] = self.loop.create_future()
+        waiters = self._waiters.setdefault((topic, queue_id), set())
+        waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiters.discard(fut)
+            if not waiters and self._waiters.get((topic, queue_id)) is waiters:
+                del self._waiters[(topic, queue_id)]
+
+    # -- status ---------------------------------------------------------------------------------
+    def first_log_position(self) -> int:
+        st = self.node.store
+        return st.position_at(st.first_index) if st.first_index <= st.last_index else st.next_position
+
+    async def status(self) -> dict[str, Any]:
+        node = await self.node.status()
+        leader = node["role"] == "LEADER" and self.ready
+        return {
+            "cluster": self.cfg.cluster,
+            "broker_name": self.cfg.broker_name,
+            "self_id": self.cfg.dledger.self_id,
+            "broker_id": 0 if leader else self.cfg.follower_broker_id,
+            "address": self.cfg.address,
+            "role": node["role"],
+            "writable": leader,
+            "term": node["term"],
+            "leader_id": node["leader_id"],
+            "leader_addr": self.client_addr_of(node["leader_id"]),
+            "commit_index": node["commit_index"],
+            "applied_index": node["applied_index"],
+            "first_index": node["first_index"],
+            "last_index": node["last_index"],
+            "peers": {
+                pid: {"lag": p["lag"], "connected": p["connected"], "match_index": p["match_index"]}
+                for pid, p in node["peers"].items()
+            },
+            "topics": len(self.store.metadata_view().topics),
+            "queues": len(self.store.cqs.queues()),
+            "dispatch": dict(self.store.counters),
+            "send": dict(self.counters),
+            "commit_latency_ms": node["commit_latency_ms"],
+            "namesrv": {
+                "registrations": self.registrar.registrations,
+                "errors": dict(self.registrar.last_error),
+                "last_role": list(self.registrar.last_registered_role or ()),
+            },
+            "consumer_groups": self.consumers.groups(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "pid": os.getpid(),
+        }
+
+    async def _expire_clients(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            self.consumers.expire(int(time.time() * 1000))
+
+
+async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:
+    server = BrokerServer(cfg)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dledger-broker", description="Run one broker replica (DLedger mode).")
+    parser.add_argument("-c", "--config", required=True, help="properties file (see conf/broker-n0.conf)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        cfg = load_broker_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"dledger-broker: {exc}", file=sys.stderr)
+        return 2
+    run_until_signalled(lambda stop: serve(cfg, stop))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""The broker's message store: the dledger state machine that turns committed log records into
+consume queues, a key index and replicated metadata.
+
+Threads
+- ``apply`` runs on the dledger tick thread, in log order, committed entries only (invariant 4:
+  consume queues hold exactly the committed messages of their queue, in log order).
+- Readers (HTTP handlers on the event loop) use ``read_message``, the consume queues and
+  ``metadata_view``; metadata is guarded by ``_md_lock``, consume queues guard themselves.
+- ``listener.on_applied(touched_queues, metadata_changed)`` is called on the tick thread after every
+  apply batch; the server hops to its loop from there (the one bridge).
+
+Durability (the store owns it; dledger only asks ``applied_index()`` at start)
+Every ``snapshot_interval_ms`` apply writes out and fsyncs the consume queues and the key index,
+then atomically replaces ``snapshot`` with {applied index, end position, metadata, per-queue max
+offsets}. After a crash the queues may run ahead of the snapshot (never behind: they are fsynced
+first), so recovery truncates every queue back to the snapshot's end position and applying resumes
+at the snapshot's index + 1 — no entry is applied twice, none skipped (invariant 3). A queue that is
+missing or damaged is rebuilt from the log: the snapshot knows its max offset at the snapshot
+index, so counting its messages in the retained log gives its first offset even after retention.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgpack
+
+from broker.consume_queue import ConsumeQueue, ConsumeQueueStore
+from broker.key_index import KeyIndex
+from broker.message import (
+    COMMAND_MAGIC,
+    MESSAGE_MAGIC,
+    StoredMessage,
+    decode_command,
+    decode_header,
+    decode_message,
+    tag_hash,
+)
+from broker.metadata import Metadata
+
+if TYPE_CHECKING:
+    from dledger.entry_store import EntryStore
+    from dledger.node import CommittedEntry
+
+log = logging.getLogger("broker.store")
+
+SNAPSHOT_VERSION = 1
+RECENT_MAX = 200_000
+WRITE_OUT_EVERY_UNITS = 8192
+
+
+class ApplyListener(Protocol):
+    def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None: ...
+
+
+class MessageNotFound(Exception):
+    pass
+
+
+class MessageStore:
+    def __init__(
+        self,
+        root: str,
+        broker_name: str,
+        *,
+        snapshot_interval_ms: int = 1000,
+        units_per_file: int = 300_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.root = root
+        self.broker_name = broker_name
+        os.makedirs(root, exist_ok=True)
+        self.cqs = ConsumeQueueStore(os.path.join(root, "consumequeue"), units_per_file=units_per_file)
+        self.index = KeyIndex(os.path.join(root, "index"))
+        self.metadata = Metadata()
+        self._md_lock = threading.Lock()
+        self._clock = clock
+        self._snapshot_interval_s = snapshot_interval_ms / 1000
+        self._last_snapshot = clock()
+        self._applied = 0
+        self.applied_end_position = 0  # end of the last applied record: readers stay below it
+        self._queue_cache: dict[tuple[str, int], ConsumeQueue] = {}
+        self._units_since_write_out = 0
+        self._log: EntryStore | None = None
+        self._log_first_index = 0
+        self.listener: ApplyListener | None = None
+        # The leader's send path reads what applying its records produced (queue offsets, command
+        # results) by log position; bounded, filled only while ``track_results`` is set.
+        self.track_results = False
+        self.results: dict[int, Any] = {}
+        self.counters = {"messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def open(self, log_store: EntryStore) -> None:
+        """Recover against the node's log (before the node starts applying)."""
+        self._log = log_store
+        self._log_first_index = log_store.first_index
+        snap = _read_snapshot(self._snapshot_path())
+        expected: dict[tuple[str, int], int] = {}
+        if snap is not None:
+            self._applied = int(snap["applied_index"])
+            self.applied_end_position = int(snap["end_position"])
+            self.metadata = Metadata.from_snapshot(snap["metadata"])
+            expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
+        elif log_store.first_index > 1:
+            log.warning(
+                "no store snapshot and the log starts at index %d: queue offsets restart at 0",
+                log_store.first_index,
+            )
+        for topic, qid, reason in list(self.cqs.damaged):
+            log.warning("consume queue %s/%d is damaged (%s): rebuilding it from the log", topic, qid, reason)
+        damaged = {(t, q) for t, q, _ in self.cqs.damaged}
+        for topic, qid, cq in self.cqs.queues():
+            cq.truncate_after_position(self.applied_end_position - 1)
+            want = expected.get((topic, qid), 0)
+            if cq.max_offset != want:
+                log.warning(
+                    "consume queue %s/%d holds %d units, the snapshot says %d: rebuilding it",
+                    topic, qid, cq.max_offset, want,
+                )
+                damaged.add((topic, qid))
+        for key in expected:
+            if self.cqs.get(*key) is None:
+                damaged.add(key)
+        if damaged:
+            self._rebuild_queues({k: expected.get(k, 0) for k in damaged})
+        rebuild_from = self.index.needs_rebuild_from()
+        if rebuild_from is not None and rebuild_from < self.applied_end_position:
+            self._reindex_keys(rebuild_from)
+        log.info(
+            "store open: applied index %d, %d queues, %d topics",
+            self._applied, len(self.cqs.queues()), len(self.metadata.topics),
+        )
+
+    def close(self) -> None:
+        self.snapshot()
+        self.cqs.close()
+        self.index.close()
+
+    # -- the dledger StateMachine ------------------------------------------------------------------
+    def applied_index(self) -> int:
+        return self._applied
+
+    def apply(self, entries: Sequence[CommittedEntry]) -> None:
+        touched: set[tuple[str, int]] = set()
+        md_changed = False
+        for e in entries:
+            for position, body in e.bodies:
+                kind = body[:1]
+                if kind == MESSAGE_MAGIC:
+                    self._dispatch(position, body, touched)
+                elif kind == COMMAND_MAGIC:
+                    md_changed |= self._command(position, body)
+                else:
+                    self.counters["skipped"] += 1
+                end = position + len(body)
+                if end > self.applied_end_position:
+                    self.applied_end_position = end
+            self._applied = e.index
+        if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
+            self.cqs.write_out_all()
+            self._units_since_write_out = 0
+        if self._clock() - self._last_snapshot >= self._snapshot_interval_s:
+            self.snapshot()
+        if self.listener is not None and (touched or md_changed):
+            self.listener.on_applied(touched, md_changed)
+
+    def on_install(self, anchor_index: int) -> None:
+        # The follower's log was re-anchored past entries it never applied (it was behind the
+        # leader's retention). Its metadata and queue offsets cannot be derived from the log alone;
+        # see docs/BROKER.md ("follower behind retention").
+        log.error(
+            "log installed at anchor %d past applied index %d: consume queues and metadata of this "
+            "replica may lag until it is wiped and re-synced",
+            anchor_index, self._applied,
+        )
+        self._applied = max(self._applied, anchor_index)
+
+    # -- applying ---------------------------------------------------------------------------------
+    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> None:
+        try:
+            h, _start = decode_header(body)
+            topic, qid, tags, keys, store_ts, uid = h[0], int(h[1]), h[3], h[4], int(h[8]), h[9]
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            log.error("undecodable message record at position %d skipped: %s", position, exc)
+            self.counters["skipped"] += 1
+            return
+        key = (topic, qid)
+        cq = self._queue_cache.get(key)
+        if cq is None:
+            cq = self.cqs.get_or_create(topic, qid)
+            self._queue_cache[key] = cq
+        offset = cq.append(position, len(body), tag_hash(tags), store_ts)
+        self._units_since_write_out += 1
+        for k in keys:
+            self.index.put(topic, k, position, store_ts)
+        if uid:
+            self.index.put(topic, uid, position, store_ts)
+        touched.add(key)
+        self.counters["messages"] += 1
+        if self.track_results:
+            self._remember(position, offset)
+
+    def _command(self, position: int, body: bytes) -> bool:
+        try:
+            cmd = decode_command(body)
+        except (ValueError, msgpack.UnpackException) as exc:
+            log.error("undecodable command at position %d skipped: %s", position, exc)
+            self.counters["skipped"] += 1
+            return False
+        with self._md_lock:
+            result = self.metadata.apply(cmd)
+        if cmd.get("op") == "topic.delete" and not result.get("error"):
+            topic = str(cmd["topic"])
+            for key in [k for k in self._queue_cache if k[0] == topic]:
+                del self._queue_cache[key]
+            self.cqs.delete_topic(topic)
+        self.counters["commands"] += 1
+        if self.track_results:
+            self._remember(position, result)
+        # Only topic changes concern the NameServers (offset commits are frequent and local).
+        return "error" not in result and str(cmd.get("op", "")).startswith("topic.")
+
+    def _remember(self, position: int, value: Any) -> None:
+        if len(self.results) >= RECENT_MAX:
+            for k in list(itertools.islice(self.results, RECENT_MAX // 2)):
+                self.results.pop(k, None)
+        self.results[position] = value
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def _snapshot_path(self) -> str:
+        return os.path.join(self.root, "snapshot")
+
+    def snapshot(self) -> None:
+        """Make everything applied so far durable (queues and index first, then the record)."""
+        self._last_snapshot = self._clock()
+        self._apply_retention()
+        self.cqs.flush_all()
+        self._units_since_write_out = 0
+        self.index.flush()
+        with self._md_lock:
+            md = self.metadata.to_snapshot()
+        snap = {
+            "version": SNAPSHOT_VERSION,
+            "applied_index": self._applied,
+            "end_position": self.applied_end_position,
+            "metadata": md,
+            "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
+        }
+        _write_snapshot(self._snapshot_path(), snap)
+        self.counters["snapshots"] += 1
+
+    def _apply_retention(self) -> None:
+        """Drop queue units and index files that point below the log's first retained entry."""
+        log_store = self._log
+        if log_store is None or log_store.first_index == self._log_first_index:
+            return
+        self._log_first_index = log_store.first_index
+        if log_store.first_index > log_store.last_index:
+            return
+        first_position = log_store.position_at(log_store.first_index)
+        self.cqs.delete_before_position(first_position)
+        self.index.delete_before_position(first_position)
+
+    # -- rebuilding from the log -----------------------------------------------------------------
+    def _scan_messages(self, until_index: int) -> Iterable[tuple[int, bytes]]:
+        """Every (position, record) of message records in the retained log up to ``until_index``."""
+        assert self._log is not None
+        from dledger.node import _to_committed
+
+        index = self._log.first_index
+        last = min(until_index, self._log.last_index)
+        while index <= last:
+            raw = self._log.read_range(index, min(512, last - index + 1), 8 << 20)
+            if not raw:
+                break
+            for entry in raw:
+                for position, body in _to_committed(entry, self._log).bodies:
+                    if body[:1] == MESSAGE_MAGIC:
+                        yield position, body
+            index = raw[-1].index + 1
+
+    def _rebuild_queues(self, want_max: dict[tuple[str, int], int]) -> None:
+        """Rebuild these queues from the log up to the snapshot; ``want_max`` = max offset there."""
+        counts: dict[tuple[str, int], int] = dict.fromkeys(want_max, 0)
+        for _position, body in self._scan_messages(self._applied):
+            h, _ = decode_header(body)
+            key = (h[0], int(h[1]))
+            if key in counts:
+                counts[key] += 1
+        queues: dict[tuple[str, int], ConsumeQueue] = {}
+        for key, n in counts.items():
+            cq = self.cqs.reset_queue(*key)
+            base = max(0, want_max[key] - n)
+            if base:
+                cq.set_base(base)
+            queues[key] = cq
+        for position, body in self._scan_messages(self._applied):
+            h, _ = decode_header(body)
+            cq = queues.get((h[0], int(h[1])))
+            if cq is not None:
+                cq.append(position, len(body), tag_hash(h[3]), int(h[8]))
+        for cq in queues.values():
+            cq.flush()
+        self.counters["rebuilt_queues"] += len(queues)
+
+    def _reindex_keys(self, from_position: int) -> None:
+        log.warning("key index damaged or unclean: re-indexing keys from log position %d", from_position)
+        for position, body in self._scan_messages(self._applied):
+            if position < from_position:
+                continue
+            h, _ = decode_header(body)
+            for k in h[4]:
+                self.index.put(h[0], k, position, int(h[8]))
+            if h[9]:
+                self.index.put(h[0], h[9], position, int(h[8]))
+        self.index.flush()
+
+    # -- reads (any thread) -------------------------------------------------------------------------
+    def metadata_view(self) -> Metadata:
+        """A consistent copy (cheap: metadata is small)."""
+        with self._md_lock:
+            return Metadata.from_snapshot(self.metadata.to_snapshot())
+
+    def topic(self, name: str) -> Any:
+        with self._md_lock:
+            return self.metadata.topics.get(name)
+
+    def read_message(self, position: int, size: int | None = None) -> StoredMessage:
+        """The message record at ``position`` (committed and applied only)."""
+        assert self._log is not None
+        if position < 0 or position >= self.applied_end_position:
+            raise MessageNotFound(f"no applied message at position {position}")
+        try:
+            if size is None:
+                head = self._log.read_at_position(position, 5)
+                if head[:1] != MESSAGE_MAGIC:
+                    raise MessageNotFound(f"no message record at position {position}")
+                hlen = int.from_bytes(head[1:5], "little")
+                if hlen > 1 << 20 or position + 5 + hlen > self.applied_end_position:
+                    raise MessageNotFound(f"no message record at position {position}")
+                header, _ = decode_header(head + self._log.read_at_position(position + 5, hlen))
+                size = 5 + hlen + int(header[10])
+            if position + size > self.applied_end_position:
+                raise MessageNotFound(f"no applied message at position {position}")
+            return decode_message(self._log.read_at_position(position, size))
+        except MessageNotFound:
+            raise
+        except Exception as exc:  # out of range, removed by retention, not a record
+            raise MessageNotFound(f"no message at position {position}: {exc}") from None
+
+
+# -- the snapshot file ---------------------------------------------------------------------------
+def _write_snapshot(path: str, snap: dict[str, Any]) -> None:
+    payload = msgpack.packb(snap, use_bin_type=True)
+    data = zlib.crc32(payload).to_bytes(4, "little") + payload
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_snapshot(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < 4 or zlib.crc32(data[4:]) != int.from_bytes(data[:4], "little"):
+        log.error("store snapshot %s is damaged: rebuilding consume queues from the log", path)
+        return None
+    snap = msgpack.unpackb(data[4:], raw=False, strict_map_key=False)
+    if not isinstance(snap, dict) or snap.get("version") != SNAPSHOT_VERSION:
+        log.error("store snapshot %s has an unknown version: ignored", path)
+        return None
+    return snap
