@@ -1,0 +1,87 @@
+"""A local cluster of OS processes (NameServer + one 3-replica broker group) via ``dledger-cluster``,
+ended by PID when the test finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from dledger.cluster import ProcessInfo, is_running, stop_process
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ProcCluster:
+    def __init__(self, root: str, *, namesrv: int = 1, extra: dict[str, str] | None = None, seed: int | None = None):
+        self.root = root
+        rng = random.Random(seed)
+        # bases whose derived ports are very likely free (ephemeral range starts at 32768)
+        self.raft_base = rng.randrange(20000, 23000)
+        self.http_base = rng.randrange(23100, 26000)
+        self.ns_base = rng.randrange(26100, 29000)
+        self.namesrv_count = namesrv
+        self.extra = extra or {}
+
+    def up(self, timeout_s: float = 90) -> dict[str, Any]:
+        args = [
+            sys.executable, "-m", "dledger.cluster", "up", "--dir", self.root,
+            "--raft-port", str(self.raft_base), "--http-port", str(self.http_base),
+            "--namesrv", str(self.namesrv_count), "--namesrv-port", str(self.ns_base), "--json",
+        ]
+        for k, v in self.extra.items():
+            args += ["--set", f"{k}={v}"]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+        if r.returncode != 0:
+            raise AssertionError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{self.logs_tail()}")
+        return dict(json.loads(r.stdout))
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(f"127.0.0.1:{self.ns_base + k}" for k in range(self.namesrv_count))
+
+    def processes(self) -> list[ProcessInfo]:
+        with open(os.path.join(self.root, "cluster.json")) as f:
+            return [ProcessInfo(**p) for p in json.load(f)["processes"]]
+
+    def brokers(self) -> list[ProcessInfo]:
+        return [p for p in self.processes() if p.kind == "broker"]
+
+    def addr(self, p: ProcessInfo) -> str:
+        return f"{p.host}:{p.http_port}"
+
+    def kill9(self, p: ProcessInfo) -> None:
+        assert is_running(p), f"{p.name} is not running"
+        os.kill(p.pid, signal.SIGKILL)
+
+    def restart(self, p: ProcessInfo) -> ProcessInfo:
+        from dledger.cluster import _save_state, start_process
+
+        procs = self.processes()
+        for q in procs:
+            if q.name == p.name:
+                q.pid = start_process(q)
+                p = q
+        _save_state(self.root, procs)
+        return p
+
+    def down(self) -> None:
+        try:
+            procs = self.processes()
+        except FileNotFoundError:
+            return
+        for p in procs:
+            stop_process(p, timeout_s=5)
+
+    def logs_tail(self, n: int = 3000) -> str:
+        out = []
+        logs = os.path.join(self.root, "logs")
+        if os.path.isdir(logs):
+            for name in sorted(os.listdir(logs)):
+                with open(os.path.join(logs, name), errors="replace") as f:
+                    out.append(f"--- {name}\n{f.read()[-n:]}")
+        return "\n".join(out)
