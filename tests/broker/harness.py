@@ -63,10 +63,18 @@ def broker_props(
 
 
 class BrokerCluster:
-    def __init__(self, root: str, *, namesrv_count: int = 1, **extra: Any):
+    def __init__(
+        self,
+        root: str,
+        *,
+        namesrv_count: int = 1,
+        namesrv_idle_ms: int = 120_000,
+        namesrv_scan_ms: int = 10_000,
+        **extra: Any,
+    ):
         ports = free_ports(6 + namesrv_count)
         self.raft_ports, self.http_ports = ports[:3], ports[3:6]
-        self.namesrvs = [NameServer(p) for p in ports[6:]]
+        self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms) for p in ports[6:]]
         self.root = root
         self.extra = extra
         self.brokers: dict[str, BrokerServer] = {}
