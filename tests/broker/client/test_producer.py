@@ -1,0 +1,264 @@
+"""The producer against the fake cluster: queue choice, batches, retries that avoid the failed
+group and keep the unique id, NOT_LEADER followed, route refreshes, latency fault tolerance,
+selectors, async and one-way sends."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from broker.client import ClientError, HashKeySelector, Message, MessageQueue, Producer, SendResult
+from tests.broker.client.conftest import ClusterFactory
+from tests.broker.client.fakes import FakeCluster, wait_until
+
+SEED = 20240601
+MakeProducer = Callable[..., Producer]
+
+
+@pytest.fixture
+async def producers() -> AsyncIterator[MakeProducer]:
+    made: list[Producer] = []
+
+    def make(cluster: FakeCluster, **kwargs: object) -> Producer:
+        kwargs.setdefault("rng", random.Random(SEED))
+        p = Producer("pg", cluster.namesrv_addr, **kwargs)  # type: ignore[arg-type]
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        await p.shutdown()
+
+
+async def test_send_spreads_round_robin_over_leaders(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    p = producers(cluster)
+    await p.start()
+    results = [await p.send(Message("T", f"m{i}".encode(), tags="a", keys=["k1"])) for i in range(16)]
+    assert Counter(r.message_queue for r in results) == {
+        MessageQueue("T", g, q): 2 for g in ("RaftNode00", "RaftNode01") for q in range(4)
+    }
+    for r in results:
+        assert (
+            r.status == "SEND_OK"
+            and len(r.unique_id) == 32
+            and r.msg_id.startswith(r.message_queue.broker_name)
+        )
+    for g in cluster.groups:
+        assert all(not r.sent() for r in g.replicas[1:])  # only leaders (broker_addrs[0]) get sends
+    stored = cluster.group(results[0].message_queue.broker_name).queue("T", results[0].message_queue.queue_id)
+    assert stored[results[0].queue_offset]["unique_id"] == results[0].unique_id
+    assert stored[results[0].queue_offset]["keys"] == ["k1"]
+
+
+async def test_send_batch_is_one_request_to_one_queue(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    p = producers(cluster)
+    await p.start()
+    msgs = [Message("T", f"b{i}".encode()) for i in range(5)]
+    result = await p.send_batch(msgs)
+    assert len(cluster.all_requests("/v1/send")) == 1
+    assert [it.unique_id for it in result.items] == [m.unique_id for m in msgs]
+    assert [it.queue_offset for it in result.items] == list(range(5))
+    assert result.unique_id == msgs[0].unique_id
+    with pytest.raises(ClientError) as e:
+        await p.send_batch([Message("T", b"x"), Message("U", b"y")])
+    assert e.value.code == "INVALID_BATCH"
+
+
+async def test_retries_avoid_the_failed_group_and_keep_the_unique_id(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    bad = cluster.group("RaftNode00").replicas[0]
+    bad.fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+    p = producers(cluster)
+    await p.start()
+    results = [await p.send(Message("T", f"m{i}".encode())) for i in range(12)]
+    assert {r.message_queue.broker_name for r in results} == {"RaftNode01"}
+    failed_ids = [m["unique_id"] for body in bad.sent() for m in body["messages"]]
+    assert failed_ids, "round robin picked the failing group at least once"
+    assert len(failed_ids) == len(set(failed_ids))  # never twice in a row for one send
+    assert set(failed_ids) <= {r.unique_id for r in results}  # the retry carried the same id
+
+
+async def test_retries_are_bounded_and_alternate(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    for g in cluster.groups:
+        g.replicas[0].fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+    p = producers(cluster)
+    await p.start()
+    msg = Message("T", b"doomed")
+    with pytest.raises(ClientError) as e:
+        await p.send(msg)
+    assert e.value.code == "APPEND_FAILED"
+    attempts = [
+        (g.name, m["unique_id"])
+        for g in cluster.groups
+        for body in g.replicas[0].sent()
+        for m in body["messages"]
+    ]
+    assert len(attempts) == 3  # 1 + 2 retries
+    assert {uid for _, uid in attempts} == {msg.unique_id}
+    assert Counter(name for name, _ in attempts) in (
+        Counter({"RaftNode00": 2, "RaftNode01": 1}),
+        Counter({"RaftNode00": 1, "RaftNode01": 2}),
+    )
+    with pytest.raises(ClientError) as e:
+        await p.send(Message("T", b""))  # bad input: no attempt at all
+    assert e.value.code == "INVALID_BODY"
+    assert sum(len(g.replicas[0].sent()) for g in cluster.groups) == 3
+
+
+async def test_not_leader_is_followed_at_once(make_cluster: ClusterFactory, producers: MakeProducer) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    g = cluster.groups[0]
+    g.leader_index = 1  # a new leader the NameServer has not heard of yet
+    cluster.namesrv.stale_leader[g.name] = g.replicas[0].addr
+    p = producers(cluster, retry_times=0)  # following is not a retry
+    await p.start()
+    result = await p.send(Message("T", b"x"))
+    assert result.status == "SEND_OK"
+    assert len(g.replicas[0].sent()) == 1 and len(g.replicas[1].sent()) == 1
+    await wait_until(lambda: cluster.namesrv.route_calls["T"] >= 2, what="a background route refresh")
+    await p.send(Message("T", b"y"))  # straight to the new leader now
+    assert len(g.replicas[0].sent()) == 1 and len(g.replicas[1].sent()) == 2
+
+
+async def test_not_leader_from_an_injected_fault(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    g = cluster.groups[0]
+    g.replicas[0].fail_next("/v1/send", "NOT_LEADER", 409, leader_addr=g.replicas[0].addr)  # itself: no loop
+    p = producers(cluster, retry_times=1)
+    await p.start()
+    assert (await p.send(Message("T", b"x"))).status == "SEND_OK"
+    assert len(g.replicas[0].sent()) == 2  # the NOT_LEADER was a failed attempt, then a retry
+
+
+async def test_route_is_refreshed_after_a_refused_connection(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    g = cluster.groups[0]
+    p = producers(cluster)
+    await p.start()
+    await p.send(Message("T", b"before"))
+    calls_before = cluster.namesrv.route_calls["T"]
+    await g.replicas[0].stop()  # the leader dies; replica 1 takes over and the NameServer knows
+    g.leader_index = 1
+    result = await p.send(Message("T", b"after"))
+    assert result.status == "SEND_OK"
+    assert cluster.namesrv.route_calls["T"] > calls_before
+    assert len(g.replicas[1].sent()) == 1
+
+
+async def test_not_ready_and_timeout_refresh_the_route(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    leader = cluster.groups[0].replicas[0]
+    p = producers(cluster)
+    await p.start()
+    await p.send(Message("T", b"warm"))
+    calls = cluster.namesrv.route_calls["T"]
+    leader.fail_next("/v1/send", "NOT_READY", 503)
+    assert (await p.send(Message("T", b"x"))).status == "SEND_OK"
+    assert cluster.namesrv.route_calls["T"] == calls + 1
+    leader.hang_next("/v1/send")
+    with pytest.raises(ClientError) as e:
+        await p.send(Message("T", b"slow"), timeout_s=0.3)
+    assert e.value.code == "TIMEOUT" and e.value.outcome_unknown
+    await wait_until(lambda: cluster.namesrv.route_calls["T"] >= calls + 2, what="a refresh after TIMEOUT")
+
+
+async def test_latency_fault_tolerance_isolates_a_failed_group(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    bad = cluster.group("RaftNode00").replicas[0]
+    bad.fail_next("/v1/send", "APPEND_FAILED", 409, times=1)
+    p = producers(cluster, send_latency_fault_enable=True)
+    await p.start()
+    for i in range(8):  # round robin reaches the bad group within one cycle of the 8 queues
+        await p.send(Message("T", f"warm{i}".encode()))
+        if bad.sent():
+            break
+    assert len(bad.sent()) == 1
+    results = [await p.send(Message("T", f"m{i}".encode())) for i in range(10)]
+    assert len(bad.sent()) == 1  # isolated for 30 s after the error: not even tried
+    assert {r.message_queue.broker_name for r in results} == {"RaftNode01"}
+    p.send_latency_fault_enable = False
+    assert not p.send_latency_fault_enable
+
+
+async def test_selectors_and_explicit_queue(make_cluster: ClusterFactory, producers: MakeProducer) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    p = producers(cluster)
+    await p.start()
+    by_key = [
+        await p.send(Message("T", f"{i}".encode()), selector=HashKeySelector(), arg="order-7")
+        for i in range(5)
+    ]
+    assert len({r.message_queue for r in by_key}) == 1
+    assert [r.queue_offset for r in by_key] == list(range(5))  # one queue, in order
+    target = MessageQueue("T", "RaftNode01", 3)
+    assert (await p.send(Message("T", b"q"), queue=target)).message_queue == target
+    last = await p.send(Message("T", b"c"), selector=lambda mqs, msg, arg: mqs[arg], arg=0)
+    assert last.message_queue == MessageQueue("T", "RaftNode00", 0)
+    assert await p.fetch_publish_queues("T") == sorted(
+        MessageQueue("T", g, q) for g in ("RaftNode00", "RaftNode01") for q in range(4)
+    )
+
+
+async def test_send_async_and_oneway(make_cluster: ClusterFactory, producers: MakeProducer) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    p = producers(cluster, async_in_flight_max=3, send_timeout_s=0.5)
+    await p.start()
+    seen: list[tuple[SendResult | None, BaseException | None]] = []
+    task = p.send_async(Message("T", b"a"), lambda r, e: seen.append((r, e)))
+    result = await task
+    assert seen == [(result, None)]
+
+    async def acb(r: SendResult | None, e: BaseException | None) -> None:
+        seen.append((r, e))
+
+    with pytest.raises(ClientError):  # bad input fails at once, not in the task
+        p.send_async(Message("T", b""), acb)
+    p.send_oneway(Message("T", b"fire"))
+    await wait_until(lambda: cluster.groups[0].total("T") == 2, what="the one-way message stored")
+
+    leader = cluster.groups[0].replicas[0]
+    leader.hang_next("/v1/send", times=3)
+    tasks = [p.send_async(Message("T", f"h{i}".encode()), acb) for i in range(3)]
+    with pytest.raises(ClientError) as e:
+        p.send_async(Message("T", b"one too many"))
+    assert e.value.code == "BUSY"
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(d, ClientError) and d.code == "TIMEOUT" for d in done)
+    assert [type(err) for _, err in seen[1:]] == [ClientError] * 3
+
+
+async def test_new_topic_goes_where_the_broker_creates_it(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    p = producers(cluster)
+    await p.start()
+    result = await p.send(Message("Fresh", b"x"))
+    assert result.status == "SEND_OK"
+    assert "Fresh" in cluster.group(result.message_queue.broker_name).topics
+    with pytest.raises(ClientError) as e:
+        await Producer("pg", cluster.namesrv_addr).send(Message("T", b"x"))
+    assert e.value.code == "NOT_STARTED"
