@@ -165,6 +165,10 @@ class BrokerApi:
         )
 
     # -- writes ---------------------------------------------------------------------------------
+    def _require_state(self) -> None:
+        if self.s.store.needs_state_after is not None:
+            raise ApiError(503, "NOT_READY", "this replica is waiting for state from the leader; ask another replica")
+
     def _require_writable(self) -> None:
         if self.s.node.role != "LEADER":
             raise NotLeaderError(self.s.node.leader_id)
@@ -256,6 +260,7 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
         topic = check_topic(body["topic"])
+        self._require_state()
         if body.get("consumer_group") is not None:
             check_group(body["consumer_group"])
         tc = self._topic(topic)
@@ -517,6 +522,7 @@ class BrokerApi:
     async def offsets_get(self, request: web.Request) -> web.Response:
         group = check_group(request.query.get("group"))
         topic = check_topic(request.query.get("topic"))
+        self._require_state()
         md = self.s.store.metadata_view()
         return answer(request, {"offsets": {str(q): o for q, o in sorted(md.group_offsets(group, topic).items())}})
 
@@ -540,6 +546,7 @@ class BrokerApi:
 
     async def group_progress(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])
+        self._require_state()
         only = request.query.get("topic")
         md = self.s.store.metadata_view()
         topics = set(md.group_topics(group))

@@ -12,6 +12,7 @@
 | longPollingMaxMs | 30000 | longest hold a pull may ask for (suspend_ms) |
 | clientExpiryMs | 40000 | a consumer silent this long leaves its group's member list |
 | storeSnapshotIntervalMs | 1000 | how often consume queues and metadata reach disk (the apply checkpoint) |
+| stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 """
@@ -45,6 +46,7 @@ BROKER_KEYS = frozenset(
         "longPollingMaxMs",
         "clientExpiryMs",
         "storeSnapshotIntervalMs",
+        "stateEntryIntervalMs",
         "brokerPeerClientAddrs",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
@@ -66,6 +68,7 @@ class BrokerConfig:
     client_expiry_ms: int
     snapshot_interval_ms: int
     peer_client_addrs: dict[str, str]
+    state_entry_interval_ms: int = 60_000
 
     @property
     def address(self) -> str:
@@ -124,6 +127,7 @@ def parse_broker_config(
         client_expiry_ms=r.integer("clientExpiryMs", 40_000, 1000, 3_600_000),
         snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),
         peer_client_addrs=client_addrs,
+        state_entry_interval_ms=r.integer("stateEntryIntervalMs", 60_000, 100, 86_400_000),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import sys
@@ -28,6 +29,7 @@ from aiohttp import web
 from broker.api import BrokerApi
 from broker.config import BrokerConfig, load_broker_config
 from broker.consumers import ConsumerManager
+from broker.message import encode_command
 from broker.registration import Registrar
 from broker.store import MessageStore
 from dledger.config import ConfigError
@@ -41,12 +43,13 @@ AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknow
 
 
 class BrokerServer:
-    def __init__(self, cfg: BrokerConfig):
+    def __init__(self, cfg: BrokerConfig, *, raft_overrides: dict[str, Any] | None = None):
         self.cfg = cfg
         self.store = MessageStore(
             cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms
         )
-        self.node = DLedgerNode(settings_from_config(cfg.dledger), self.store)
+        settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
+        self.node = DLedgerNode(settings, self.store)
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.send_timeout_s = 3.0
         self.ready = False
@@ -77,6 +80,7 @@ class BrokerServer:
             self.loop.create_task(self._watch_roles(), name="roles"),
             self.loop.create_task(self.registrar.run(), name="registrar"),
             self.loop.create_task(self._expire_clients(), name="clients"),
+            self.loop.create_task(self._state_entries(), name="state-entries"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s, NameServers %s",
@@ -124,6 +128,13 @@ class BrokerServer:
             self.registrar.trigger()
             return
         self.store.track_results = True
+        if self.store.needs_state_after is not None:
+            log.error("elected leader while waiting for state from a leader: handing leadership over")
+            try:
+                await self.node.transfer_leadership(None)
+            except Exception as exc:  # the next election may pick a replica with state
+                log.error("leadership transfer failed: %s", exc)
+            return
         target = self.node.store.last_index
         self.registrar.trigger()  # as CANDIDATE under its own id until ready
         started = time.monotonic()
@@ -234,6 +245,26 @@ class BrokerServer:
             "pid": os.getpid(),
         }
 
+    async def _state_entries(self) -> None:
+        """As ready leader, append a ``state`` entry every interval and after installing a follower
+        (a follower re-anchored past retention needs one to serve again; see broker/store.py)."""
+        last_sent = time.monotonic()
+        installs_seen = 0
+        while True:
+            await asyncio.sleep(0.5)
+            if not (self.node.role == "LEADER" and self.ready):
+                continue
+            installs = self.node.installs_sent()
+            due = time.monotonic() - last_sent >= self.cfg.state_entry_interval_ms / 1000
+            if not due and installs == installs_seen:
+                continue
+            try:
+                cmd = await self.node._on_tick_thread(self.store.capture_state, 5.0)
+                await self.node.append([encode_command(cmd)], timeout_s=self.send_timeout_s)
+                installs_seen, last_sent = installs, time.monotonic()
+            except Exception as exc:  # next round tries again
+                log.warning("state entry not appended: %s", exc)
+
     async def _expire_clients(self) -> None:
         while True:
             await asyncio.sleep(10)
@@ -255,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    if os.environ.get("BROKER_GIL_SWITCH_MS"):
+        sys.setswitchinterval(float(os.environ["BROKER_GIL_SWITCH_MS"]) / 1000)
     try:
         cfg = load_broker_config(args.config)
     except (ConfigError, OSError) as exc:

@@ -17,6 +17,14 @@ first), so recovery truncates every queue back to the snapshot's end position an
 at the snapshot's index + 1 — no entry is applied twice, none skipped (invariant 3). A queue that is
 missing or damaged is rebuilt from the log: the snapshot knows its max offset at the snapshot
 index, so counting its messages in the retained log gives its first offset even after retention.
+
+A follower re-anchored past entries it never applied (it was behind the leader's retention, so
+dledger installed it at an anchor) cannot derive metadata or queue offsets from its log. It enters
+*needs-state* mode (persisted): it applies nothing until a ``state`` command arrives — the leader
+appends one every ``stateEntryIntervalMs`` and right after installing a follower — carrying the
+leader's metadata and per-queue max offsets as of an index A ≥ the anchor. The follower then takes
+that state, rebuilds its queues for the retained entries up to A (counting backwards from the max
+offsets) and re-applies A+1 .. the state entry from its own log, exactly as the leader did.
 """
 
 from __future__ import annotations
@@ -95,7 +103,11 @@ class MessageStore:
         # results) by log position; bounded, filled only while ``track_results`` is set.
         self.track_results = False
         self.results: dict[int, Any] = {}
-        self.counters = {"messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0}
+        self.counters = {
+            "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
+        }
+        # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
+        self.needs_state_after: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, log_store: EntryStore) -> None:
@@ -109,6 +121,7 @@ class MessageStore:
             self.applied_end_position = int(snap["end_position"])
             self.metadata = Metadata.from_snapshot(snap["metadata"])
             expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
+            self.needs_state_after = snap.get("needs_state_after")
         elif log_store.first_index > 1:
             log.warning(
                 "no store snapshot and the log starts at index %d: queue offsets restart at 0",
@@ -152,6 +165,12 @@ class MessageStore:
         touched: set[tuple[str, int]] = set()
         md_changed = False
         for e in entries:
+            if self.needs_state_after is not None:
+                md_changed |= self._await_state(e, touched)
+                self._applied = e.index
+                for position, body in e.bodies:
+                    self.applied_end_position = max(self.applied_end_position, position + len(body))
+                continue
             for position, body in e.bodies:
                 kind = body[:1]
                 if kind == MESSAGE_MAGIC:
@@ -173,15 +192,15 @@ class MessageStore:
             self.listener.on_applied(touched, md_changed)
 
     def on_install(self, anchor_index: int) -> None:
-        # The follower's log was re-anchored past entries it never applied (it was behind the
-        # leader's retention). Its metadata and queue offsets cannot be derived from the log alone;
-        # see docs/BROKER.md ("follower behind retention").
-        log.error(
-            "log installed at anchor %d past applied index %d: consume queues and metadata of this "
-            "replica may lag until it is wiped and re-synced",
+        if anchor_index <= self._applied:
+            return
+        log.warning(
+            "log installed at anchor %d past applied index %d: waiting for a state entry from the leader",
             anchor_index, self._applied,
         )
-        self._applied = max(self._applied, anchor_index)
+        self.needs_state_after = anchor_index
+        self._applied = anchor_index
+        self.snapshot()
 
     # -- applying ---------------------------------------------------------------------------------
     def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> None:
@@ -215,6 +234,10 @@ class MessageStore:
             log.error("undecodable command at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
             return False
+        if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
+            if self.track_results:
+                self._remember(position, {})
+            return False
         with self._md_lock:
             result = self.metadata.apply(cmd)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
@@ -233,6 +256,65 @@ class MessageStore:
             for k in list(itertools.islice(self.results, RECENT_MAX // 2)):
                 self.results.pop(k, None)
         self.results[position] = value
+
+    # -- state entries (followers behind retention) ---------------------------------------------
+    def capture_state(self) -> dict[str, Any]:
+        """The ``state`` command for this replica's state now (call on the tick thread)."""
+        with self._md_lock:
+            md = self.metadata.to_snapshot()
+        return {
+            "op": "state",
+            "as_of": self._applied,
+            "metadata": md,
+            "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
+        }
+
+    def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> bool:
+        anchor = self.needs_state_after
+        assert anchor is not None
+        for _position, body in e.bodies:
+            if body[:1] != COMMAND_MAGIC:
+                continue
+            try:
+                cmd = decode_command(body)
+            except (ValueError, msgpack.UnpackException):
+                continue
+            if cmd.get("op") != "state" or not anchor <= int(cmd.get("as_of", -1)) < e.index:
+                continue
+            self._load_state(cmd, e.index, touched)
+            return True
+        return False
+
+    def _load_state(self, cmd: dict[str, Any], state_index: int, touched: set[tuple[str, int]]) -> None:
+        as_of = int(cmd["as_of"])
+        with self._md_lock:
+            self.metadata = Metadata.from_snapshot(cmd["metadata"])
+        for topic in self.cqs.topics():
+            self.cqs.delete_topic(topic)
+        self._queue_cache.clear()
+        self._applied = as_of
+        self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
+        self.needs_state_after = None
+        assert self._log is not None
+        from dledger.node import _to_committed
+
+        index = as_of + 1
+        while index < state_index:
+            raw = self._log.read_range(index, min(512, state_index - index), 8 << 20)
+            if not raw:
+                break
+            for entry in raw:
+                if entry.index >= state_index:
+                    break
+                committed = _to_committed(entry, self._log)
+                for position, body in committed.bodies:
+                    if body[:1] == MESSAGE_MAGIC:
+                        self._dispatch(position, body, touched)
+                    elif body[:1] == COMMAND_MAGIC:
+                        self._command(position, body)
+            index = raw[-1].index + 1
+        self.counters["state_loads"] += 1
+        log.warning("state as of index %d loaded (entry %d): this replica serves again", as_of, state_index)
 
     # -- snapshots -----------------------------------------------------------------------------
     def _snapshot_path(self) -> str:
@@ -253,6 +335,7 @@ class MessageStore:
             "end_position": self.applied_end_position,
             "metadata": md,
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
+            "needs_state_after": self.needs_state_after,
         }
         _write_snapshot(self._snapshot_path(), snap)
         self.counters["snapshots"] += 1

@@ -354,6 +354,11 @@ class DLedgerNode:
         if self._sm is not None:
             self._sm.on_install(anchor_index)
 
+    def installs_sent(self) -> int:
+        """How many times this node (as leader) re-anchored a follower behind its retention."""
+        sync = self._sync
+        return int(sync.dl_installs_sent) if sync is not None else 0
+
     def retention_floor(self) -> int:
         return self._own_floor
 

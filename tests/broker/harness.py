@@ -70,8 +70,10 @@ class BrokerCluster:
         namesrv_count: int = 1,
         namesrv_idle_ms: int = 120_000,
         namesrv_scan_ms: int = 10_000,
+        raft_overrides: dict[str, Any] | None = None,
         **extra: Any,
     ):
+        self.raft_overrides = raft_overrides
         ports = free_ports(6 + namesrv_count)
         self.raft_ports, self.http_ports = ports[:3], ports[3:6]
         self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms) for p in ports[6:]]
@@ -98,7 +100,7 @@ class BrokerCluster:
             await self.wait_writable()
 
     async def start_broker(self, nid: str) -> BrokerServer:
-        server = BrokerServer(self.config(nid))
+        server = BrokerServer(self.config(nid), raft_overrides=self.raft_overrides)
         await server.start()
         self.brokers[nid] = server
         return server

@@ -80,3 +80,48 @@ async def test_restart_keeps_offsets_and_rebuilds_what_is_lost(tmp_path: Any, da
     finally:
         await t.close()
         await c.stop()
+
+
+async def test_follower_behind_retention_gets_state_from_the_leader(tmp_path: Any) -> None:
+    """A follower re-anchored past retention cannot rebuild metadata or queue offsets from its log;
+    it waits for the leader's state entry, then serves the same offsets and messages."""
+    c = BrokerCluster(
+        str(tmp_path),
+        raft_overrides={"live_follower_s": 0.5},
+        mappedFileSizeCommitLog=65536, maxEntryBodyBytes=60000, maxMessageSize=30000,
+        fileReservedTime=0, retentionCheckIntervalMs=100, stateEntryIntervalMs=3_600_000,
+    )
+    t = Transport(timeout_s=5.0)
+    await c.start()
+    try:
+        leader = await c.wait_writable()
+        a = leader.cfg.address
+        await t.call(a, "POST", "/v1/topics", {"topic": "RET", "read_queue_nums": 1, "write_queue_nums": 1})
+        lagger = next(nid for nid, b in c.brokers.items() if b is not leader)
+        await c.stop_broker(lagger)
+        for i in range(30):
+            await t.call(a, "POST", "/v1/send", {"topic": "RET", "queue_id": 0, "messages": [
+                {"body": b"%04d" % (i * 10 + k) + b"x" * 1000} for k in range(10)]})
+        await t.call(a, "POST", "/v1/offsets", {"group": "g", "topic": "RET", "offsets": {"0": 123}})
+        await wait_until(lambda: leader.node.store.anchor[0] > 0, 10, "retention on the leader")
+        follower = await c.start_broker(lagger)
+        await wait_until(lambda: follower.store.counters["state_loads"] == 1, 20, "the follower loaded state")
+        await wait_until(lambda: follower.node.applied_index >= leader.node.commit_index, 10, "caught up")
+        o = await t.call(c.addr(lagger), "GET", "/v1/offsets", params={"group": "g", "topic": "RET"})
+        assert o["offsets"] == {"0": 123}
+        fst = await t.call(c.addr(lagger), "GET", "/v1/topics/RET/status")
+        lst = await t.call(a, "GET", "/v1/topics/RET/status")
+        assert fst["queues"][0]["max_offset"] == lst["queues"][0]["max_offset"] == 300
+        p = await t.call(c.addr(lagger), "POST", "/v1/pull", {"topic": "RET", "queue_id": 0, "offset": 295})
+        assert [m["body"][:4] for m in p["messages"]] == [b"%04d" % i for i in range(295, 300)]
+        r = await t.call(a, "POST", "/v1/send", {"topic": "RET", "queue_id": 0, "messages": [{"body": b"after"}]})
+        assert r["results"][0]["queue_offset"] == 300
+        await wait_until(lambda: _offset_of(follower, 300), 10, "the follower dispatched offset 300")
+    finally:
+        await t.close()
+        await c.stop()
+
+
+def _offset_of(b: Any, offset: int) -> bool:
+    cq = b.store.cqs.get("RET", 0)
+    return cq is not None and cq.max_offset == offset + 1
