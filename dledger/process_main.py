@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -25,4 +26,12 @@ def run_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> No
             loop.add_signal_handler(sig, stop.set)
         await serve(stop)
 
+    if os.environ.get("DLEDGER_EVENT_LOOP", "uvloop") == "uvloop":
+        try:
+            import uvloop
+        except ImportError:  # an optional speed-up: the standard loop works the same
+            pass
+        else:
+            uvloop.run(run())
+            return
     asyncio.run(run())
