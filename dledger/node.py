@@ -227,6 +227,9 @@ class DLedgerNode:
         os.set_blocking(self._wake_w, False)
         self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RoleChange]]] = []
         self._commit_waiters: list[tuple[int, asyncio.Future[int], asyncio.AbstractEventLoop]] = []
+        # Append outcomes gathered during one tick, handed to each loop in one call (one wake-up
+        # of the loop per tick instead of one per request).
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
         # Published by the tick thread, read anywhere (plain ints: atomic under the GIL).
         self.role = "FOLLOWER"
         self.term = 0
@@ -312,6 +315,7 @@ class DLedgerNode:
             for req, _ in waiting.requests:
                 self._resolve(req, exc=AppendTimeoutError("node stopped before the entry committed"))
         self._waiting.clear()
+        self._deliver_outbox()
         try:
             if self.store.dirty:
                 self.store.flush()
@@ -386,11 +390,11 @@ class DLedgerNode:
         self._queued_bytes += size
         self._queue.append(_Pending(list(bodies), size, future, loop, time.perf_counter()))
         self._wake()
+        handle = loop.call_later(timeout_s, _time_out, future, timeout_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise AppendTimeoutError(f"no commit within {timeout_s:.3f} s: the outcome is unknown") from None
+            return await future
+        finally:
+            handle.cancel()
 
     def read(self, index: int) -> CommittedEntry:
         if index > self.commit_index:
@@ -504,6 +508,8 @@ class DLedgerNode:
                 loop.call_soon_threadsafe(_set_exception, future, exc)
             else:
                 loop.call_soon_threadsafe(_set_result, future, result)
+        if self._outbox:
+            self._deliver_outbox()
         now = time.monotonic()
         if now - self._last_retention >= self.settings.retention_check_ms / 1000:
             self._last_retention = now
@@ -519,7 +525,7 @@ class DLedgerNode:
             while self._queue and (not group or size + self._queue[0].size <= target):
                 req = self._queue.popleft()
                 self._queued_bytes -= req.size
-                if req.future.cancelled():
+                if req.future.done():  # timed out or cancelled before it was appended
                     continue
                 group.append(req)
                 size += req.size - command_codec.PREFIX_BYTES
@@ -631,10 +637,15 @@ class DLedgerNode:
             self._resolve(req, exc=exc)
 
     def _resolve(self, req: _Pending, *, result: Any = None, exc: BaseException | None = None) -> None:
-        if exc is not None:
-            req.loop.call_soon_threadsafe(_set_exception, req.future, exc)
-        else:
-            req.loop.call_soon_threadsafe(_set_result, req.future, result)
+        self._outbox.setdefault(req.loop, []).append((req.future, result, exc))
+
+    def _deliver_outbox(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                pass
 
     # -- retention --------------------------------------------------------------------------
     def _retention_tick(self, sync: DLedgerSyncObj) -> None:
@@ -783,6 +794,23 @@ def _disk_used_ratio(path: str) -> float:
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _time_out(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():  # the tick thread skips requests whose future is done
+        future.set_exception(
+            AppendTimeoutError(f"no commit within {timeout_s:.3f} s: the outcome is unknown")
+        )
+
+
+def _deliver(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, exc in items:
+        if future.done():
+            continue
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
 
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
