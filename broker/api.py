@@ -1,4 +1,4 @@
-"""The broker's HTTP API v1 handlers (docs/BROKER_API.md). Thin: validate, then call the store,
+"""The broker's HTTP API v1 handlers (docs/API.md). Thin: validate, then call the store,
 the dledger node or the long-poll registry owned by ``BrokerServer``."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from broker.message import (
     build_messages,
     check_group,
     check_int,
+    check_keys,
     check_topic,
     check_unique_id,
     encode_command,
@@ -211,10 +212,10 @@ class BrokerApi:
         if body.get("producer_group") is not None:
             check_group(body["producer_group"])
         self._require_writable()
-        tc = await self._topic_for_send(topic)
-        if not tc.writable:
-            raise ApiError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
-        qid = check_int(body.get("queue_id", 0), "queue_id", 0, tc.write_queue_nums - 1, "INVALID_QUEUE_ID")
+        # Everything about the request is checked before an unknown topic gets auto-created.
+        known = self.s.store.topic(topic)
+        queue_nums = known.write_queue_nums if known is not None else self.s.cfg.default_topic_queue_nums
+        qid = check_int(body.get("queue_id", 0), "queue_id", 0, queue_nums - 1, "INVALID_QUEUE_ID")
         store_ts = _now_ms()
         peer = request.remote or ""
         msgs = build_messages(
@@ -227,6 +228,11 @@ class BrokerApi:
             default_born_host=peer,
         )
         records = [encode_message(m) for m in msgs]
+        tc = known or await self._topic_for_send(topic)
+        if not tc.writable:
+            raise ApiError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
+        if qid >= tc.write_queue_nums:
+            raise ApiError(400, "INVALID_QUEUE_ID", f"queue_id {qid} >= write_queue_nums {tc.write_queue_nums}")
         self.s.counters["send_requests"] += 1
         locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
         self.s.counters["messages_sent"] += len(records)
@@ -262,7 +268,9 @@ class BrokerApi:
         topic = check_topic(body["topic"])
         self._require_state()
         if body.get("consumer_group") is not None:
-            check_group(body["consumer_group"])
+            gc = self.s.store.group(check_group(body["consumer_group"]))
+            if gc is not None and not gc.consume_enable:
+                raise ApiError(403, "NO_PERMISSION", f"group {gc.group!r} has consume_enable=false")
         tc = self._topic(topic)
         if not tc.readable:
             raise ApiError(403, "NO_PERMISSION", f"topic {topic!r} is not readable (perm {tc.perm})")
@@ -270,7 +278,9 @@ class BrokerApi:
         offset = check_int(body["offset"], "offset", 0, INT64_MAX)
         max_count = check_int(body.get("max_count", 32), "max_count", 1, MAX_PULL_COUNT)
         max_bytes = check_int(body.get("max_bytes", 4 << 20), "max_bytes", 1, 64 << 20)
-        suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, self.s.cfg.long_polling_max_ms)
+        # Held at most longPollingMaxMs, like RocketMQ clamps the suspend time (not an error).
+        suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, 3_600_000)
+        suspend_ms = min(suspend_ms, self.s.cfg.long_polling_max_ms)
         flt = _tag_filter(body.get("tags"))
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
@@ -382,15 +392,17 @@ class BrokerApi:
                 continue  # a hash collision
             cq = self.s.store.cqs.get(m.topic, m.queue_id)
             offset = cq.search_by_position(position) if cq is not None else None
-            out.append(self._view(m, position, 0, offset))
+            unit = cq.get(offset) if cq is not None and offset is not None else None
+            out.append(self._view(m, position, unit.size if unit else 0, offset))
             if len(out) >= max_n:
                 break
         return out
 
     async def msg_by_key(self, request: web.Request) -> web.Response:
         key = request.query.get("key", "")
-        if not key or len(key) > 255:
-            raise ApiError(400, "INVALID_KEYS", "key must be 1..255 chars")
+        if not key:
+            raise ApiError(400, "INVALID_KEYS", "key must be 1..255 chars without whitespace")
+        check_keys([key])
         return answer(request, {"messages": self._by_index(request, key, unique=False)})
 
     async def msg_by_unique(self, request: web.Request) -> web.Response:
@@ -564,7 +576,8 @@ class BrokerApi:
             for qid in range(tc.read_queue_nums):
                 cq = self.s.store.cqs.get(topic, qid)
                 broker_offset = cq.max_offset if cq is not None else 0
-                consumer_offset = offsets.get(qid, 0)
+                committed = offsets.get(qid)  # None: the group never committed this queue
+                consumer_offset = committed if committed is not None else (cq.min_offset if cq is not None else 0)
                 lag = max(0, broker_offset - consumer_offset)
                 total += lag
                 last = cq.get(consumer_offset - 1) if cq is not None and consumer_offset > 0 else None
@@ -572,7 +585,7 @@ class BrokerApi:
                     {
                         "queue_id": qid,
                         "broker_offset": broker_offset,
-                        "consumer_offset": consumer_offset,
+                        "consumer_offset": committed,
                         "lag": lag,
                         "last_ts": last.store_ts if last else 0,
                     }
@@ -639,5 +652,7 @@ class BrokerApi:
             target = body.get("target")
             if target is not None and target not in self.s.node.settings.peers:
                 raise ApiError(400, "BAD_REQUEST", f"target must be one of {sorted(self.s.node.settings.peers)}")
+        if target is not None and target == self.s.node.leader_id == self.s.node.settings.self_id:
+            return answer(request, {"leader_id": target})  # already there: nothing to do
         leader = await self.s.node.transfer_leadership(target)
         return answer(request, {"leader_id": leader})

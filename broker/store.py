@@ -51,7 +51,7 @@ from broker.message import (
     decode_message,
     tag_hash,
 )
-from broker.metadata import Metadata
+from broker.metadata import GroupConfig, Metadata, TopicConfig
 
 if TYPE_CHECKING:
     from dledger.entry_store import EntryStore
@@ -412,9 +412,13 @@ class MessageStore:
         with self._md_lock:
             return Metadata.from_snapshot(self.metadata.to_snapshot())
 
-    def topic(self, name: str) -> Any:
+    def topic(self, name: str) -> TopicConfig | None:
         with self._md_lock:
             return self.metadata.topics.get(name)
+
+    def group(self, name: str) -> GroupConfig | None:
+        with self._md_lock:
+            return self.metadata.groups.get(name)
 
     def read_message(self, position: int, size: int | None = None) -> StoredMessage:
         """The message record at ``position`` (committed and applied only)."""

@@ -5,8 +5,9 @@ By default (``--kind broker``) it runs ``--namesrv N`` NameServers (ports 9876, 
 ``up`` writes one RocketMQ-style properties file per process under DIR/conf, starts each as a
 detached process (logs in DIR/logs), records the processes in DIR/cluster.json and waits until
 every group has a leader that every replica knows (and, for brokers, that accepts writes).
-``down`` ends exactly the processes it recorded (checking /proc/<pid>/cmdline, so a recycled pid
-is never signalled). ``status`` asks each process.
+``start`` restarts recorded processes that are not running (e.g. a replica killed in a failover
+drill), keeping DIR/cluster.json current. ``down`` ends exactly the processes it recorded
+(checking /proc/<pid>/cmdline, so a recycled pid is never signalled). ``status`` asks each process.
 
 Ports follow RocketMQ's habit: group g, node i -> Raft port 40911 + 100 g + i, HTTP port
 10911 + 100 g + 10 i. Exit codes: 0 ok, 1 the cluster did not become healthy, 2 bad usage.
@@ -306,6 +307,26 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start recorded processes that are not running (a replica killed in a failover drill)."""
+    root = os.path.abspath(args.dir)
+    procs = _load_state(root)
+    if not procs:
+        raise UsageError(f"no cluster recorded in {root}")
+    names = {p.name for p in procs}
+    unknown = [n for n in args.names if n not in names]
+    if unknown:
+        raise UsageError(f"unknown process name(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    started = []
+    for p in procs:
+        if (not args.names or p.name in args.names) and not is_running(p):
+            p.pid = start_process(p)
+            started.append(p.name)
+    _save_state(root, procs)
+    print(f"started {', '.join(started) if started else 'nothing (all running)'}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     procs = _load_state(root)
@@ -348,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--json", action="store_true")
     down = sub.add_parser("down", help="stop the processes recorded in DIR")
     down.add_argument("--dir", required=True)
+    start = sub.add_parser("start", help="start recorded processes that are not running (all, or NAMEs)")
+    start.add_argument("--dir", required=True)
+    start.add_argument("names", nargs="*", metavar="NAME", help="e.g. RaftNode00-n1 (see status)")
     status = sub.add_parser("status", help="role, term and commit index of every process")
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
@@ -363,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_up(args)
         if args.command == "down":
             return cmd_down(args)
+        if args.command == "start":
+            return cmd_start(args)
         return cmd_status(args)
     except UsageError as exc:
         print(f"dledger-cluster: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The client SDK of the DLedger-mode broker: producer, push and pull consumers (asyncio first, with
 blocking wrappers in ``broker.client.sync``), talking to brokers over the v1 HTTP API
-(docs/BROKER_API.md) and to NameServers for routes (docs/NAMESRV.md).
+(docs/API.md) and to NameServers for routes (docs/NAMESRV.md).
 
     from broker.client import Message, Producer, PushConsumer
 

@@ -34,7 +34,7 @@ R = TypeVar("R")
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,127}$")  # cluster and broker names (NameServer rule)
 PEER_ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 QUEUE_NUMS_MAX = 1024
-QUERY_MAX = 1024
+QUERY_MAX = 512  # the broker's limit for /v1/msg/key and /v1/msg/unique
 STATUS_TIMEOUT_S = 2.0  # per member in cluster_list: a dead member must not stall the listing
 
 
@@ -550,7 +550,7 @@ class Admin:
             "group": check_group(group),
             "consume_enable": bool(consume_enable),
             "consume_broadcast_enable": bool(consume_broadcast_enable),
-            "retry_max_times": check_range(retry_max_times, "retry max times", 0, 64, "BAD_REQUEST"),
+            "retry_max_times": check_range(retry_max_times, "retry max times", 0, 1000, "BAD_REQUEST"),
         }
         return await self._write_targets(body, "/v1/groups", cluster=cluster, broker_addr=broker_addr)
 

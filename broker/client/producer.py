@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic for auto-created topics
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_PAUSE_MAX_S = 1.0
+DISCOVERY_STEP_S = 0.1  # how often a paused retry asks the group's replicas for the new leader
 
 # Errors after which another attempt (another group, or the same one later) may succeed.
 RETRY_CODES = frozenset(
@@ -340,6 +341,7 @@ class Producer:
         fixed = queue
         last_broker: str | None = None
         last_exc: ClientError | None = None
+        maybe_stored = False  # an attempt whose outcome is unknown may have stored the messages
         for attempt in range(1 + retries):
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
@@ -359,6 +361,8 @@ class Producer:
                     mq = fixed
                 return await self._send_to(mq, msgs, born_ts, deadline)
             except ClientError as exc:
+                maybe_stored |= exc.outcome_unknown
+                exc.outcome_unknown = maybe_stored
                 if not retriable(exc):
                     raise
                 last_exc = exc
@@ -425,7 +429,20 @@ class Producer:
         if not pinned and groups - {last_broker}:
             return  # the retry goes to another group: at once
         pause_s = min(RETRY_PAUSE_MAX_S, max(deadline - loop.time(), 0.0) / (retries_left + 1))
-        await asyncio.sleep(pause_s)
+        if route is None or last_broker is None:
+            await asyncio.sleep(pause_s)
+            return
+        # Look for the new leader among the group's replicas rather than sleeping blindly: a
+        # failover is over as soon as one of them is writable (typically well under a second).
+        until = loop.time() + pause_s
+        while True:
+            step_s = min(DISCOVERY_STEP_S, max(until - loop.time(), 0.0))
+            if step_s <= 0:
+                return
+            started = loop.time()
+            if await self.routes.discover_leader(self._transport_checked(), route, last_broker, step_s):
+                return
+            await asyncio.sleep(max(0.0, step_s - (loop.time() - started)))
 
     def _transport_checked(self) -> Transport:
         assert self._transport is not None

@@ -137,6 +137,35 @@ class RouteCache:
         if self._hints.get(broker_name) == addr:
             del self._hints[broker_name]
 
+    async def discover_leader(
+        self, transport: Transport, route: TopicRoute, broker_name: str, timeout_s: float
+    ) -> str | None:
+        """Ask the group's replicas (``/v1/status``) which one is the writable leader, and hint it.
+
+        After a leader dies, the NameServers name it until the new leader registers; the surviving
+        replicas know the new leader as soon as it is elected and ready."""
+        addrs = replica_addrs(route.broker(broker_name))
+        hint = self._hints.get(broker_name)
+        if hint is not None and hint not in addrs:
+            addrs.append(hint)
+        if not addrs:
+            return None
+
+        async def ask(addr: str) -> str | None:
+            try:
+                st = await transport.call(addr, "GET", "/v1/status", timeout_s=timeout_s)
+            except ClientError:
+                return None
+            if isinstance(st, dict) and st.get("writable") and st.get("broker_name") == broker_name:
+                return addr
+            return None
+
+        for found in await asyncio.gather(*(ask(a) for a in addrs)):
+            if found is not None:
+                self.note_leader(broker_name, found)
+                return found
+        return None
+
     # -- refreshing -------------------------------------------------------------------------------
     async def refresh(self, topic: str, timeout_s: float | None = None) -> TopicRoute:
         task = self._inflight.get(topic)

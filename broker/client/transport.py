@@ -22,6 +22,9 @@ MSGPACK = "application/x-msgpack"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 
+UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST"})
+
+
 class ClientError(Exception):
     """A failed call: ``code`` names what happened; ``status`` is the HTTP status (0: no answer)."""
 
@@ -40,11 +43,9 @@ class ClientError(Exception):
         self.status = status
         self.addr = addr
         self.leader_addr = leader_addr
-
-    @property
-    def outcome_unknown(self) -> bool:
-        """True when the request may have taken effect (a send to retry with the same unique ids)."""
-        return self.code in ("TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST")
+        # True when the request may have taken effect (a send to retry with the same unique ids);
+        # the producer also sets it when an earlier attempt of the same send had an unknown outcome.
+        self.outcome_unknown = code in UNKNOWN_OUTCOME_CODES
 
 
 def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:

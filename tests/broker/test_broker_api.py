@@ -18,7 +18,7 @@ from tests.dledger.harness import wait_until
 
 @pytest.fixture
 async def cluster(tmp_path: Any) -> AsyncIterator[BrokerCluster]:
-    c = BrokerCluster(str(tmp_path))
+    c = BrokerCluster(str(tmp_path), longPollingMaxMs=3000)
     await c.start()
     try:
         yield c
@@ -235,3 +235,38 @@ async def test_bad_input_gets_4xx_with_a_code(cluster: BrokerCluster, t: Transpo
     # the broker is still fine
     r = await t.call(a, "POST", "/v1/send", {"topic": "T", "messages": [msg(b"ok")]})
     assert r["status"] == "SEND_OK"
+
+
+async def test_fixes_from_the_docs_review(cluster: BrokerCluster, t: Transport) -> None:
+    leader = cluster.writable_leader()
+    assert leader is not None
+    a = leader.cfg.address
+    # a rejected send must not auto-create its topic
+    with pytest.raises(ClientError) as e:
+        await t.call(a, "POST", "/v1/send", {"topic": "NotCreated", "messages": [{"body": b""}]})
+    assert e.value.code == "INVALID_BODY"
+    with pytest.raises(ClientError) as e:
+        await t.call(a, "POST", "/v1/send", {"topic": "NotCreated", "queue_id": 4, "messages": [msg(b"x")]})
+    assert e.value.code == "INVALID_QUEUE_ID"
+    assert leader.store.topic("NotCreated") is None
+    # key queries report the real size
+    await t.call(a, "POST", "/v1/send", {"topic": "SZ", "messages": [msg(b"12345", keys=["kk"])]})
+    q = await t.call(a, "GET", "/v1/msg/key", params={"topic": "SZ", "key": "kk"})
+    assert q["messages"][0]["size"] > 5
+    with pytest.raises(ClientError) as e:
+        await t.call(a, "GET", "/v1/msg/key", params={"topic": "SZ", "key": "a b"})
+    assert e.value.code == "INVALID_KEYS"
+    # a group with consume_enable=false may not pull
+    await t.call(a, "POST", "/v1/groups", {"group": "off", "consume_enable": False})
+    with pytest.raises(ClientError) as e:
+        await t.call(a, "POST", "/v1/pull", {"topic": "SZ", "queue_id": 0, "offset": 0, "consumer_group": "off"})
+    assert (e.value.status, e.value.code) == (403, "NO_PERMISSION")
+    # progress tells "never committed" (null) from a committed 0; lag counts from the queue's start
+    await t.call(a, "POST", "/v1/heartbeat", {"client_id": "c1", "groups": [{"group": "pg", "topics": ["SZ"]}]})
+    prog = await t.call(a, "GET", "/v1/groups/pg/progress")
+    q0 = prog["topics"][0]["queues"][0]
+    assert q0["consumer_offset"] is None and q0["lag"] == 1
+    # a hold longer than longPollingMaxMs is clamped, not refused
+    p = await t.call(a, "POST", "/v1/pull", {"topic": "SZ", "queue_id": 0, "offset": 1, "suspend_ms": 100_000},
+                     timeout_s=40)
+    assert p["status"] == "NO_NEW_MSG"

@@ -7,7 +7,7 @@ real broker. ``FakeNamesrv`` computes routes from the groups live, unless a test
 leader. Faults: ``fail_next`` (answer an error), ``hang_next`` (hold the request until teardown, so
 the client times out) and ``stop``/``restart`` (connection refused).
 
-Only what docs/BROKER_API.md says the SDK uses is implemented.
+Only what docs/API.md says the SDK uses is implemented.
 """
 
 from __future__ import annotations

@@ -262,3 +262,24 @@ async def test_new_topic_goes_where_the_broker_creates_it(
     with pytest.raises(ClientError) as e:
         await Producer("pg", cluster.namesrv_addr).send(Message("T", b"x"))
     assert e.value.code == "NOT_STARTED"
+
+
+async def test_a_failed_send_says_when_an_earlier_attempt_may_have_stored_it(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    """The final error of a send is CONNECT/APPEND-style (definite), but an earlier attempt
+    answered SEND_TIMEOUT: the messages may be stored, and the error must say so."""
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    g0, g1 = cluster.groups
+    g0.replicas[0].fail_next("/v1/send", "SEND_TIMEOUT", 504, times=1000)
+    g1.replicas[0].fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+    p = producers(cluster, retry_times=1)
+    await p.start()
+    outcomes = []
+    for _ in range(4):
+        with pytest.raises(ClientError) as e:
+            await p.send(Message("T", b"x"))
+        outcomes.append((e.value.code, e.value.outcome_unknown))
+    # whichever group was tried first, one of the two attempts timed out: unknown outcome
+    assert all(unknown for _code, unknown in outcomes), outcomes
+    assert {code for code, _ in outcomes} <= {"SEND_TIMEOUT", "APPEND_FAILED"}

@@ -1,4 +1,4 @@
-"""In-process fakes of the NameServer and the broker HTTP APIs (docs/NAMESRV.md, docs/BROKER_API.md).
+"""In-process fakes of the NameServer and the broker HTTP APIs (docs/NAMESRV.md, docs/API.md).
 
 ``FakeCluster`` serves one or more NameServers and broker groups of three replicas each on
 127.0.0.1 free ports, from an event loop on its own thread, so the code under test (``mqadmin``'s
