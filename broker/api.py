@@ -14,6 +14,7 @@ from aiohttp import web
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
 from broker.message import (
+    CLIENT_ID_RE,
     InvalidInput,
     StoredMessage,
     build_messages,
@@ -143,6 +144,8 @@ class BrokerApi:
         except DLedgerError as exc:
             status, code = _DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))
             return error(request, status, code, str(exc))
+        except TimeoutError:  # the replica's apply thread did not answer in time
+            return error(request, 503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
         except web.HTTPException as exc:
             if exc.status >= 400:
                 code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(
@@ -319,9 +322,12 @@ class BrokerApi:
                 continue
             try:
                 m = self.s.store.read_message(u.position, u.size)
-            except MessageNotFound:  # removed by retention between the queue read and now
-                next_offset = u.offset + 1
-                continue
+            except MessageNotFound:
+                if u.position < self.s.first_log_position():  # removed by retention: skip it
+                    next_offset = u.offset + 1
+                    continue
+                break  # not readable yet (being applied): stop here, never skip it
+
             if flt is not None and m.tags not in flt[1]:
                 next_offset = u.offset + 1
                 continue
@@ -333,7 +339,7 @@ class BrokerApi:
             if len(out) >= max_count:
                 break
         hi = cq.max_offset
-        status = "FOUND" if out else "NO_MATCHED_MSG"
+        status = "FOUND" if out else ("NO_MATCHED_MSG" if next_offset > offset else "NO_NEW_MSG")
         return self._pull_answer(request, status, next_offset, max(lo, cq.min_offset), hi, out)
 
     def _pull_answer(
@@ -371,6 +377,7 @@ class BrokerApi:
         return self._view(m, position, unit.size if unit else 0, offset)
 
     async def msg_by_id(self, request: web.Request) -> web.Response:
+        self._require_state()
         name, position = parse_msg_id(request.match_info["msg_id"])
         if name != self.s.cfg.broker_name:
             raise ApiError(404, "MESSAGE_NOT_FOUND", f"msg id belongs to broker group {name!r}, this is "
@@ -399,6 +406,7 @@ class BrokerApi:
         return out
 
     async def msg_by_key(self, request: web.Request) -> web.Response:
+        self._require_state()
         key = request.query.get("key", "")
         if not key:
             raise ApiError(400, "INVALID_KEYS", "key must be 1..255 chars without whitespace")
@@ -406,10 +414,12 @@ class BrokerApi:
         return answer(request, {"messages": self._by_index(request, key, unique=False)})
 
     async def msg_by_unique(self, request: web.Request) -> web.Response:
+        self._require_state()
         uid = check_unique_id(request.query.get("unique_id"))
         return answer(request, {"messages": self._by_index(request, uid, unique=True)})
 
     async def msg_by_offset(self, request: web.Request) -> web.Response:
+        self._require_state()
         topic = check_topic(request.query.get("topic"))
         tc = self._topic(topic)
         qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
@@ -425,6 +435,7 @@ class BrokerApi:
         return answer(request, self._view(m, unit.position, unit.size, offset))
 
     async def offset_search(self, request: web.Request) -> web.Response:
+        self._require_state()
         topic = check_topic(request.query.get("topic"))
         tc = self._topic(topic)
         qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
@@ -455,10 +466,12 @@ class BrokerApi:
         return answer(request, result.get("topic", {}))
 
     async def topic_list(self, request: web.Request) -> web.Response:
+        self._require_state()
         md = self.s.store.metadata_view()
         return answer(request, {"topics": [tc.to_dict() for _, tc in sorted(md.topics.items())]})
 
     async def topic_get(self, request: web.Request) -> web.Response:
+        self._require_state()
         topic = check_topic(request.match_info["topic"])
         return answer(request, self._topic(topic).to_dict())
 
@@ -469,6 +482,7 @@ class BrokerApi:
         return answer(request, {"topic": topic, "deleted": True})
 
     async def topic_status(self, request: web.Request) -> web.Response:
+        self._require_state()
         topic = check_topic(request.match_info["topic"])
         tc = self._topic(topic)
         queues = []
@@ -502,6 +516,7 @@ class BrokerApi:
         return answer(request, result.get("group", {}))
 
     async def group_list(self, request: web.Request) -> web.Response:
+        self._require_state()
         md = self.s.store.metadata_view()
         return answer(request, {"groups": [g.to_dict() for _, g in sorted(md.groups.items())]})
 
@@ -515,10 +530,9 @@ class BrokerApi:
             raise ApiError(400, "BAD_REQUEST", "offsets must be a map of queue id -> offset (≤ 1024 entries)")
         out = {}
         for k, v in raw.items():
-            try:
-                qid = int(k)
-            except (TypeError, ValueError):
-                raise ApiError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer") from None
+            if isinstance(k, bool) or not (isinstance(k, int) or (isinstance(k, str) and k.isdigit() and len(k) < 8)):
+                raise ApiError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer")
+            qid = int(k)
             check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
             out[qid] = check_int(v, f"offsets[{qid}]", 0, INT64_MAX, "INVALID_OFFSET")
         return out
@@ -600,8 +614,8 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id", "groups"}), ("client_id", "groups"))
         cid = body["client_id"]
-        if not isinstance(cid, str) or not 1 <= len(cid) <= 255:
-            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be a string of 1..255 chars")
+        if not isinstance(cid, str) or not CLIENT_ID_RE.match(cid):
+            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
         groups = body["groups"]
         if not isinstance(groups, list) or len(groups) > 64:
             raise ApiError(400, "BAD_REQUEST", "groups must be a list of at most 64 entries")
@@ -624,8 +638,8 @@ class BrokerApi:
     async def unregister(self, request: web.Request) -> web.Response:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id"}), ("client_id",))
-        if not isinstance(body["client_id"], str):
-            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be a string")
+        if not isinstance(body["client_id"], str) or not CLIENT_ID_RE.match(body["client_id"]):
+            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
         return answer(request, {"removed": self.s.consumers.unregister(body["client_id"])})
 
     async def group_consumers(self, request: web.Request) -> web.Response:
@@ -650,7 +664,7 @@ class BrokerApi:
             body = await read_body(request)
             check_fields(body, frozenset({"target"}))
             target = body.get("target")
-            if target is not None and target not in self.s.node.settings.peers:
+            if target is not None and (not isinstance(target, str) or target not in self.s.node.settings.peers):
                 raise ApiError(400, "BAD_REQUEST", f"target must be one of {sorted(self.s.node.settings.peers)}")
         if target is not None and target == self.s.node.leader_id == self.s.node.settings.self_id:
             return answer(request, {"leader_id": target})  # already there: nothing to do

@@ -46,7 +46,7 @@ async def read_body(request: web.Request, *, binary: bool = False) -> dict[str, 
     elif ctype == "application/json" and not binary:
         try:
             value = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ApiError(400, "BAD_JSON", f"request body is not JSON: {str(exc)[:120]}") from None
     else:
         allowed = MSGPACK if binary else f"{MSGPACK} or application/json"

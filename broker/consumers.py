@@ -24,35 +24,51 @@ class ConsumerManager:
     def __init__(self, expiry_ms: int = 40_000):
         self.expiry_ms = expiry_ms
         self._groups: dict[str, dict[str, Member]] = {}
+        self._client_groups: dict[str, set[str]] = {}
 
     def heartbeat(self, client_id: str, groups: list[tuple[str, str, tuple[str, ...]]], now_ms: int) -> bool:
-        """Record a heartbeat; returns False when the table is full and the client is new."""
-        known = any(client_id in members for members in self._groups.values())
-        if not known and self.client_count() >= MAX_CLIENTS:
+        """Record a heartbeat: it names the client's whole membership (groups it no longer names
+        are left at once). Returns False when the table is full and the client is new."""
+        if len(groups) > MAX_GROUPS_PER_CLIENT:
+            raise ValueError(f"a client may be in at most {MAX_GROUPS_PER_CLIENT} groups")
+        old = self._client_groups.get(client_id)
+        if old is None and len(self._client_groups) >= MAX_CLIENTS:
             return False
+        named = {g for g, _m, _t in groups}
+        for group in (old or set()) - named:
+            self._leave(group, client_id)
         for group, model, topics in groups:
             self._groups.setdefault(group, {})[client_id] = Member(client_id, model, topics, now_ms)
+        if named:
+            self._client_groups[client_id] = named
+        else:
+            self._client_groups.pop(client_id, None)
+        return True
+
+    def _leave(self, group: str, client_id: str) -> bool:
+        members = self._groups.get(group)
+        if members is None or members.pop(client_id, None) is None:
+            return False
+        if not members:
+            del self._groups[group]
+        groups = self._client_groups.get(client_id)
+        if groups is not None:
+            groups.discard(group)
+            if not groups:
+                del self._client_groups[client_id]
         return True
 
     def unregister(self, client_id: str) -> int:
-        removed = 0
-        for group in list(self._groups):
-            if self._groups[group].pop(client_id, None) is not None:
-                removed += 1
-            if not self._groups[group]:
-                del self._groups[group]
-        return removed
+        return sum(self._leave(g, client_id) for g in list(self._client_groups.get(client_id, ())))
 
     def expire(self, now_ms: int) -> int:
-        removed = 0
-        for group in list(self._groups):
-            members = self._groups[group]
-            for cid in [c for c, m in members.items() if now_ms - m.last_seen_ms > self.expiry_ms]:
-                del members[cid]
-                removed += 1
-            if not members:
-                del self._groups[group]
-        return removed
+        stale = [
+            (group, cid)
+            for group, members in self._groups.items()
+            for cid, m in members.items()
+            if now_ms - m.last_seen_ms > self.expiry_ms
+        ]
+        return sum(self._leave(group, cid) for group, cid in stale)
 
     def members(self, group: str, now_ms: int) -> list[Member]:
         self.expire(now_ms)
@@ -62,4 +78,4 @@ class ConsumerManager:
         return sorted(self._groups)
 
     def client_count(self) -> int:
-        return len({cid for members in self._groups.values() for cid in members})
+        return len(self._client_groups)

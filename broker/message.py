@@ -36,6 +36,11 @@ UNIQUE_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 PROPERTY_NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WS_RE = re.compile(r"\s")
+_HEX16_RE = re.compile(r"^[0-9A-Fa-f]{16}$")
+CLIENT_ID_RE = re.compile(r"^[!-~]{1,255}$")  # printable ASCII, no spaces
+
+# topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len
+_HEADER_TYPES = (str, int, int, str, list, dict, int, str, int, str, int)
 
 MAX_TAGS_CHARS = 255
 MAX_KEYS = 32
@@ -100,9 +105,16 @@ def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
     end = 5 + hlen
     if end > len(record):
         raise ValueError("message header runs past the record")
-    header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
+    try:
+        header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise ValueError(f"undecodable message header: {exc}") from None
     if not isinstance(header, list) or len(header) < 11:
         raise ValueError("malformed message header")
+    if not all(isinstance(v, t) for v, t in zip(header, _HEADER_TYPES, strict=False)) or not all(
+        isinstance(k, str) for k in header[4]
+    ):
+        raise ValueError("message header fields have the wrong types")
     return header, end
 
 
@@ -145,7 +157,7 @@ def make_msg_id(broker_name: str, position: int) -> str:
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
     name, sep, hexpos = msg_id.rpartition(":")
-    if not sep or not GROUP_RE.match(name) or len(hexpos) != 16:
+    if not sep or not GROUP_RE.match(name) or len(hexpos) != 16 or not _HEX16_RE.match(hexpos):
         raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>")
     try:
         return name, int(hexpos, 16)

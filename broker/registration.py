@@ -32,7 +32,7 @@ class Registrar:
         self._record = record
         self._period_s = period_ms / 1000
         self._transport = transport or Transport(timeout_s=3.0)
-        self._wake = asyncio.Event()
+        self._wakes = {addr: asyncio.Event() for addr in namesrv_addrs}
         self._version_base = int(time.time() * 1000) * 1000
         self._counter = 0
         self.last_ok: dict[str, float] = {}
@@ -41,34 +41,47 @@ class Registrar:
         self.last_registered_role: tuple[str, int] | None = None
 
     def trigger(self) -> None:
-        self._wake.set()
+        for event in self._wakes.values():
+            event.set()
 
     async def run(self) -> None:
+        """One loop per NameServer: a slow or dead one never delays the others (invariant 6)."""
+        await asyncio.gather(*(self._run_one(addr) for addr in self.addrs))
+
+    async def _run_one(self, addr: str) -> None:
+        wake = self._wakes[addr]
         while True:
-            self._wake.clear()
-            await self.register_all()
+            wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self._period_s)
+                await self.register_one(addr)
+            except Exception:  # never let one bad round stop registration for good
+                log.exception("registration with NameServer %s failed unexpectedly", addr)
+            try:
+                await asyncio.wait_for(wake.wait(), self._period_s)
             except TimeoutError:
                 pass
 
-    async def register_all(self) -> None:
+    def _body(self) -> dict[str, Any]:
         self._counter += 1
-        body = {"v": 1, **self._record(), "data_version": self._version_base + self._counter}
-        results = await asyncio.gather(
-            *(self._register(addr, body) for addr in self.addrs), return_exceptions=True
-        )
-        for addr, res in zip(self.addrs, results, strict=True):
-            if isinstance(res, BaseException):
-                msg = str(res)
-                if self.last_error.get(addr) != msg:
-                    log.warning("registration with NameServer %s failed: %s", addr, msg)
-                self.last_error[addr] = msg
-            else:
-                if addr in self.last_error:
-                    log.info("registration with NameServer %s works again", addr)
-                self.last_error.pop(addr, None)
-                self.last_ok[addr] = time.time()
+        return {"v": 1, **self._record(), "data_version": self._version_base + self._counter}
+
+    async def register_all(self) -> None:
+        await asyncio.gather(*(self.register_one(addr) for addr in self.addrs))
+
+    async def register_one(self, addr: str) -> None:
+        body = self._body()
+        try:
+            await self._register(addr, body)
+        except Exception as exc:
+            msg = str(exc)
+            if self.last_error.get(addr) != msg:
+                log.warning("registration with NameServer %s failed: %s", addr, msg)
+            self.last_error[addr] = msg
+        else:
+            if addr in self.last_error:
+                log.info("registration with NameServer %s works again", addr)
+            self.last_error.pop(addr, None)
+            self.last_ok[addr] = time.time()
         self.registrations += 1
         self.last_registered_role = (str(body["role"]), int(body["broker_id"]))
 

@@ -52,7 +52,7 @@ class BrokerServer:
         self.node = DLedgerNode(settings, self.store)
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.send_timeout_s = 3.0
-        self.ready = False
+        self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
@@ -118,10 +118,16 @@ class BrokerServer:
             if self._ready_task is not None:
                 self._ready_task.cancel()
 
+    @property
+    def ready(self) -> bool:
+        """Writable: leader of the current term, and applied everything up to its log end then.
+        Tied to the term read from the node, so a new term is never ready by mistake."""
+        return self.node.role == "LEADER" and self._ready_term == self.node.term
+
     async def _on_role(self, change: RoleChange) -> None:
         self._role_generation += 1
         generation = self._role_generation
-        self.ready = False
+        self._ready_term = -1
         if change.role != "LEADER":
             self.store.track_results = False
             self.store.results.clear()
@@ -142,9 +148,9 @@ class BrokerServer:
             if generation != self._role_generation or self.node.role != "LEADER":
                 return
             await asyncio.sleep(0.002)
-        if generation != self._role_generation:
+        if generation != self._role_generation or self.node.term != change.term:
             return
-        self.ready = True
+        self._ready_term = change.term
         log.info(
             "leader of term %d ready after applying to index %d (%.0f ms)",
             change.term, target, (time.monotonic() - started) * 1000,
@@ -260,7 +266,13 @@ class BrokerServer:
                 continue
             try:
                 cmd = await self.node._on_tick_thread(self.store.capture_state, 5.0)
-                await self.node.append([encode_command(cmd)], timeout_s=self.send_timeout_s)
+                record = encode_command(cmd)
+                if len(record) + 1024 > self.node.settings.max_entry_bytes:
+                    raise ValueError(
+                        f"the state ({len(record)} bytes) exceeds one entry (maxEntryBodyBytes): followers "
+                        "behind retention must be wiped and re-synced by hand"
+                    )
+                await self.node.append([record], timeout_s=self.send_timeout_s)
                 installs_seen, last_sent = installs, time.monotonic()
             except Exception as exc:  # next round tries again
                 log.warning("state entry not appended: %s", exc)

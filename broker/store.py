@@ -165,13 +165,15 @@ class MessageStore:
         touched: set[tuple[str, int]] = set()
         md_changed = False
         for e in entries:
+            bodies = e.bodies
             if self.needs_state_after is not None:
-                md_changed |= self._await_state(e, touched)
-                self._applied = e.index
-                for position, body in e.bodies:
-                    self.applied_end_position = max(self.applied_end_position, position + len(body))
-                continue
-            for position, body in e.bodies:
+                bodies = self._await_state(e, touched)
+                md_changed |= self.needs_state_after is None
+            for position, body in bodies:
+                # Readers must be able to read a record as soon as its queue unit is visible.
+                end = position + len(body)
+                if end > self.applied_end_position:
+                    self.applied_end_position = end
                 kind = body[:1]
                 if kind == MESSAGE_MAGIC:
                     self._dispatch(position, body, touched)
@@ -179,9 +181,6 @@ class MessageStore:
                     md_changed |= self._command(position, body)
                 else:
                     self.counters["skipped"] += 1
-                end = position + len(body)
-                if end > self.applied_end_position:
-                    self.applied_end_position = end
             self._applied = e.index
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
@@ -235,8 +234,6 @@ class MessageStore:
             self.counters["skipped"] += 1
             return False
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
-            if self.track_results:
-                self._remember(position, {})
             return False
         with self._md_lock:
             result = self.metadata.apply(cmd)
@@ -269,10 +266,15 @@ class MessageStore:
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
         }
 
-    def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> bool:
+    def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
+        """In needs-state mode: the bodies of ``e`` still to apply ([] until a usable state)."""
         anchor = self.needs_state_after
         assert anchor is not None
-        for _position, body in e.bodies:
+        for position, body in e.bodies:
+            end = position + len(body)
+            if end > self.applied_end_position:
+                self.applied_end_position = end
+        for k, (_position, body) in enumerate(e.bodies):
             if body[:1] != COMMAND_MAGIC:
                 continue
             try:
@@ -282,8 +284,9 @@ class MessageStore:
             if cmd.get("op") != "state" or not anchor <= int(cmd.get("as_of", -1)) < e.index:
                 continue
             self._load_state(cmd, e.index, touched)
-            return True
-        return False
+            # The rest of this entry (sends grouped with the state) comes after the state's as_of.
+            return [b for i, b in enumerate(e.bodies) if i != k]
+        return []
 
     def _load_state(self, cmd: dict[str, Any], state_index: int, touched: set[tuple[str, int]]) -> None:
         as_of = int(cmd["as_of"])
@@ -353,8 +356,8 @@ class MessageStore:
         self.index.delete_before_position(first_position)
 
     # -- rebuilding from the log -----------------------------------------------------------------
-    def _scan_messages(self, until_index: int) -> Iterable[tuple[int, bytes]]:
-        """Every (position, record) of message records in the retained log up to ``until_index``."""
+    def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
+        """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
         assert self._log is not None
         from dledger.node import _to_committed
 
@@ -366,30 +369,56 @@ class MessageStore:
                 break
             for entry in raw:
                 for position, body in _to_committed(entry, self._log).bodies:
-                    if body[:1] == MESSAGE_MAGIC:
+                    if body[:1] in (MESSAGE_MAGIC, COMMAND_MAGIC):
                         yield position, body
             index = raw[-1].index + 1
+
+    def _scan_messages(self, until_index: int) -> Iterable[tuple[int, bytes]]:
+        for position, body in self._scan_records(until_index):
+            if body[:1] == MESSAGE_MAGIC:
+                yield position, body
+
+    def _queue_members(self, wanted: set[tuple[str, int]]) -> Iterable[tuple[tuple[str, int], int, bytes]]:
+        """(queue, position, record) of the messages that belong to ``wanted`` queues now: a
+        ``topic.delete`` in the log drops the topic's earlier messages, as applying did."""
+        deleted_at: dict[str, int] = {}
+        for position, body in self._scan_records(self._applied):
+            if body[:1] == COMMAND_MAGIC:
+                try:
+                    cmd = decode_command(body)
+                except (ValueError, msgpack.UnpackException):
+                    continue
+                if cmd.get("op") == "topic.delete":
+                    deleted_at[str(cmd.get("topic"))] = position
+        for position, body in self._scan_messages(self._applied):
+            try:
+                h, _ = decode_header(body)
+            except ValueError:
+                continue
+            key = (h[0], int(h[1]))
+            if key in wanted and position > deleted_at.get(key[0], -1):
+                yield key, position, body
 
     def _rebuild_queues(self, want_max: dict[tuple[str, int], int]) -> None:
         """Rebuild these queues from the log up to the snapshot; ``want_max`` = max offset there."""
         counts: dict[tuple[str, int], int] = dict.fromkeys(want_max, 0)
-        for _position, body in self._scan_messages(self._applied):
-            h, _ = decode_header(body)
-            key = (h[0], int(h[1]))
-            if key in counts:
-                counts[key] += 1
+        for key, _position, _body in self._queue_members(set(want_max)):
+            counts[key] += 1
         queues: dict[tuple[str, int], ConsumeQueue] = {}
         for key, n in counts.items():
+            if n > want_max[key]:
+                log.error(
+                    "rebuilding %s/%d: the log holds %d messages but the snapshot says %d: using the log",
+                    key[0], key[1], n, want_max[key],
+                )
             cq = self.cqs.reset_queue(*key)
             base = max(0, want_max[key] - n)
             if base:
                 cq.set_base(base)
             queues[key] = cq
-        for position, body in self._scan_messages(self._applied):
+        for key, position, body in self._queue_members(set(want_max)):
             h, _ = decode_header(body)
-            target = queues.get((h[0], int(h[1])))
-            if target is not None:
-                target.append(position, len(body), tag_hash(h[3]), int(h[8]))
+            queues[key].append(position, len(body), tag_hash(h[3]), int(h[8]))
         for cq in queues.values():
             cq.flush()
         self.counters["rebuilt_queues"] += len(queues)
