@@ -137,6 +137,26 @@ def _is_file_name(name: str) -> bool:
     return len(name) == _NAME_DIGITS and name.isdigit()
 
 
+@dataclass
+class PendingSync:
+    """Files written by the writer, to be fsynced (and closed) by ``finish_flush``."""
+
+    fds: list[int]
+    dir_path: str | None
+
+
+def finish_flush(pending: PendingSync) -> None:
+    try:
+        for fd in pending.fds:  # fsync outside every lock: readers are not held up by the disk
+            os.fsync(fd)
+    finally:
+        for fd in pending.fds:
+            os.close(fd)
+        pending.fds = []
+    if pending.dir_path is not None:
+        _fsync_dir(pending.dir_path)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -330,6 +350,11 @@ class ConsumeQueue:
 
     def flush(self) -> None:
         """write_out, fsync the files written since the last flush, release cached fds."""
+        finish_flush(self.begin_flush())
+
+    def begin_flush(self) -> PendingSync:
+        """The writer's half of ``flush``: write_out and take the files to sync. ``finish_flush``
+        (any thread; it only fsyncs) makes what was written so far durable."""
         self.write_out()
         with self._fd_lock:
             dirty = sorted(self._dirty_files)
@@ -337,13 +362,7 @@ class ConsumeQueue:
             dups = [os.dup(self._fd(start, create=False)) for start in dirty if start in self._file_starts]
             self._close_fds()
             dir_dirty, self._dir_dirty = self._dir_dirty, False
-        for fd in dups:  # fsync outside the lock: readers are not held up by the disk
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        if dir_dirty:
-            _fsync_dir(self._dir)
+        return PendingSync(dups, self._dir if dir_dirty else None)
 
     def set_base(self, offset: int) -> None:
         """Make an empty queue continue at ``offset`` (durably; files left over are removed)."""
@@ -677,6 +696,10 @@ class ConsumeQueueStore:
     def flush_all(self) -> None:
         for _, _, queue in self.queues():
             queue.flush()
+
+    def begin_flush_all(self) -> list[PendingSync]:
+        """The writer's half of ``flush_all``; pass the result to ``finish_flush`` (any thread)."""
+        return [queue.begin_flush() for _, _, queue in self.queues()]
 
     def delete_before_position(self, log_first_position: int) -> int:
         return sum(queue.delete_before_position(log_first_position) for _, _, queue in self.queues())

@@ -187,8 +187,17 @@ class _IndexFile:
 
     def store_header(self, header: IndexHeader) -> None:
         self.mm[:HEADER_SIZE] = encode_header(header)
-        self.mm.flush(0, min(mmap.PAGESIZE, len(self.mm)))
+        _fsync_path(self.path)
         self.state = header.state
+
+
+def _fsync_path(path: str) -> None:
+    """Make the file's dirty pages (mapped writes included) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class KeyIndex:
@@ -341,7 +350,7 @@ class KeyIndex:
                 return
             with self._lock:
                 snapshot = f.header(STATE_OPEN)  # every entry it counts is in the mapping
-            f.mm.flush()
+            _fsync_path(f.path)  # unlike mmap.flush, os.fsync releases the GIL
             f.store_header(snapshot)
 
     def delete_before_position(self, log_first_position: int) -> int:

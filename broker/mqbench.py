@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -543,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", default="benchmark_consumer")
     p.add_argument("--model", choices=("CLUSTERING", "BROADCASTING"), default="CLUSTERING")
     p.add_argument("--from", dest="from_", choices=("FIRST", "LAST"), default="LAST")
+    from broker.failover_bench import add_parser as add_failover
+
+    add_failover(sub, _positive)
     return parser
 
 
@@ -564,6 +567,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "failover":
+        from broker.failover_bench import run_failover
+
+        try:
+            return run_loop(run_failover(args))
+        except KeyboardInterrupt:
+            return 130
     try:
         check_topic(args.topic)
         if args.command == "consume":

@@ -114,6 +114,7 @@ class BrokerCluster:
             if server._runner is not None:
                 await server._runner.cleanup()
             await server.node.stop()
+            server.store._syncer.shutdown(wait=True)
             server.store.cqs.close()
             server.store.index.close()
         else:
