@@ -79,6 +79,7 @@ async def run_failover(args: argparse.Namespace) -> int:
     t = Transport(timeout_s=2.0)
     producers = [Producer(f"failover_pg{i}", namesrv) for i in range(args.producers)]
     acked: dict[bytes, float] = {}
+    stored_ms: dict[bytes, int] = {}  # the broker's store time: tells old-leader acks from new ones
     errors: dict[str, int] = {}
     stop = asyncio.Event()
     rounds: list[dict[str, Any]] = []
@@ -95,8 +96,9 @@ async def run_failover(args: argparse.Namespace) -> int:
                 body = f"{i}-{n}".encode()
                 n += 1
                 try:
-                    await p.send(Message(args.topic, body))
+                    result = await p.send(Message(args.topic, body))
                     acked[body] = time.monotonic()
+                    stored_ms[body] = result.store_ts
                 except ClientError as exc:
                     errors[exc.code] = errors.get(exc.code, 0) + 1
                     await asyncio.sleep(0.01)
@@ -108,13 +110,19 @@ async def run_failover(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.steady_s)
             leader = await _wait(lambda: _leader(t, args), 30, "a writable leader")
             killed_at = time.monotonic()
+            killed_wall_ms = time.time() * 1000
             os.kill(leader["pid"], signal.SIGKILL)
             new = await _wait(
                 lambda: _leader(t, args), 30, "a new writable leader"
             )
             writable_s = time.monotonic() - killed_at
-            await _wait(lambda: _acked_after(acked, killed_at), 30, "an acknowledged send")  # noqa: B023
-            first_ack_s = min(ts for ts in acked.values() if ts > killed_at) - killed_at
+            # The first send the *new* leader stored and acknowledged (an answer of the old leader
+            # still in flight at the kill does not count).
+            def after_kill() -> list[float]:
+                return [acked[b] for b, ms in list(stored_ms.items()) if ms >= killed_wall_ms]  # noqa: B023
+
+            await _wait(lambda: _true(bool(after_kill())), 30, "an acknowledged send")
+            first_ack_s = min(after_kill()) - killed_at
             row = {
                 "round": r + 1,
                 "killed": leader["name"],
@@ -165,11 +173,8 @@ async def run_failover(args: argparse.Namespace) -> int:
             _cluster(args, "down")
 
 
-def _acked_after(acked: dict[bytes, float], at: float) -> Any:
-    async def check() -> bool:
-        return any(ts > at for ts in list(acked.values()))
-
-    return check()
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _caught_up(t: Transport, args: argparse.Namespace, name: str) -> bool:
