@@ -23,6 +23,8 @@ DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 
 UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST"})
+# Methods safe to send again when a reused connection closes after the request went out (RFC 9110 9.2.2).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class ClientError(Exception):
@@ -84,8 +86,10 @@ class Transport:
 
     Deliberately small (measured: ~50 µs of client CPU per request against ~330 µs with aiohttp's
     client): requests are written whole, answers must carry Content-Length (every server here
-    does). A reused idle connection that turns out closed before any answer byte is retried once
-    on a fresh connection — the server never read that request.
+    does). Idle connections the server has closed are dropped before use. A reused connection that
+    closes after the request went out, before any answer byte, may have been closed idle just then
+    (the server never read the request) or after the server read it: only idempotent methods are
+    sent again (on a fresh connection); others fail with ``CONNECTION_LOST`` (outcome unknown).
     """
 
     def __init__(self, timeout_s: float = 3.0, *, max_connections: int = 256):
@@ -108,6 +112,15 @@ class Transport:
         except (OSError, ValueError) as exc:
             raise ClientError("CONNECT_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
         return _Conn(reader, writer)
+
+    def _take_idle(self, addr: str) -> _Conn | None:
+        idle = self._idle.get(addr)
+        while idle:
+            conn = idle.pop()
+            if not conn.reader.at_eof() and not conn.writer.is_closing():
+                return conn
+            conn.close()  # closed by the server while idle (a timeout, a restart): nothing was sent on it
+        return None
 
     def _release(self, addr: str, conn: _Conn) -> None:
         idle = self._idle.setdefault(addr, [])
@@ -139,10 +152,15 @@ class Transport:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                status, ctype, raw = await self._exchange(addr, request)
+                status, ctype, raw = await self._exchange(addr, method, request)
         except TimeoutError:
             raise ClientError("TIMEOUT", f"no answer within {timeout} s", addr=addr) from None
-        decoded = _decode(raw, ctype)
+        try:
+            decoded = _decode(raw, ctype)
+        except Exception:  # not msgpack/JSON (a proxy's page, say): never handed over as an answer
+            exc = ClientError("BAD_ANSWER", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
+            exc.outcome_unknown = status < 400  # the server took the request; what it did is unreadable
+            raise exc from None
         if status >= 400:
             if isinstance(decoded, dict):
                 raise ClientError(
@@ -155,14 +173,17 @@ class Transport:
             raise ClientError(f"HTTP_{status}", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
         return decoded
 
-    async def _exchange(self, addr: str, request: bytes) -> tuple[int, str, bytes]:
+    async def _exchange(self, addr: str, method: str, request: bytes) -> tuple[int, str, bytes]:
         for _attempt in range(3):
-            idle = self._idle.get(addr)
-            conn = idle.pop() if idle else await self._connect(addr)
+            conn = self._take_idle(addr) or await self._connect(addr)
             try:
                 result, keep = await self._roundtrip(conn, request, addr)
             except _StaleConnection:
                 conn.close()
+                if method not in IDEMPOTENT_METHODS:  # the server may have read it: never send it twice
+                    raise ClientError(
+                        "CONNECTION_LOST", "the server closed the connection before answering", addr=addr
+                    ) from None
                 continue
             except BaseException:
                 conn.close()  # a timeout or cancel leaves an answer in flight: never reuse
@@ -190,6 +211,8 @@ class Transport:
                 raise _StaleConnection()
             raise ClientError("CONNECTION_LOST", "the server closed the connection", addr=addr)
         try:
+            if not status_line.endswith(b"\n"):
+                raise ValueError("cut status line")
             parts = status_line.split(None, 2)
             status = int(parts[1])
             length = -1
@@ -197,8 +220,10 @@ class Transport:
             keep = True
             while True:
                 line = await conn.reader.readline()
-                if line in (b"\r\n", b"\n", b""):
+                if line in (b"\r\n", b"\n"):
                     break
+                if not line.endswith(b"\n"):
+                    raise ValueError("cut headers")
                 name, _, value = line.partition(b":")
                 lname = name.strip().lower()
                 if lname == b"content-length":
@@ -220,14 +245,11 @@ class Transport:
 def _decode(raw: bytes, ctype: str) -> Any:
     if not raw:
         return None
-    try:
-        if "json" in ctype:
-            import json
+    if "json" in ctype:
+        import json
 
-            return json.loads(raw)
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception:
-        return {"code": "BAD_ANSWER", "message": raw[:200].decode("utf-8", "replace")}
+        return json.loads(raw)
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
 # -- routes ---------------------------------------------------------------------------------------
