@@ -57,6 +57,7 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "maxEntryBodyBytes",
         "listenPort",
         "brokerIP1",
+        "dLegerPeerConnectAddrs",
     }
 )
 
@@ -132,6 +133,10 @@ class DLedgerConfig:
     listen_port: int
     http_host: str
     source: str = field(default="", compare=False)
+    # How this node reaches each peer's Raft port when that differs from dLegerPeers (e.g. through
+    # a Toxiproxy proxy per link in chaos runs). Peers identify each other by their dLegerPeers
+    # address whatever path the connection takes.
+    peer_connect_addrs: dict[str, str] = field(default_factory=dict)
 
     @property
     def node_dir(self) -> str:
@@ -382,6 +387,17 @@ def parse_dledger_config(
             f"mappedFileSizeCommitLog segment ({segment_bytes})",
         )
 
+    connect_addrs: dict[str, str] = {}
+    for item in (r.optional("dLegerPeerConnectAddrs") or "").split(";"):
+        if not item.strip():
+            continue
+        pid, sep, addr = item.strip().partition("-")
+        host, sep2, port = addr.rpartition(":")
+        if not sep or pid not in peer_ids or not sep2 or not is_valid_host(host) or not port.isdigit():
+            raise r.error("dLegerPeerConnectAddrs", f"{item!r} must be <peer id>-<host>:<port> for a dLegerPeers id")
+        if not 0 < int(port) < 65536:
+            raise r.error("dLegerPeerConnectAddrs", f"port of {item!r} must be in 1..65535")
+        connect_addrs[pid] = addr
     listen_port = r.integer("listenPort", 10911, 1, 65535)
     http_host = r.optional("brokerIP1") or self_peer.host
     if not is_valid_host(http_host):
@@ -416,6 +432,7 @@ def parse_dledger_config(
         listen_port=listen_port,
         http_host=http_host,
         source=source,
+        peer_connect_addrs=connect_addrs,
     )
 
 

@@ -207,9 +207,10 @@ class DLedgerNode:
             os.path.join(settings.data_dir, "store"), segment_bytes=settings.segment_bytes
         )
         self.journal = RaftJournal(self.store, os.path.join(settings.data_dir, "meta"))
-        view = settings.view()
-        self._addr_to_id = {addr: pid for pid, addr in view.items()}
-        self._self_address = view[settings.self_id]
+        # Peers are known by their dLegerPeers address (what each announces); ``view()`` only says
+        # where to connect to reach them (a proxy in chaos runs).
+        self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
+        self._self_address = settings.peers[settings.self_id]
         self._sync: DLedgerSyncObj | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -281,8 +282,10 @@ class DLedgerNode:
             commandsWaitLeader=False,
             onStateChanged=None,
         )
-        others = [addr for pid, addr in self.settings.view().items() if pid != s.self_id]
-        return DLedgerSyncObj(self._self_address, others, conf, self.journal, self)
+        others = [addr for pid, addr in s.peers.items() if pid != s.self_id]
+        view = s.view()
+        via = {addr: view[pid] for pid, addr in s.peers.items() if pid != s.self_id and view.get(pid, addr) != addr}
+        return DLedgerSyncObj(self._self_address, others, conf, self.journal, self, connect_via=via)
 
     def _run(self) -> None:
         try:
@@ -705,7 +708,7 @@ class DLedgerNode:
         if target_id is not None:
             if target_id == self.settings.self_id:
                 raise DLedgerError("this node is already the leader")
-            address = self.settings.view().get(target_id)
+            address = self.settings.peers.get(target_id)
             if address is None:
                 raise DLedgerError(f"unknown peer id {target_id!r}")
             target = next((n for n in sync.otherNodes if n.address == address), None)
@@ -722,12 +725,14 @@ class DLedgerNode:
         peers: dict[str, Any] = {}
         match = {n.address: v for n, v in sync.dl_match_index().items()}
         nxt = {n.address: v for n, v in sync.dl_next_index().items()}
-        for pid, addr in self.settings.view().items():
+        view = self.settings.view()
+        for pid, addr in self.settings.peers.items():
             if pid == self.settings.self_id:
                 continue
             node = next((n for n in sync.otherNodes if n.address == addr), None)
             peers[pid] = {
                 "address": addr,
+                "connect_address": view.get(pid, addr),
                 "connected": bool(node is not None and sync.isNodeConnected(node)),
                 "match_index": match.get(addr),
                 "next_index": nxt.get(addr),

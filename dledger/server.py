@@ -82,6 +82,11 @@ def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
         disk_max_used_ratio=cfg.disk_max_used_space_ratio / 100,
         disk_warning_ratio=cfg.disk_space_warning_level_ratio / 100,
         retention_check_ms=cfg.retention_check_interval_ms,
+        raft_addresses=(
+            {p.id: cfg.peer_connect_addrs.get(p.id, p.address) for p in cfg.peers}
+            if cfg.peer_connect_addrs
+            else None
+        ),
     )
 
 

@@ -187,6 +187,26 @@ class DLedgerTransport(TCPTransport):
             return
         super()._onMessageReceived(node, message)
 
+    # Peer address (its identity, as announced) -> where to connect to reach it, when different
+    # (a Toxiproxy proxy per link in chaos runs). Only the connecting side uses it.
+    connect_via: dict[str, str] = {}
+
+    def _connectIfNecessarySingle(self, node: Any) -> bool:
+        via = self.connect_via.get(node.address)
+        if via is None:
+            return bool(super()._connectIfNecessarySingle(node))
+        conn = self._connections.get(node)
+        if conn is not None and conn.state != CONNECTION_STATE.DISCONNECTED:
+            return True
+        if not self._shouldConnect(node):
+            return False
+        last = self._lastConnectAttempt.get(node)
+        if last is not None and time.monotonic() - last < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = time.monotonic()
+        host, _, port = via.rpartition(":")
+        return bool(self._connections[node].connect(host, int(port)))
+
     def pending_bytes(self, node: Any) -> int:
         conn = self._connections.get(node)
         if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
@@ -252,6 +272,7 @@ class DLedgerSyncObj(SyncObj):
         journal: RaftJournal,
         hooks: NodeHooks,
         *,
+        connect_via: dict[str, str] | None = None,
         per_call_budget_bytes: int = 4 << 20,
         max_queued_bytes: int = 8 << 20,
         batch_bytes: int = 1 << 20,
@@ -280,6 +301,7 @@ class DLedgerSyncObj(SyncObj):
         super().__init__(self_address, other_addresses, conf=conf, transportClass=DLedgerTransport)
         self.dl_transport: DLedgerTransport = self._SyncObj__transport
         self.dl_transport.hooks = hooks
+        self.dl_transport.connect_via = dict(connect_via or {})
 
     # -- read-only views of SyncObj state (tick thread only) ---------------------------------
     @property

@@ -91,13 +91,16 @@ class InProcCluster:
     checkpoints: dict[str, ApplyCheckpoint] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     disk_used: dict[str, float] = field(default_factory=dict)  # per node, what the disk reports
+    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)  # extra overrides per node id
 
     def __post_init__(self) -> None:
         self.ports = free_ports(len(self.ids))
         self.disk_used = dict.fromkeys(self.ids, 0.10)
 
     def settings(self, node_id: str) -> RaftSettings:
-        return settings_for(self.root, self.ids, self.ports, node_id, **self.overrides)
+        return settings_for(
+            self.root, self.ids, self.ports, node_id, **{**self.overrides, **self.per_node.get(node_id, {})}
+        )
 
     async def start_node(self, node_id: str) -> DLedgerNode:
         s = self.settings(node_id)

@@ -74,6 +74,7 @@ FULL_CONF = (
     "maxEntryBodyBytes=1048576\n"
     "listenPort=10921\n"
     "brokerIP1=192.168.1.20\n"
+    "dLegerPeerConnectAddrs=a_1-10.0.0.9:50000\n"
 )
 
 
@@ -388,3 +389,21 @@ def test_shipped_local_group_is_consistent() -> None:
     assert [c.listen_port for c in cfgs] == [10911, 10921, 10931]
     assert [c.node_dir for c in cfgs] == [os.path.join(f"./data/n{i}", f"dledger-n{i}") for i in range(3)]
     assert all(p.host == "127.0.0.1" for c in cfgs for p in c.peers)
+
+
+def test_peer_connect_addrs_route_links_without_changing_identities(tmp_path: Path) -> None:
+    from dledger.server import settings_from_config
+
+    base = (
+        "dLegerGroup=G\ndLegerPeers=n0-127.0.0.1:40911;n1-127.0.0.1:40912;n2-127.0.0.1:40913\n"
+        "dLegerSelfId=n0\nstorePathRootDir=/tmp/x\ndLegerPeerPassword=secret-123\n"
+    )
+    conf = tmp_path / "a.conf"
+    conf.write_text(base + "dLegerPeerConnectAddrs=n1-127.0.0.1:50001;n2-127.0.0.1:50002\n")
+    s = settings_from_config(load_dledger_config(conf))
+    assert s.peers["n1"] == "127.0.0.1:40912"
+    assert s.view() == {"n0": "127.0.0.1:40911", "n1": "127.0.0.1:50001", "n2": "127.0.0.1:50002"}
+    for bad in ("n9-127.0.0.1:1", "n1-127.0.0.1", "n1-127.0.0.1:0", "n1:127.0.0.1:5"):
+        conf.write_text(base + f"dLegerPeerConnectAddrs={bad}\n")
+        with pytest.raises(ConfigError, match="dLegerPeerConnectAddrs"):
+            load_dledger_config(conf)
