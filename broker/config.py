@@ -12,6 +12,8 @@
 | longPollingMaxMs | 30000 | longest hold a pull may ask for (suspend_ms) |
 | clientExpiryMs | 40000 | a consumer silent this long leaves its group's member list |
 | storeSnapshotIntervalMs | 1000 | how often consume queues and metadata reach disk (the apply checkpoint) |
+| bindAddress | = brokerIP1 | address the client API binds (0.0.0.0 in containers); brokerIP1 is advertised |
+| brokerAdvertisedPort | = listenPort | port advertised to NameServers and clients (a proxy's port in chaos runs) |
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
@@ -28,6 +30,7 @@ from dledger.config import (
     ConfigError,
     DLedgerConfig,
     _Reader,
+    is_valid_host,
     load_properties,
     parse_dledger_config,
 )
@@ -47,6 +50,8 @@ BROKER_KEYS = frozenset(
         "clientExpiryMs",
         "storeSnapshotIntervalMs",
         "stateEntryIntervalMs",
+        "bindAddress",
+        "brokerAdvertisedPort",
         "brokerPeerClientAddrs",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
@@ -69,11 +74,17 @@ class BrokerConfig:
     snapshot_interval_ms: int
     peer_client_addrs: dict[str, str]
     state_entry_interval_ms: int = 60_000
+    bind_address: str = ""
+    advertised_port: int = 0
 
     @property
     def address(self) -> str:
         """The client API address this broker advertises."""
-        return f"{self.dledger.http_host}:{self.dledger.listen_port}"
+        return f"{self.dledger.http_host}:{self.advertised_port or self.dledger.listen_port}"
+
+    @property
+    def bind_host(self) -> str:
+        return self.bind_address or self.dledger.http_host
 
     @property
     def follower_broker_id(self) -> int:
@@ -128,7 +139,16 @@ def parse_broker_config(
         snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),
         peer_client_addrs=client_addrs,
         state_entry_interval_ms=r.integer("stateEntryIntervalMs", 60_000, 100, 86_400_000),
+        bind_address=_bind_address(r),
+        advertised_port=r.integer("brokerAdvertisedPort", dl.listen_port, 1, 65535),
     )
+
+
+def _bind_address(r: _Reader) -> str:
+    value = r.optional("bindAddress") or ""
+    if value and not is_valid_host(value):
+        raise r.error("bindAddress", f"{value!r} is not an IPv4 address or host name")
+    return value
 
 
 def _is_host_port(value: str) -> bool:

@@ -74,7 +74,7 @@ class BrokerServer:
         app = self.api.app(client_max_size=self.cfg.max_message_size + (8 << 20))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.dledger.http_host, self.cfg.dledger.listen_port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.dledger.listen_port, reuse_address=True)
         await site.start()
         self._tasks = [
             self.loop.create_task(self._watch_roles(), name="roles"),
