@@ -63,6 +63,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dledger.durable import fsync_dir
+
 __all__ = [
     "BUFFER_UNITS_MAX",
     "FD_CACHE_MAX",
@@ -154,15 +156,9 @@ def finish_flush(pending: PendingSync) -> None:
             os.close(fd)
         pending.fds = []
     if pending.dir_path is not None:
-        _fsync_dir(pending.dir_path)
+        fsync_dir(pending.dir_path)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -296,7 +292,7 @@ class ConsumeQueue:
         finally:
             os.close(fd)
         os.replace(tmp, self._path(_MIN_FILE))
-        _fsync_dir(self._dir)
+        fsync_dir(self._dir)
         self._stored_min = offset
 
     # -- properties --------------------------------------------------------------------------

@@ -55,6 +55,8 @@ import threading
 import zlib
 from dataclasses import dataclass
 
+from dledger.durable import fsync_dir, fsync_path
+
 __all__ = [
     "ENTRY_SIZE",
     "HEADER_SIZE",
@@ -187,17 +189,8 @@ class _IndexFile:
 
     def store_header(self, header: IndexHeader) -> None:
         self.mm[:HEADER_SIZE] = encode_header(header)
-        _fsync_path(self.path)
+        fsync_path(self.path)
         self.state = header.state
-
-
-def _fsync_path(path: str) -> None:
-    """Make the file's dirty pages (mapped writes included) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class KeyIndex:
@@ -248,7 +241,7 @@ class KeyIndex:
         if self._files and self._files[-1].state != STATE_SEALED:
             self._active = self._files[-1]
             self._active.write_header(STATE_OPEN)  # before any put can dirty it
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
 
     def _note_rebuild(self, position: int) -> None:
         if self._rebuild_from is None or position < self._rebuild_from:
@@ -336,7 +329,7 @@ class KeyIndex:
                 os.close(fd)
             f = _IndexFile(path, seq, mm, header)
             f.write_header(STATE_OPEN)
-            _fsync_dir(self._root)
+            fsync_dir(self._root)
             with self._lock:
                 self._files.append(f)
                 self._active = f
@@ -350,7 +343,7 @@ class KeyIndex:
                 return
             with self._lock:
                 snapshot = f.header(STATE_OPEN)  # every entry it counts is in the mapping
-            _fsync_path(f.path)  # unlike mmap.flush, os.fsync releases the GIL
+            fsync_path(f.path)  # unlike mmap.flush, os.fsync releases the GIL
             f.store_header(snapshot)
 
     def delete_before_position(self, log_first_position: int) -> int:
@@ -450,9 +443,3 @@ class KeyIndex:
         return os.path.join(self._root, f"{seq:0{_SEQ_DIGITS}d}{_SUFFIX}")
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

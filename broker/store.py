@@ -53,6 +53,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
+from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
     from dledger.entry_store import EntryStore
@@ -504,20 +505,7 @@ class MessageStore:
 # -- the snapshot file ---------------------------------------------------------------------------
 def _write_snapshot(path: str, snap: dict[str, Any]) -> None:
     payload = msgpack.packb(snap, use_bin_type=True)
-    data = zlib.crc32(payload).to_bytes(4, "little") + payload
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, zlib.crc32(payload).to_bytes(4, "little") + payload)
 
 
 def _read_snapshot(path: str) -> dict[str, Any] | None:

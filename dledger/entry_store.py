@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from dledger.durable import fsync_dir
 from dledger.entry_codec import (
     BLANK_BYTES,
     BLANK_SIZE,
@@ -193,12 +194,6 @@ def _numbered(directory: str) -> list[int]:
     return sorted(int(n) for n in names if len(n) == _NAME_DIGITS and n.isdigit())
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pwrite_all(fd: int, parts: Sequence[bytes], offset: int, total: int = -1) -> None:
@@ -655,7 +650,7 @@ class EntryStore:
         for f in list(self._dirty_files):
             os.fdatasync(f.fd)
         for d in list(self._dirty_dirs):
-            _fsync_dir(d)
+            fsync_dir(d)
         self._dirty_files.clear()
         self._dirty_dirs.clear()
 
@@ -695,8 +690,8 @@ class EntryStore:
         # entries >= from_index can be lost, and those were being dropped), never a gap.
         for f in reversed(doomed_files):
             os.unlink(f.path)
-        _fsync_dir(self._log_dir)
-        _fsync_dir(self._index_dir)
+        fsync_dir(self._log_dir)
+        fsync_dir(self._index_dir)
         os.ftruncate(seg.file.fd, seg.size)
         os.fdatasync(seg.file.fd)
         self._dirty_files.discard(seg.file)
@@ -730,8 +725,8 @@ class EntryStore:
             os.unlink(os.path.join(self._log_dir, _name(start)))
         for base in _numbered(self._index_dir):
             os.unlink(os.path.join(self._index_dir, _name(base)))
-        _fsync_dir(self._log_dir)
-        _fsync_dir(self._index_dir)
+        fsync_dir(self._log_dir)
+        fsync_dir(self._index_dir)
 
     def segments(self) -> list[SegmentInfo]:
         with self._lock:
@@ -778,8 +773,8 @@ class EntryStore:
                 self._retire(f)
         for f in doomed_files:
             os.unlink(f.path)
-        _fsync_dir(self._log_dir)
-        _fsync_dir(self._index_dir)
+        fsync_dir(self._log_dir)
+        fsync_dir(self._index_dir)
         return len(doomed)
 
     # -- anchor file ----------------------------------------------------------------------------
@@ -793,7 +788,7 @@ class EntryStore:
         finally:
             os.close(fd)
         os.replace(path + ".tmp", path)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
 
     def _read_anchor(self) -> tuple[int, int, int, int] | None:
         path = os.path.join(self.path, _ANCHOR_FILE)

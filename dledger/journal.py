@@ -32,6 +32,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from dledger.durable import atomic_write
 from dledger.entry_store import EntryStore
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ class RaftJournal:
             return
         raw_vote = voted.encode()
         payload = _TERM_FMT.pack(term, len(raw_vote)) + raw_vote
-        _atomic_write(
+        atomic_write(
             os.path.join(self._meta_dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload))
         )
         self._term, self._voted_for = term, (voted or None)
@@ -285,18 +286,3 @@ class RaftJournal:
         return int(commit)
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old or the new content, durably."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
