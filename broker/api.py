@@ -29,7 +29,7 @@ from broker.message import (
     parse_msg_id,
     tag_hash,
 )
-from broker.metadata import TopicConfig
+from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
 from broker.store import MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -94,6 +94,10 @@ def _tag_filter(expr: Any) -> tuple[set[int], set[str]] | None:
     if not tags:
         return None
     return {tag_hash(t) for t in tags}, tags
+
+
+def _offsets_answer(offsets: dict[int, int]) -> dict[str, int]:
+    return {str(q): o for q, o in sorted(offsets.items())}
 
 
 class BrokerApi:
@@ -539,18 +543,53 @@ class BrokerApi:
 
     async def offsets_commit(self, request: web.Request) -> web.Response:
         body = await read_body(request)
-        check_fields(body, frozenset({"group", "topic", "offsets"}), ("group", "topic", "offsets"))
+        check_fields(
+            body, frozenset({"group", "topic", "offsets", "reset_generation"}), ("group", "topic", "offsets")
+        )
         group, topic = check_group(body["group"]), check_topic(body["topic"])
         offsets = self._offsets_map(body["offsets"], self._topic(topic))
-        result = await self._command({"op": "offset.commit", "group": group, "topic": topic, "offsets": offsets})
-        return answer(request, {"updated": int(result.get("updated", 0))})
+        cmd: dict[str, Any] = {"op": "offset.commit", "group": group, "topic": topic, "offsets": offsets}
+        fence: int | None = None
+        if body.get("reset_generation") is not None:
+            fence = cmd["reset_generation"] = check_int(body["reset_generation"], "reset_generation", 0, INT64_MAX)
+        result = await self._command(cmd)
+        if not result:  # the apply result is gone (not tracked): decide from what was applied since
+            md = self.s.store.metadata_view()
+            current = md.reset_generation(group, topic)
+            if fence is not None and fence < current:
+                result = {
+                    "refused": REFUSED_OFFSET_RESET,
+                    "reset_generation": current,
+                    "offsets": md.group_offsets(group, topic),
+                }
+            else:
+                result = {"reset_generation": current}
+        if result.get("refused") == REFUSED_OFFSET_RESET:
+            generation = int(result["reset_generation"])
+            raise ApiError(
+                409,
+                "OFFSET_RESET",
+                f"the offsets of {group!r} on {topic!r} were reset (generation {generation}) after this "
+                f"client read them (generation {fence}): read them again",
+                reset_generation=generation,
+                offsets=_offsets_answer(result["offsets"]),
+            )
+        return answer(
+            request, {"updated": int(result.get("updated", 0)), "reset_generation": result.get("reset_generation")}
+        )
 
     async def offsets_get(self, request: web.Request) -> web.Response:
         group = check_group(request.query.get("group"))
         topic = check_topic(request.query.get("topic"))
         self._require_state()
         md = self.s.store.metadata_view()
-        return answer(request, {"offsets": {str(q): o for q, o in sorted(md.group_offsets(group, topic).items())}})
+        return answer(
+            request,
+            {
+                "offsets": _offsets_answer(md.group_offsets(group, topic)),
+                "reset_generation": md.reset_generation(group, topic),
+            },
+        )
 
     async def offsets_reset(self, request: web.Request) -> web.Response:
         body = await read_body(request)
@@ -567,8 +606,11 @@ class BrokerApi:
                 offsets[qid] = cq.search_by_time(ts) if cq is not None else 0
         else:
             offsets = self._offsets_map(body["offsets"], tc)
-        await self._command({"op": "offset.reset", "group": group, "topic": topic, "offsets": offsets})
-        return answer(request, {"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+        result = await self._command({"op": "offset.reset", "group": group, "topic": topic, "offsets": offsets})
+        generation = result.get("reset_generation")
+        if generation is None:  # the apply result is gone (not tracked): this reset's, or a later one's
+            generation = self.s.store.metadata_view().reset_generation(group, topic)
+        return answer(request, {"offsets": _offsets_answer(offsets), "reset_generation": generation})
 
     async def group_progress(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])

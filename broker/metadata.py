@@ -7,6 +7,14 @@ Commands are plain maps (``broker.message.encode_command``); a malformed or unkn
 and every replica must skip it the same way.
 
 Consumer offsets only move forward, except through ``offset.reset`` (RocketMQ's resetOffsetByTime).
+
+Reset generations fence running consumers off a reset: every applied ``offset.reset`` bumps the
+(group, topic) generation (0 = never reset). An ``offset.commit`` that carries a
+``reset_generation`` below the current one was computed from offsets read before the reset, so it
+is refused as a whole (``{"refused": "OFFSET_RESET", ...}``) instead of undoing the reset; a commit
+without one is applied as before. Deciding this here, at apply time, makes every replica decide the
+same way. Generations only grow: deleting a topic or a group keeps them, so a consumer that read an
+older generation can never slip a stale commit past a later reset.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ class GroupConfig:
 
 
 OffsetKey = tuple[str, str, int]  # (group, topic, queue_id)
+ResetKey = tuple[str, str]  # (group, topic)
+REFUSED_OFFSET_RESET = "OFFSET_RESET"
 
 
 class Metadata:
@@ -59,6 +69,7 @@ class Metadata:
         self.topics: dict[str, TopicConfig] = {}
         self.groups: dict[str, GroupConfig] = {}
         self.offsets: dict[OffsetKey, int] = {}
+        self.reset_generations: dict[ResetKey, int] = {}  # absent: 0 (never reset)
         self.version = 0  # bumped by every applied change (registration data_version source)
 
     # -- commands -----------------------------------------------------------------------------
@@ -71,7 +82,8 @@ class Metadata:
             result = handler(self, cmd)
         except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"malformed command: {exc!r}"[:200]}
-        self.version += 1
+        if "refused" not in result:  # a refused commit changes nothing
+            self.version += 1
         return result
 
     def _topic_put(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,14 +135,30 @@ class Metadata:
         return {"updated": updated}
 
     def _offset_commit(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
-        return self._offsets(cmd, reset=False)
+        group, topic = str(cmd["group"]), str(cmd["topic"])
+        current = self.reset_generation(group, topic)
+        fence = cmd.get("reset_generation")
+        if fence is not None and int(fence) < current:
+            return {
+                "refused": REFUSED_OFFSET_RESET,
+                "reset_generation": current,
+                "offsets": self.group_offsets(group, topic),
+            }
+        return {**self._offsets(cmd, reset=False), "reset_generation": current}
 
     def _offset_reset(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
-        return self._offsets(cmd, reset=True)
+        result = self._offsets(cmd, reset=True)
+        key = (str(cmd["group"]), str(cmd["topic"]))
+        generation = self.reset_generations.get(key, 0) + 1
+        self.reset_generations[key] = generation
+        return {**result, "reset_generation": generation}
 
     # -- queries ------------------------------------------------------------------------------
     def group_offsets(self, group: str, topic: str) -> dict[int, int]:
         return {q: off for (g, t, q), off in self.offsets.items() if g == group and t == topic}
+
+    def reset_generation(self, group: str, topic: str) -> int:
+        return self.reset_generations.get((group, topic), 0)
 
     def group_topics(self, group: str) -> list[str]:
         return sorted({t for (g, t, _q) in self.offsets if g == group})
@@ -141,6 +169,7 @@ class Metadata:
             "topics": [tc.to_dict() for tc in self.topics.values()],
             "groups": [gc.to_dict() for gc in self.groups.values()],
             "offsets": [[g, t, q, off] for (g, t, q), off in self.offsets.items()],
+            "reset_generations": [[g, t, gen] for (g, t), gen in self.reset_generations.items()],
             "version": self.version,
         }
 
@@ -153,6 +182,8 @@ class Metadata:
             md.groups[g["group"]] = GroupConfig(**g)
         for g, t, q, off in snap.get("offsets", []):
             md.offsets[(g, t, int(q))] = int(off)
+        for g, t, gen in snap.get("reset_generations", []):  # absent in snapshots of older brokers
+            md.reset_generations[(g, t)] = int(gen)
         md.version = int(snap.get("version", 0))
         return md
 

@@ -29,6 +29,13 @@ message. RocketMQ would instead send it back to ``%RETRY%<group>`` and move on; 
 its queue. In orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing
 later in that queue is delivered meanwhile. The API has no queue locks, so in clustering mode a
 queue that moves to another consumer during a rebalance may briefly be consumed by both.
+
+Offset resets (clustering): ``mqadmin resetOffsetByTime`` moves the group's offsets backwards on the
+brokers. The offset store fences its commits with the reset generation it read (see
+``offset_store``); when a commit is refused with ``OFFSET_RESET``, or a check (every rebalance round
+and every heartbeat) sees a newer generation, the rebalance loop stops that topic's queues on that
+broker group, drops what they had pulled and not committed, reads the offsets again and restarts
+them there. Messages already handed to the listener may be delivered again (at least once).
 """
 
 from __future__ import annotations
@@ -303,7 +310,12 @@ class PushConsumer:
         )
         if self.message_model is MessageModel.CLUSTERING:
             self._store = RemoteOffsetStore(
-                self._transport, self._routes, self.group, timeout_s=self.timeout_s
+                self._transport,
+                self._routes,
+                self.group,
+                timeout_s=self.timeout_s,
+                reset_fencing=True,
+                on_reset=lambda _topic, _broker_name: self._rebalance_wanted.set(),
             )
         else:
             self._store = LocalFileOffsetStore(self.offset_dir, self.group)
@@ -381,8 +393,9 @@ class PushConsumer:
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
                 await self._heartbeat_once()
-                if self.message_model is MessageModel.CLUSTERING:
+                if isinstance(self._store, RemoteOffsetStore):
                     await self._check_membership()
+                    await self._store.check_generations()  # a newer one wakes the rebalance loop
             except Exception:
                 log.exception("heartbeat round failed")
 
@@ -478,7 +491,7 @@ class PushConsumer:
     # -- rebalance ------------------------------------------------------------------------------------
     async def _rebalance_once(self) -> bool:
         """Returns False when something failed, so the loop retries soon."""
-        complete = True
+        complete = await self._take_resets()
         for topic, tags in sorted(self._subscriptions.items()):
             try:
                 complete &= await self._rebalance_topic(topic, tags)
@@ -512,8 +525,11 @@ class PushConsumer:
         if lost:
             log.info("%s drops %s", self.client_id, [str(mq) for mq in lost])
             await asyncio.gather(*(self._stop_worker(mq, commit=True) for mq in lost))
+        return await self._start_workers(sorted(mine - current), tags)
+
+    async def _start_workers(self, mqs: list[MessageQueue], tags: frozenset[str] | None) -> bool:
         complete = True
-        for mq in sorted(mine - current):
+        for mq in mqs:
             try:
                 start = await self._start_offset(mq)
             except ClientError as exc:
@@ -541,6 +557,43 @@ class PushConsumer:
             except ClientError as exc:
                 log.warning("commit of dropped %s failed: %s", mq, exc)
             self.store.remove(mq)
+
+    # -- offset resets (clustering) ---------------------------------------------------------------------
+    async def _take_resets(self) -> bool:
+        """Restart the queues whose offsets were reset on the brokers; False when one did not restart."""
+        store = self._store
+        if not isinstance(store, RemoteOffsetStore):
+            return True  # broadcasting: the offsets are this consumer's own
+        await store.check_generations()
+        complete = True
+        for topic, broker_name in store.stale_keys():
+            complete &= await self._restart_reset_queues(store, topic, broker_name)
+        return complete
+
+    async def _restart_reset_queues(self, store: RemoteOffsetStore, topic: str, broker_name: str) -> bool:
+        """Stop the queues of ``topic`` on ``broker_name``, drop what they pulled and did not commit
+        (listener calls in flight may finish, their results are discarded), read the offsets again
+        and restart the queues there."""
+        mqs = sorted(mq for mq in self._workers if mq.topic == topic and mq.broker_name == broker_name)
+        log.warning(
+            "%s: offsets of %s on %s were reset: restarting %d queue(s) from the reset offsets",
+            self.client_id, topic, broker_name, len(mqs),
+        )
+        await asyncio.gather(*(self._drop_worker(mq) for mq in mqs))
+        # Without queues to fetch again, nothing would clear the fence: forget the generation too
+        # (nothing of this key is held, so nothing can be committed from before the reset).
+        store.drop(topic, broker_name, refetch=bool(mqs))
+        if topic not in self._subscriptions or not self._running:
+            return True
+        return await self._start_workers(mqs, self._subscriptions[topic])
+
+    async def _drop_worker(self, mq: MessageQueue) -> None:
+        """Stop a queue without keeping its position (its offsets are read again)."""
+        worker = self._workers.get(mq)
+        if worker is None:
+            return
+        await worker.stop(self.shutdown_timeout_s)
+        self._workers.pop(mq, None)
 
     async def _start_offset(self, mq: MessageQueue) -> int:
         stored = await self.store.fetch(mq)
@@ -715,6 +768,8 @@ class _QueueWorker:
         return 0.0
 
     def _record_progress(self) -> None:
+        if self.dropped:  # the owner takes the final position (or, after a reset, throws it away)
+            return
         self.owner.store.update(self.mq, self.pq.committable())
 
     def _dispatch(self, added: list[MessageExt]) -> None:
@@ -906,6 +961,11 @@ class PullConsumer:
             if local is not None:
                 return local
         return await self.store.fetch(mq)
+
+    def reset_generation(self, mq: MessageQueue) -> int | None:
+        """The newest reset generation of ``mq``'s group offsets seen by ``fetch_consume_offset``
+        (None: not read yet). Commits do not carry it: a pull consumer is not fenced off resets."""
+        return self.store.reset_generation(mq)
 
     def update_consume_offset(self, mq: MessageQueue, offset: int) -> None:
         """Set the in-memory offset; ``commit()`` (or shutdown) writes it. The broker never moves a

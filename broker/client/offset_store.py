@@ -8,6 +8,17 @@ One interface, three backings:
   ``<offset_dir>/<group>/offsets.json``, written atomically (temp file, fsync, rename, fsync dir).
 - ``MemoryOffsetStore``: the reference implementation the tests run the same suite against.
 
+Reset fencing (``RemoteOffsetStore(reset_fencing=True)``, the push consumer in clustering mode):
+``offsets/reset`` (mqadmin resetOffsetByTime) moves a group's offsets backwards and bumps the
+(group, topic) *reset generation* of that broker group. The store remembers the generation it read
+the offsets with and sends it with every commit; a broker that applied a reset since refuses the
+commit (409 ``OFFSET_RESET``), so in-memory positions from before a reset can never undo it. A
+refused commit, a ``check_generations`` that sees a newer generation, or a ``fetch`` that does, makes
+that (topic, broker group) *stale*: it is not committed again until the owner drops its in-memory
+offsets (``drop``) and fetches them again, which takes the new generation::
+
+    fetch ──▶ current ──commit refused / newer generation seen──▶ stale ──drop(refetch) + fetch──▶ current
+
 The in-memory table is what consumption updates; ``persist`` pushes entries that differ from what
 was last persisted. ``update(increase_only=True)`` (the consumption path) never moves an entry
 backwards.
@@ -21,7 +32,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.client.message import MessageQueue
@@ -31,6 +42,8 @@ from broker.client.transport import ClientError, Transport
 log = logging.getLogger(__name__)
 
 OFFSET_FILE_VERSION = 1
+
+ResetKey = tuple[str, str]  # (topic, broker_name): one broker group's offsets of one topic
 
 
 class OffsetStore(abc.ABC):
@@ -183,45 +196,139 @@ def write_offset_file(path: str, group: str, offsets: dict[MessageQueue, int]) -
 
 
 class RemoteOffsetStore(OffsetStore):
-    def __init__(self, transport: Transport, routes: RouteCache, group: str, *, timeout_s: float = 3.0):
+    def __init__(
+        self,
+        transport: Transport,
+        routes: RouteCache,
+        group: str,
+        *,
+        timeout_s: float = 3.0,
+        reset_fencing: bool = False,
+        on_reset: Callable[[str, str], None] | None = None,
+    ):
         super().__init__()
         self.transport = transport
         self.routes = routes
         self.group = group
         self.timeout_s = timeout_s
+        self.reset_fencing = reset_fencing
+        self.on_reset = on_reset  # (topic, broker_name) became stale
+        self._generations: dict[ResetKey, int] = {}
+        self._stale: set[ResetKey] = set()
+
+    def reset_generation(self, mq: MessageQueue) -> int | None:
+        """The reset generation the offsets of ``mq``'s (topic, broker group) were read with (None:
+        not read yet, or a broker without generations)."""
+        return self._generations.get((mq.topic, mq.broker_name))
+
+    def stale_keys(self) -> list[ResetKey]:
+        """(topic, broker_name) whose in-memory offsets predate a reset: ``drop`` them and fetch again."""
+        return sorted(self._stale)
+
+    def drop(self, topic: str, broker_name: str, *, refetch: bool) -> None:
+        """Forget the in-memory offsets of one (topic, broker group). With ``refetch`` it stays fenced
+        (stale, its old generation) until ``fetch`` reads the new generation; without, the generation
+        is forgotten too and the next fetch starts afresh."""
+        key = (topic, broker_name)
+        for mq in [mq for mq in self._table if (mq.topic, mq.broker_name) == key]:
+            self.remove(mq)
+        if not refetch:
+            self._generations.pop(key, None)
+            self._stale.discard(key)
+
+    def _mark_stale(self, key: ResetKey) -> None:
+        if key in self._stale:
+            return
+        self._stale.add(key)
+        log.warning(
+            "offsets of %s on %s for %s were reset on the broker: the in-memory ones are stale",
+            key[0], key[1], self.group,
+        )
+        if self.on_reset is not None:
+            self.on_reset(*key)
 
     async def load(self) -> None:
         return None
 
-    async def fetch(self, mq: MessageQueue) -> int | None:
-        route = await self.routes.get(mq.topic, self.timeout_s)
+    async def _read(self, topic: str, broker_name: str) -> tuple[int | None, dict[int, int]]:
+        """(reset generation or None, {queue id: offset}) of one (topic, broker group)."""
+        route = await self.routes.get(topic, self.timeout_s)
         _, answer = await call_replicas(
             self.transport,
-            self.routes.replicas(route, mq.broker_name),
+            self.routes.replicas(route, broker_name),
             "GET",
             "/v1/offsets",
-            params={"group": self.group, "topic": mq.topic},
+            params={"group": self.group, "topic": topic},
             timeout_s=self.timeout_s,
         )
-        offsets = dict(answer.get("offsets") or {}) if isinstance(answer, dict) else {}
-        raw = offsets.get(str(mq.queue_id), offsets.get(mq.queue_id))
-        if raw is None or int(raw) < 0:
+        if not isinstance(answer, dict):
+            return None, {}
+        try:
+            offsets = {int(q): int(off) for q, off in dict(answer.get("offsets") or {}).items()}
+            raw = answer.get("reset_generation")
+            return (int(raw) if raw is not None else None), offsets
+        except (TypeError, ValueError) as exc:
+            raise ClientError("BAD_ANSWER", f"offsets of {topic} from {broker_name}: {exc}") from None
+
+    def _take_generation(self, mq: MessageQueue, generation: int) -> None:
+        """Commits are fenced with the *oldest* generation any held offset of the key was read with."""
+        key = (mq.topic, mq.broker_name)
+        known = self._generations.get(key)
+        if known is None or not self.reset_fencing:
+            self._generations[key] = max(generation, known or 0)
+            return
+        if not any((m.topic, m.broker_name) == key for m in self._table if m != mq):
+            self._generations[key] = generation
+            self._stale.discard(key)
+        elif generation > known:  # the offsets held for the other queues predate a reset
+            self._mark_stale(key)
+        elif generation < known:  # a replica behind: its answer fences the commits (refused if stale)
+            self._generations[key] = generation
+
+    async def fetch(self, mq: MessageQueue) -> int | None:
+        generation, offsets = await self._read(mq.topic, mq.broker_name)
+        if generation is not None:
+            self._take_generation(mq, generation)
+        value = offsets.get(mq.queue_id)
+        if value is None or value < 0:
             return None
-        value = int(raw)
         self._adopt(mq, value)
         return value
+
+    async def check_generations(self) -> None:
+        """Read the generation of every (topic, broker group) held here; a newer one makes it stale."""
+        if not self.reset_fencing:
+            return
+        held = {(mq.topic, mq.broker_name) for mq in self._table}
+        keys = sorted(k for k in held - self._stale if k in self._generations)
+        results = await asyncio.gather(*(self._read(t, b) for t, b in keys), return_exceptions=True)
+        for key, res in zip(keys, results, strict=True):
+            if isinstance(res, ClientError):
+                log.debug("reset generation of %s on %s not read: %s", key[0], key[1], res)
+                continue
+            if isinstance(res, BaseException):
+                raise res
+            generation, known = res[0], self._generations.get(key)
+            if generation is not None and known is not None and generation > known:
+                self._mark_stale(key)
 
     async def persist(self, mqs: Iterable[MessageQueue] | None = None) -> int:
         by_group: dict[tuple[str, str], dict[MessageQueue, int]] = {}
         for mq, off in self.dirty(mqs).items():
             by_group.setdefault((mq.topic, mq.broker_name), {})[mq] = off
         written = 0
-        for (topic, broker_name), entries in sorted(by_group.items()):
-            body = {
+        for key, entries in sorted(by_group.items()):
+            if key in self._stale:
+                continue  # read before a reset: never written (the owner drops and fetches them again)
+            topic, broker_name = key
+            generation = self._generations.get(key) if self.reset_fencing else None
+            body: dict[str, Any] = {
                 "group": self.group,
                 "topic": topic,
                 "offsets": {str(mq.queue_id): off for mq, off in entries.items()},
             }
+            if generation is not None:
+                body["reset_generation"] = generation
             try:
                 await call_leader(
                     self.transport,
@@ -233,6 +340,10 @@ class RemoteOffsetStore(OffsetStore):
                     timeout_s=self.timeout_s,
                 )
             except ClientError as exc:
+                if exc.code == "OFFSET_RESET":
+                    if self._generations.get(key) == generation:  # not dropped and re-read meanwhile
+                        self._mark_stale(key)
+                    continue
                 log.warning(
                     "commit of %s offsets to %s failed (kept for the next commit): %s",
                     topic,
@@ -240,6 +351,8 @@ class RemoteOffsetStore(OffsetStore):
                     exc,
                 )
                 continue
+            if self.reset_fencing and (key in self._stale or self._generations.get(key) != generation):
+                continue  # a reset was seen while this was in flight: these values are not kept
             for mq, off in entries.items():
                 self._persisted[mq] = off
             written += len(entries)
