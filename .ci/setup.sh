@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepare a checkout for tests: .venv with the project installed editable (plus the `test` extra)
-# and the Toxiproxy server binary in .ci/bin/.
+# Prepare a checkout for tests: .venv with the project installed editable (plus the `test` and
+# `spark` extras), the Toxiproxy server binary in .ci/bin/, and a Java runtime for PySpark.
 #
 # Idempotent and quick when nothing changed (no network then). Works as root on a fresh
 # Debian 12 machine with no stdin (CI=true): missing prerequisites (python3-venv, a Go that can
@@ -105,8 +105,8 @@ ensure_project_installed() {
     export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
     log "upgrading pip"
     quietly "$VENV/bin/python" -m pip install -q --upgrade pip
-    log "pip install -e '.[test]'"
-    quietly "$VENV/bin/python" -m pip install -q -e "$REPO[test]"
+    log "pip install -e '.[test,spark]'"
+    quietly "$VENV/bin/python" -m pip install -q -e "$REPO[test,spark]"
     printf '%s\n' "$want" >"$INSTALL_STAMP"
 }
 
@@ -171,6 +171,18 @@ ensure_toxiproxy() {
     printf '%s\n' "$TOXIPROXY_VERSION" >"$TOXIPROXY_STAMP"
 }
 
+# PySpark (the audits) runs on a Java 17+ runtime.
+ensure_java() {
+    local v=""
+    if command -v java >/dev/null; then
+        v="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)"
+    fi
+    if [ -n "$v" ] && [ "$v" -ge 17 ]; then
+        return 0
+    fi
+    apt_install openjdk-17-jre-headless
+}
+
 # ---------------------------------------------------------------------------------------------
 main() {
     cd "$REPO"
@@ -184,7 +196,8 @@ main() {
     ensure_venv
     ensure_project_installed
     ensure_toxiproxy
-    log "ready: $VENV, $TOXIPROXY_BIN"
+    ensure_java
+    log "ready: $VENV, $TOXIPROXY_BIN, java $(java -version 2>&1 | head -1)"
 }
 
 main "$@"
