@@ -341,6 +341,10 @@ class MessageStore:
             self._sync_job.result()
         self._last_snapshot = self._clock()
         self._apply_retention()
+        # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH a
+        # crash that loses unflushed log writes would otherwise leave queues pointing at nothing.
+        if self._log is not None and self._log.dirty:
+            self._log.flush()
         pending = self.cqs.begin_flush_all()
         self._units_since_write_out = 0
         with self._md_lock:

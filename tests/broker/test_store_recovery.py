@@ -125,3 +125,24 @@ async def test_follower_behind_retention_gets_state_from_the_leader(tmp_path: An
 def _offset_of(b: Any, offset: int) -> bool:
     cq = b.store.cqs.get("RET", 0)
     return cq is not None and cq.max_offset == offset + 1
+
+
+async def test_snapshot_never_runs_ahead_of_the_durable_log(tmp_path: Any) -> None:
+    """With ASYNC_FLUSH the log may sit unflushed for a long time; a store snapshot (queues and
+    record fsynced) must flush the log first, or a crash that loses the page cache would leave
+    durable queues pointing at log entries that are gone (found by the chaos crash fault)."""
+    c = BrokerCluster(str(tmp_path), flushDiskType="ASYNC_FLUSH", flushIntervalCommitLog=10_000,
+                      storeSnapshotIntervalMs=100)
+    t = Transport(timeout_s=5.0)
+    await c.start()
+    try:
+        leader = await c.wait_writable()
+        await t.call(leader.cfg.address, "POST", "/v1/send", {"topic": "AF", "messages": [{"body": b"x"}]})
+        for b in c.brokers.values():
+            await wait_until(lambda b=b: b.node.applied_index >= leader.node.commit_index, 5, "applied")
+            assert b.node.store.dirty  # the policy has not flushed it yet (interval 10 s)
+            await b.node._on_tick_thread(lambda b=b: b.store.snapshot(wait=True), 5.0)
+            assert not b.node.store.dirty, f"{b.cfg.dledger.self_id}: snapshot taken over an unflushed log"
+    finally:
+        await t.close()
+        await c.stop()
