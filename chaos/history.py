@@ -1,0 +1,153 @@
+"""History records of a chaos run and their JSON-lines files (the format is docs/CHAOS.md's contract).
+
+Each record is a frozen dataclass whose fields are exactly the documented ones, in the documented
+order; ``to_dict`` adds the ``type`` tag. Times are integers, microseconds since the Unix epoch
+(``*_us``). Writers append one line per record; nothing is rewritten, so a run that dies midway
+leaves valid (shorter) files behind.
+
+    RUN_DIR/faults.jsonl                   FaultRecord
+    RUN_DIR/history/sends-<producer>.jsonl SendRecord
+    RUN_DIR/history/receipts-<consumer>.jsonl ReceiptRecord (type "receipt")
+    RUN_DIR/history/drain.jsonl            ReceiptRecord (type "drain", consumer "drain")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+HISTORY_VERSION = 1  # recorded in run.json; bumped with any change to the line formats
+
+Outcome = Literal["ok", "fail", "unknown"]
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class SendRecord:
+    producer: str
+    unique_id: str
+    key: str | None
+    seq: int
+    topic: str
+    invoke_us: int
+    complete_us: int
+    outcome: Outcome
+    error: str | None = None
+    broker: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+    msg_id: str | None = None
+    store_us: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        assert self.outcome in ("ok", "fail", "unknown"), self.outcome
+        assert (self.outcome == "ok") == (self.error is None), "an error code exactly when not ok"
+        return {"type": "send", **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReceiptRecord:
+    """One message handed to a consumer's listener, or read by the final drain."""
+
+    consumer: str
+    time_us: int
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    unique_id: str
+    key: str | None
+    seq: int | None
+    producer: str | None
+    born_us: int
+    store_us: int
+    kind: Literal["receipt", "drain"] = "receipt"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {"type": d.pop("kind"), **d}
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultRecord:
+    time_us: int
+    fault: str
+    action: Literal["apply", "heal"]
+    targets: tuple[str, ...]
+    detail: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_us": self.time_us, "fault": self.fault, "action": self.action,
+            "targets": list(self.targets), "detail": self.detail,
+        }
+
+
+def receipt_from_message(m: Any, consumer: str, time_us: int, kind: Literal["receipt", "drain"]) -> ReceiptRecord:
+    """A ReceiptRecord for a ``MessageExt`` (the SDK's) or an API message dict."""
+    def get(name: str) -> Any:
+        return m.get(name) if isinstance(m, dict) else getattr(m, name)
+
+    props = get("properties") or {}
+    keys = get("keys") or ()
+    seq_text = props.get("seq")
+    return ReceiptRecord(
+        consumer=consumer,
+        time_us=time_us,
+        topic=get("topic"),
+        broker=get("broker_name"),
+        queue_id=int(get("queue_id")),
+        queue_offset=int(get("queue_offset")),
+        msg_id=get("msg_id"),
+        unique_id=get("unique_id"),
+        key=keys[0] if keys else None,
+        seq=int(seq_text) if seq_text is not None and seq_text.lstrip("-").isdigit() else None,
+        producer=props.get("producer"),
+        born_us=int(get("born_ts")) * 1000,
+        store_us=int(get("store_ts")) * 1000,
+        kind=kind,
+    )
+
+
+class JsonlWriter:
+    """Appends records, one JSON object per line. Owned by one thread or event loop."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+        self.lines = 0
+        self._f = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 (closed by close())
+
+    def write(self, record: SendRecord | ReceiptRecord | FaultRecord) -> None:
+        self._f.write(json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n")
+        self.lines += 1
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: str) -> Iterator[dict[str, Any]]:
+    """The records of one history file (a torn last line, from a killed writer, is skipped)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                yield json.loads(line)

@@ -1,0 +1,262 @@
+"""What faults and drills act on: a small interface over the replicas of a cluster, and its
+implementation for local processes (a directory written by ``dledger-cluster up`` or by a chaos run).
+
+    Target                       local processes (now)          docker compose (later)
+    kill(m)                      SIGKILL the pid                docker kill
+    start(m)                     start the recorded command     docker start
+    suspend(m) / resume(m)       SIGSTOP / SIGCONT              docker pause / unpause
+    lose_unsynced(m)             cut files to fsynced sizes     (not supported)
+    network                      Toxiproxy proxies (or None)    docker network disconnect
+
+``status(m)`` reads a replica's ``GET /v1/status`` on its own client port (never through a proxy,
+so faults on client links do not blind the tools). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from broker.client.transport import ClientError, Transport
+from chaos.layout import ProxySpec, data_dir
+from chaos.unsynced import LossReport, lose_unsynced
+from dledger.cluster import STATE_FILE, ProcessInfo, is_running
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATUS_TIMEOUT_S = 1.0
+
+
+class NotSupported(Exception):
+    """The target cannot do this (e.g. page-cache loss in containers)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    name: str  # "RaftNode00-n1"
+    group: str
+    node_id: str
+    control_addr: str  # host:port of its client API, reached directly
+
+
+class Network(Protocol):
+    """Links between clients and replicas and between replicas."""
+
+    def links(self, group: str) -> list[ProxySpec]: ...
+    async def cut(self, links: Sequence[ProxySpec]) -> None: ...
+    async def restore(self, links: Sequence[ProxySpec]) -> None: ...
+    async def add_toxic(self, links: Sequence[ProxySpec], toxic_type: str, attributes: dict[str, int]) -> None: ...
+    async def remove_toxics(self, links: Sequence[ProxySpec]) -> None: ...
+    async def heal_all(self) -> None: ...
+
+
+class Target(Protocol):
+    namesrv_addr: str
+    network: Network | None
+
+    def members(self) -> list[Member]: ...
+    def is_running(self, m: Member) -> bool: ...
+    async def kill(self, m: Member) -> None: ...
+    async def start(self, m: Member) -> None: ...
+    async def suspend(self, m: Member) -> None: ...
+    async def resume(self, m: Member) -> None: ...
+    async def lose_unsynced(self, m: Member) -> LossReport: ...
+    async def status(self, m: Member) -> dict[str, Any] | None: ...
+
+
+def groups_of(members: Sequence[Member]) -> dict[str, list[Member]]:
+    out: dict[str, list[Member]] = {}
+    for m in members:
+        out.setdefault(m.group, []).append(m)
+    return out
+
+
+def leader_of(statuses: dict[str, dict[str, Any] | None]) -> str | None:
+    """The member that says it leads at the highest term, or None (pure)."""
+    best: tuple[int, str] | None = None
+    for name, st in statuses.items():
+        if st and st.get("role") == "LEADER":
+            term = int(st.get("term") or 0)
+            if best is None or term > best[0]:
+                best = (term, name)
+    return best[1] if best else None
+
+
+async def group_statuses(target: Target, members: Sequence[Member]) -> dict[str, dict[str, Any] | None]:
+    results = await asyncio.gather(*(target.status(m) for m in members))
+    return {m.name: st for m, st in zip(members, results, strict=True)}
+
+
+async def find_leader(target: Target, members: Sequence[Member], *, writable: bool = False) -> str | None:
+    statuses = await group_statuses(target, members)
+    if writable:
+        statuses = {k: v for k, v in statuses.items() if v and v.get("writable")}
+    return leader_of(statuses)
+
+
+async def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.02) -> Any:
+    """Poll ``cond`` (sync or async) until it returns something truthy; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(step_s)
+
+
+class LocalTarget:
+    """Replicas as local processes recorded in ``<cluster_dir>/cluster.json``.
+
+    ``restart`` says how a stopped replica comes back: ``"launch"`` starts it through
+    ``chaos.launch`` with its synced-size table (clusters a chaos run started), ``"cluster"`` runs
+    ``dledger-cluster start --dir DIR NAME`` (any cluster from ``dledger-cluster up``).
+    """
+
+    def __init__(self, cluster_dir: str, *, restart: str = "cluster", network: Network | None = None):
+        assert restart in ("launch", "cluster")
+        self.dir = os.path.abspath(cluster_dir)
+        self.restart_mode = restart
+        self.network = network
+        self.transport = Transport(timeout_s=STATUS_TIMEOUT_S)
+        procs = self._load()
+        if not any(p.kind == "broker" for p in procs):
+            raise ValueError(f"{self.dir}/{STATE_FILE} records no broker")
+        self.namesrv_addr = ";".join(f"{p.host}:{p.http_port}" for p in procs if p.kind == "namesrv")
+
+    # -- the recorded processes ----------------------------------------------------------------
+    def _load(self) -> list[ProcessInfo]:
+        with open(os.path.join(self.dir, STATE_FILE)) as f:
+            return [ProcessInfo(**p) for p in json.load(f)["processes"]]
+
+    def _save(self, procs: list[ProcessInfo]) -> None:
+        path = os.path.join(self.dir, STATE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"processes": [dataclasses.asdict(p) for p in procs]}, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+    def process(self, m: Member) -> ProcessInfo:
+        return next(p for p in self._load() if p.name == m.name)
+
+    def members(self) -> list[Member]:
+        return [
+            Member(p.name, p.group, p.node_id, f"{p.host}:{p.http_port}")
+            for p in self._load() if p.kind == "broker"
+        ]
+
+    def table_path(self, m: Member) -> str:
+        return os.path.join(self.dir, "synced", f"{m.name}.table")
+
+    def is_running(self, m: Member) -> bool:
+        return is_running(self.process(m))
+
+    # -- faults ----------------------------------------------------------------------------------
+    async def kill(self, m: Member) -> None:
+        p = self.process(m)
+        if not is_running(p):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGKILL)
+        await wait_for(lambda: not self._alive_reaped(p), 10, f"{m.name} (pid {p.pid}) to die")
+
+    def _alive_reaped(self, p: ProcessInfo) -> bool:
+        reap(p.pid)  # our own children become zombies until reaped; others are reaped by their parent
+        return is_running(p)
+
+    async def start(self, m: Member) -> None:
+        if self.is_running(m):
+            return
+        if self.restart_mode == "cluster":
+            r = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.dir, m.name],
+                capture_output=True, text=True, timeout=60, cwd=REPO,
+            )
+            if r.returncode != 0:
+                raise RuntimeError(f"dledger-cluster start {m.name} failed: {r.stderr.strip()[-500:]}")
+            return
+        procs = self._load()
+        p = next(q for q in procs if q.name == m.name)
+        p.pid = launch_broker(p, self.table_path(m))
+        self._save(procs)
+
+    async def suspend(self, m: Member) -> None:
+        p = self.process(m)
+        if is_running(p):
+            os.kill(p.pid, signal.SIGSTOP)
+
+    async def resume(self, m: Member) -> None:
+        p = self.process(m)
+        if is_running(p):
+            os.kill(p.pid, signal.SIGCONT)
+
+    async def lose_unsynced(self, m: Member) -> LossReport:
+        if self.restart_mode != "launch":
+            raise NotSupported("page-cache loss needs replicas started by a chaos run (chaos.launch)")
+        if self.is_running(m):
+            raise RuntimeError(f"{m.name} is running: kill it before cutting its files")
+        p = self.process(m)
+        return await asyncio.to_thread(lose_unsynced, data_dir(p, self.dir), self.table_path(m))
+
+    async def status(self, m: Member) -> dict[str, Any] | None:
+        try:
+            st = await self.transport.call(m.control_addr, "GET", "/v1/status", timeout_s=STATUS_TIMEOUT_S)
+        except ClientError:
+            return None
+        return dict(st) if isinstance(st, dict) else None
+
+    def resume_all(self) -> None:
+        """SIGCONT every recorded broker (before stopping a cluster: a stopped process ignores SIGTERM)."""
+        for p in self._load():
+            if p.kind == "broker" and is_running(p):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGCONT)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+# Children this process started, kept so that they are reaped (and not reported by Popen's
+# destructor as "still running"); everything is still stopped by PID.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def spawn(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> int:
+    """Start ``cmd`` detached (own session), output appended to ``log_path``; returns its pid."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "ab") as logf:
+        child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, close_fds=True, cwd=REPO, env=env)
+    _CHILDREN[child.pid] = child
+    return child.pid
+
+
+def reap(pid: int) -> None:
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        del _CHILDREN[pid]
+
+
+def launch_broker(p: ProcessInfo, table_path: str) -> int:
+    """Start a broker through ``chaos.launch`` (fsync sizes recorded in ``table_path``)."""
+    assert p.kind == "broker"
+    os.makedirs(os.path.dirname(table_path), exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    return spawn([sys.executable, "-m", "chaos.launch", "--synced-table", table_path, "broker.server", "-c", p.conf],
+                 p.log, env)
+
+
+def start_namesrv(p: ProcessInfo) -> int:
+    assert p.kind == "namesrv"
+    return spawn([sys.executable, "-m", "namesrv.server", "-c", p.conf], p.log)

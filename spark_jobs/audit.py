@@ -1,0 +1,474 @@
+"""``python -m spark_jobs.audit RUN_DIR [--master local[*]] [--json]``: audit a chaos run.
+
+Reads the run's histories and, independently of the brokers, every replica's files
+(``RUN_DIR/cluster/data/<group>/dledger-<id>/``, read-only), checks them (definitions in
+``rules`` and docs/CHAOS.md, "Audit") and writes ``RUN_DIR/audit/summary.json``,
+``RUN_DIR/audit/report.html`` and ``RUN_DIR/audit/details/<check>.json``.
+
+Exit codes: 0 every failing check is clean; 1 a failing check found something (by default: lost,
+divergence, unexpected, cq_mismatch, key_order, replica_damage; ``--fail-on`` changes the list);
+2 usage error (missing or invalid RUN_DIR, bad option); 3 the audit itself broke (Spark failed).
+
+Pipeline: histories -> Parquet (pyarrow) and replicas -> Parquet (``replica_tables``, one process per
+group) while the JVM starts, then one SparkSession runs every check over the Parquet tables (most
+of them in one Spark job: ``Audit._collect``); the work directory
+``audit/work`` is removed afterwards unless ``--keep-work``. Also runs under spark-submit
+(``spark-submit spark_jobs/audit.py RUN_DIR``; RUN_DIR must then be on storage every executor sees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+if __package__ in (None, ""):  # spark-submit spark_jobs/audit.py: make the package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spark_jobs import report
+from spark_jobs.history import HistoryStats, ingest_history
+from spark_jobs.replica_tables import ReplicaSummary, scan_replicas
+from spark_jobs.rules import Window, fault_recovery, pair_faults
+from spark_jobs.run_dir import RunDir, UsageError
+
+CHECKS = (
+    "lost",
+    "divergence",
+    "unexpected",
+    "cq_mismatch",
+    "key_order",
+    "replica_damage",
+    "queue_order",
+    "duplicate_deliveries",
+    "duplicate_log_entries",
+    "unavailability",
+    "fail_but_stored",
+    "cq_damaged",
+    "bad_history_lines",
+    "retained_away",
+)
+DEFAULT_FAIL_ON = ("lost", "divergence", "unexpected", "cq_mismatch", "key_order", "replica_damage")
+DETAIL_ROWS_MAX = 100_000
+SAMPLE_ROWS = 20
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_jobs.audit", description="Audit a chaos run directory."
+    )
+    ap.add_argument("run_dir", help="the run directory (docs/CHAOS.md)")
+    ap.add_argument("--master", default=None, help="Spark master (default: local[*], or spark-submit's)")
+    ap.add_argument(
+        "--json", action="store_true", help="print summary.json to stdout instead of a text summary"
+    )
+    ap.add_argument("--out", default=None, help="output directory (default: RUN_DIR/audit)")
+    ap.add_argument(
+        "--fail-on",
+        default=",".join(DEFAULT_FAIL_ON),
+        help=f"checks whose findings fail the run (default: %(default)s; known: {', '.join(CHECKS)})",
+    )
+    ap.add_argument(
+        "--unavailable-ms",
+        type=int,
+        default=1000,
+        help="shortest gap without an ok send that counts as unavailability (default: %(default)s)",
+    )
+    ap.add_argument("--partitions", type=int, default=None, help="spark.sql.shuffle.partitions")
+    ap.add_argument(
+        "--driver-memory", default="2g", help="spark.driver.memory in local mode (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)"
+    )
+    ap.add_argument("--workers", type=int, default=None, help="processes reading replicas (default: by size)")
+    ap.add_argument("--keep-work", action="store_true", help="keep the Parquet work directory (audit/work)")
+    ap.add_argument("--no-plots", action="store_true", help="leave the plots out of report.html")
+    return ap.parse_args(argv)
+
+
+def verdict(counts: dict[str, int], fail_on: Sequence[str]) -> list[str]:
+    """The checks that fail the run: those in ``fail_on`` with findings."""
+    return [k for k, n in counts.items() if k in fail_on and n > 0]
+
+
+def _fail_on(spec: str) -> list[str]:
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in CHECKS]
+    if unknown:
+        raise UsageError(f"--fail-on: unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
+    return kinds
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.steps: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    def step(self, name: str) -> Callable[[], None]:
+        start = time.perf_counter()
+
+        def done() -> None:
+            self.steps[name] = round(time.perf_counter() - start, 3)
+
+        return done
+
+    @property
+    def total_s(self) -> float:
+        return round(time.perf_counter() - self._t0, 3)
+
+
+def commit_table(summaries: list[ReplicaSummary], run: RunDir, warnings: list[str]) -> list[dict[str, Any]]:
+    """Per replica: ``recorded`` (max of its meta/raft_commit hint and run.json's final status),
+    ``commit`` (recorded, capped at what it holds), ``group_commit`` (max recorded in the group)."""
+    by_group: dict[str, list[ReplicaSummary]] = defaultdict(list)
+    for s in summaries:
+        by_group[s.group].append(s)
+    rows = []
+    for group, reps in sorted(by_group.items()):
+        recorded: dict[str, int | None] = {}
+        for s in reps:
+            st = run.statuses.get((group, s.replica))
+            vals = [v for v in (s.commit_hint, st.commit_index if st else None) if v is not None]
+            recorded[s.replica] = max(vals) if vals else None
+        if all(v is None for v in recorded.values()):
+            lasts = sorted((s.last_index for s in reps), reverse=True)
+            majority_held = lasts[len(lasts) // 2]
+            warnings.append(
+                f"{group}: no replica recorded a commit index; assuming {majority_held}, the highest index a "
+                "majority of replicas holds"
+            )
+            recorded = dict.fromkeys(recorded, majority_held)
+        group_commit = max(v for v in recorded.values() if v is not None)
+        for s in reps:
+            rows.append(
+                {
+                    "group": group,
+                    "replica": s.replica,
+                    "recorded_commit": recorded[s.replica],
+                    "commit": min(recorded[s.replica] or 0, s.last_index),
+                    "group_commit": group_commit,
+                    "snapshot_end": s.snapshot_end_position or 0,
+                }
+            )
+    return rows
+
+
+def retention_floors(summaries: list[ReplicaSummary]) -> list[tuple[str, int]]:
+    """(group, lowest first position) for groups where every replica lost a prefix to retention."""
+    by_group: dict[str, list[ReplicaSummary]] = defaultdict(list)
+    for s in summaries:
+        by_group[s.group].append(s)
+    out = []
+    for group, reps in by_group.items():
+        if all(s.anchor_index > 0 for s in reps):
+            out.append((group, min(s.first_position or s.end_position for s in reps)))
+    return out
+
+
+class Audit:
+    """One audit of one run directory (``run`` does the work; ``summary`` is the result)."""
+
+    def __init__(self, run: RunDir, out_dir: str, args: argparse.Namespace, fail_on: list[str]):
+        self.run = run
+        self.out_dir = out_dir
+        self.work_dir = os.path.join(out_dir, "work")
+        self.args = args
+        self.fail_on = fail_on
+        self.timer = Timer()
+        self.warnings = list(run.warnings)
+        self.findings: dict[str, dict[str, Any]] = {}
+        self.details: dict[str, list[dict[str, Any]]] = {}
+        self.extra: dict[str, Any] = {}
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def prepare(self) -> tuple[HistoryStats, list[ReplicaSummary]]:
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        os.makedirs(self.work_dir)
+        done = self.timer.step("ingest_history")
+        stats = ingest_history(
+            self.run.send_files, self.run.receipt_files, self.run.drain_file, self.work_dir
+        )
+        done()
+        done = self.timer.step("read_replicas")
+        summaries = scan_replicas(self.run.replicas, self.work_dir, self.args.workers)
+        done()
+        return stats, summaries
+
+    def run_checks(self, spark: Any, stats: HistoryStats, summaries: list[ReplicaSummary]) -> None:
+        from spark_jobs import checks as C
+        from spark_jobs.frames import Frames, distinct_values
+
+        commits = commit_table(summaries, self.run, self.warnings)
+        groups = {s.group for s in summaries}
+        for broker in distinct_values(self.work_dir, "sends", "broker"):
+            if broker not in groups:
+                self.warnings.append(
+                    f"sends were acknowledged by {broker}, which has no replica data under cluster/data: "
+                    "they count as lost from the log"
+                )
+        done = self.timer.step("load")
+        fr = Frames.load(spark, self.work_dir, commits, retention_floors(summaries), self.run.topics)
+        done()
+        check_consumed = bool(self.run.receipt_files or self.run.drain_file)
+        done = self.timer.step("checks")
+        per_replica, per_group = C.divergence(fr.entries, fr.replicas)
+        bounds = C.cq_bounds(fr.entries, fr.records, fr.commands, fr.cq_units, fr.replicas)
+        got = self._collect(
+            {
+                "lost": C.lost(fr.sends, fr.committed, fr.delivered, fr.floors, check_consumed, fr.records),
+                "duplicate_deliveries": C.duplicate_deliveries(fr.workload(fr.receipts)),
+                "duplicate_log_entries": C.duplicate_log_entries(fr.workload(fr.committed)),
+                "unexpected": C.unexpected(fr.workload(fr.delivered), fr.sends),
+                "fail_but_stored": C.fail_but_stored(fr.sends, fr.committed, fr.delivered),
+                "queue_order": C.queue_order(fr.workload(fr.receipts)),
+                "key_order": C.key_order(fr.committed, fr.sends),
+                "divergence": per_replica,
+                "compared": per_group,
+                "cq_bounds": bounds,
+                "cq_suspects": C.cq_suspects(fr.entries, fr.records, fr.cq_units, fr.replicas, bounds),
+            }
+        )
+        lost_rows, _ = got.pop("lost")
+        self._record("lost", [r for r in lost_rows if r["lost"]])
+        self._record("retained_away", [r for r in lost_rows if not r["lost"]])
+        self.extra["compared"] = got.pop("compared")[0]
+        self._cq_mismatch(spark, fr, bounds, got.pop("cq_bounds")[0], got.pop("cq_suspects")[0])
+        for name, (rows, count) in got.items():
+            self._record(name, rows, count)
+        done()
+        done = self.timer.step("availability")
+        self._availability(spark, fr)
+        done()
+        done = self.timer.step("latency")
+        self.extra["latency"], self.extra["series"] = report.latency_and_series(fr, self.extra["span"])
+        done()
+        self._replica_findings(summaries)
+        self._record("bad_history_lines", [{"file": f, **v} for f, v in stats.bad_lines.items()])
+        self.extra["commits"] = commits
+
+    def _cq_mismatch(
+        self,
+        spark: Any,
+        fr: Any,
+        bounds: Any,
+        bound_rows: list[dict[str, Any]],
+        suspects: list[dict[str, Any]],
+    ) -> None:
+        """Second phase of the consume-queue check: detail for the suspect queues only."""
+        from spark_jobs import checks as C
+
+        if not suspects:
+            self._record("cq_mismatch", [])
+            return
+        small_bounds = spark.createDataFrame([tuple(r.values()) for r in bound_rows], bounds.schema)
+        key = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in bounds.schema.fields[:4])
+        small_suspects = spark.createDataFrame([tuple(r.values()) for r in suspects], key)
+        mismatch = C.cq_mismatch(
+            fr.entries, fr.records, fr.cq_units, fr.replicas, small_bounds, small_suspects
+        )
+        rows, count = self._collect({"cq_mismatch": mismatch})["cq_mismatch"]
+        self._record("cq_mismatch", rows, count)
+
+    def _availability(self, spark: Any, fr: Any) -> None:
+        from pyspark.sql import functions as F
+
+        from spark_jobs import checks as C
+
+        span = fr.sends.agg(
+            F.min("invoke_us").alias("first_invoke_us"),
+            F.max("complete_us").alias("last_complete_us"),
+            F.count("*").alias("sends"),
+            *[F.sum((F.col("outcome") == o).cast("int")).alias(o) for o in ("ok", "fail", "unknown")],
+        ).first()
+        self.extra["span"] = span.asDict() if span is not None else {}
+        first = self.extra["span"].get("first_invoke_us")
+        windows: list[dict[str, Any]] = []
+        if first is not None:
+            gaps = C.unavailability_gaps(fr.sends, first, self.args.unavailable_ms * 1000)
+            gap_rows = gaps.collect()
+            if gap_rows:
+                small = spark.createDataFrame(gap_rows, gaps.schema)
+                for r in sorted(
+                    C.unavailability_starts(fr.sends, small).collect(), key=lambda r: r["start_us"]
+                ):
+                    if r["end_us"] - r["start_us"] >= self.args.unavailable_ms * 1000:
+                        windows.append({**r.asDict(), "duration_ms": (r["end_us"] - r["start_us"]) / 1000})
+        self._record("unavailability", windows)
+        fault_windows = pair_faults((f.time_us, f.fault, f.action, f.targets) for f in self.run.faults)
+        faults: list[dict[str, Any]] = [
+            {
+                "id": k,
+                "fault": w.fault,
+                "targets": list(w.targets),
+                "apply_us": w.apply_us,
+                "heal_us": w.heal_us,
+            }
+            for k, w in enumerate(fault_windows)
+        ]
+        if faults:
+            applies = spark.createDataFrame(
+                [(f["id"], f["apply_us"]) for f in faults], "id long, apply_us long"
+            )
+            got = {r["id"]: r for r in C.recovery(fr.sends, applies).collect()}
+            for f, fw in zip(faults, fault_windows, strict=True):
+                rec = got.get(f["id"])
+                f.update(
+                    fault_recovery(
+                        fw.apply_us,
+                        fw.heal_us,
+                        rec["first_ok_us"] if rec else None,
+                        rec["recovered_us"] if rec else None,
+                        [Window(w["start_us"], w["end_us"], w["open"]) for w in windows],
+                    )
+                )
+        self.extra["faults"] = faults
+
+    def _replica_findings(self, summaries: list[ReplicaSummary]) -> None:
+        self._record(
+            "replica_damage",
+            [{"group": s.group, "replica": s.replica, **(s.damage or {})} for s in summaries if s.damage],
+        )
+        self._record(
+            "cq_damaged",
+            [{"group": s.group, "replica": s.replica, **d} for s in summaries for d in s.cq_damaged],
+        )
+        self.extra["replicas"] = [s.to_dict() for s in summaries]
+
+    # -- findings ------------------------------------------------------------------------------------
+    def _collect(self, frames: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], int]]:
+        """Collect several DataFrames with one Spark action (one job, planned once; its stages share
+        the cores): at most DETAIL_ROWS_MAX rows each, and each one's exact row count."""
+        from functools import reduce
+
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F
+
+        parts = [
+            df.limit(DETAIL_ROWS_MAX + 1).select(
+                F.lit(name).alias("check"),
+                F.to_json(F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("row"),
+            )
+            for name, df in frames.items()
+        ]
+        grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in reduce(DataFrame.unionByName, parts).collect():
+            grouped[r["check"]].append(json.loads(r["row"]))
+        out = {}
+        for name, df in frames.items():
+            rows = grouped[name]
+            out[name] = (rows[:DETAIL_ROWS_MAX], df.count() if len(rows) > DETAIL_ROWS_MAX else len(rows))
+        return out
+
+    def _record(self, name: str, rows: list[dict[str, Any]], count: int | None = None) -> None:
+        rows = sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+        self.details[name] = rows
+        self.findings[name] = {
+            "count": len(rows) if count is None else count,
+            "fails": name in self.fail_on,
+            "sample": rows[:SAMPLE_ROWS],
+        }
+
+    def summary(self, stats: HistoryStats) -> dict[str, Any]:
+        failed = verdict({k: v["count"] for k, v in self.findings.items()}, self.fail_on)
+        return {
+            "version": 1,
+            "run_dir": self.run.path,
+            "audited_at_us": int(time.time() * 1e6),
+            "verdict": "FAIL" if failed else "PASS",
+            "failed_checks": failed,
+            "fail_on": self.fail_on,
+            "counts": {k: v["count"] for k, v in self.findings.items()},
+            "findings": self.findings,
+            "inputs": {
+                "history_rows": stats.rows,
+                "history_files": stats.files,
+                "sends": self.extra.get("span", {}),
+                "replicas": self.extra.get("replicas", []),
+                "commits": self.extra.get("commits", []),
+                "compared": self.extra.get("compared", []),
+                "topics": self.run.topics,
+            },
+            "faults": self.extra.get("faults", []),
+            "latency": self.extra.get("latency", {}),
+            "warnings": self.warnings,
+            "timings_s": {**self.timer.steps, "total": self.timer.total_s},
+        }
+
+
+def run_audit(run: RunDir, out_dir: str, args: argparse.Namespace, fail_on: list[str]) -> dict[str, Any]:
+    """Audit ``run`` and write the outputs under ``out_dir``; returns the summary."""
+    from spark_jobs.session import get_session
+
+    audit = Audit(run, out_dir, args, fail_on)
+    # The JVM starts while the histories and replicas are read (it is mostly waiting on itself).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-start") as starter:
+        started = time.perf_counter()
+        session = starter.submit(
+            get_session,
+            args.master,
+            shuffle_partitions=args.partitions,
+            driver_memory=args.driver_memory,
+            conf=dict(c.split("=", 1) for c in args.conf),
+        )
+        session.add_done_callback(
+            lambda _: audit.timer.steps.__setitem__("spark_start", round(time.perf_counter() - started, 3))
+        )
+        stats, summaries = audit.prepare()
+        spark = session.result()
+    try:
+        audit.run_checks(spark, stats, summaries)
+    finally:
+        if not args.keep_work:
+            shutil.rmtree(audit.work_dir, ignore_errors=True)
+    done = audit.timer.step("report")
+    summary = audit.summary(stats)
+    report.write(out_dir, summary, audit.details, audit.extra.get("series", {}), plots=not args.no_plots)
+    done()
+    summary["timings_s"] = {**audit.timer.steps, "total": audit.timer.total_s}
+    report.write_summary(out_dir, summary)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        fail_on = _fail_on(args.fail_on)
+        if args.unavailable_ms <= 0:
+            raise UsageError("--unavailable-ms must be positive")
+        bad_conf = [c for c in args.conf if "=" not in c]
+        if bad_conf:
+            raise UsageError(f"--conf wants KEY=VALUE, got {bad_conf[0]!r}")
+        run = RunDir.open(args.run_dir)
+        out_dir = os.path.abspath(args.out or os.path.join(run.path, "audit"))
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the output directory {out_dir}: {exc}") from None
+        if not os.access(out_dir, os.W_OK):
+            raise UsageError(f"the output directory {out_dir} is not writable (use --out)")
+    except UsageError as exc:
+        print(f"audit: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = run_audit(run, out_dir, args, fail_on)
+    except Exception:
+        traceback.print_exc()
+        print("audit: internal error (exit 3): the audit itself failed, not the run", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        print(report.text(summary, out_dir))
+    return 1 if summary["verdict"] == "FAIL" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,505 @@
+"""Read one replica's files with no broker running: the Raft log, its meta, consume queues, snapshot.
+
+Replica layout (``RUN_DIR/cluster/data/<group>/dledger-<node_id>/``)::
+
+    store/anchor, store/log/<20-digit start position>   the Raft log (``dledger.entry_store``)
+    meta/raft_term, meta/raft_commit                    term + vote, commit-index hint (``dledger.journal``)
+    broker/consumequeue/<topic>/<queue_id>/             28-byte units (``broker.consume_queue``)
+    broker/snapshot                                     the store snapshot (``broker.store``)
+
+Read-only by construction: every file is opened ``O_RDONLY``; nothing is repaired, truncated,
+rebuilt or created (``store/index/`` is derived data and not read at all). The record formats come
+from the pure codecs (``dledger.entry_codec``, ``dledger.command_codec``, ``broker.message``); the
+few layouts those modules keep private (anchor, meta files, min_offset, snapshot) are restated
+here and tested against files the real writers produce.
+
+Recovery rules mirrored from the store, so the audit sees what a restarted replica would see:
+- segments below the anchor's ``floor_position`` are ignored (recovery deletes them);
+- the log holds ``anchor_index + 1 ..``; every entry must follow the one before it (index + 1,
+  position = segment start + offset, term non-decreasing, chain CRC derived from the previous);
+- a bad record at the end of the *last* segment with no valid header after it is a torn tail:
+  reading stops there and ``LogReader.torn_tail`` says what the store would cut;
+- any other bad record is damage: ``entries()`` raises ``ReplicaDamaged`` after yielding every
+  good entry before it (the store would refuse to open).
+Consume queues: a torn last unit and a trailing run of all-zero units are ignored, units below
+``min_offset`` are skipped; a gap between files or a wrong-sized inner file is reported as damage.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from broker.message import COMMAND_MAGIC, MESSAGE_MAGIC, decode_command
+from broker.message import decode_header as decode_message_header
+from dledger.command_codec import CommandCodecError, decode_batch, is_batch
+from dledger.entry_codec import (
+    BLANK_SIZE,
+    HEADER_SIZE,
+    MAGIC_BYTES,
+    CorruptEntryError,
+    EntryHeader,
+    chain_crc,
+    decode_header,
+    is_blank,
+)
+
+__all__ = [
+    "UNIT_SIZE",
+    "Anchor",
+    "CommandRecord",
+    "ConsumeQueueFiles",
+    "LogEntry",
+    "LogReader",
+    "MessageRecord",
+    "ReplicaDamaged",
+    "StoreSnapshot",
+    "TornTail",
+    "decode_records",
+    "read_anchor",
+    "read_commit_hint",
+    "read_consume_queue",
+    "read_consume_queues",
+    "read_store_snapshot",
+    "read_term",
+]
+
+# store/anchor (dledger.entry_store): magic, version, reserved, index, term, chain_crc, floor; crc32
+_ANCHOR = struct.Struct("<IHHQQIQ")
+_ANCHOR_CRC = struct.Struct("<I")
+_ANCHOR_MAGIC = 0xD1ED0A1C
+_ANCHOR_VERSION = 1
+# meta/raft_commit and meta/raft_term (dledger.journal)
+_COMMIT = struct.Struct("<QI")
+_TERM = struct.Struct("<QH")
+# broker/consumequeue/<topic>/<qid>/min_offset (broker.consume_queue)
+_MIN_RECORD = struct.Struct("<4sQ")
+_MIN_MAGIC = b"CQMO"
+UNIT_SIZE = 28
+_NAME_DIGITS = 20
+_CHUNK_BYTES = 4 << 20
+
+
+class ReplicaDamaged(Exception):
+    """A replica file is damaged in a way a crash cannot explain (the store would refuse to open)."""
+
+    code = "REPLICA_DAMAGED"
+
+    def __init__(self, message: str, path: str, offset: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    index: int
+    term: int
+    chain_crc: int
+    floor_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    path: str
+    offset: int  # where the store would cut the segment
+    dropped_bytes: int
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    index: int
+    term: int
+    position: int
+    total_size: int
+    chain_crc: int
+    body_crc: int
+    body: bytes
+
+
+def _numbered(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if len(n) == _NAME_DIGITS and n.isdigit())
+
+
+def _read_file(path: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.pread(fd, limit, 0)
+    finally:
+        os.close(fd)
+
+
+def read_anchor(store_dir: str) -> Anchor | None:
+    """The anchor record, or None when the store never wrote one (log starts at index 1)."""
+    path = os.path.join(store_dir, "anchor")
+    raw = _read_file(path)
+    if raw is None:
+        return None
+    if (
+        len(raw) != _ANCHOR.size + _ANCHOR_CRC.size
+        or zlib.crc32(raw[: _ANCHOR.size]) != _ANCHOR_CRC.unpack_from(raw, _ANCHOR.size)[0]
+    ):
+        raise ReplicaDamaged(f"{path}: anchor record is damaged ({len(raw)} bytes)", path, 0)
+    magic, version, _, index, term, chain, floor = _ANCHOR.unpack_from(raw)
+    if magic != _ANCHOR_MAGIC or version != _ANCHOR_VERSION:
+        raise ReplicaDamaged(f"{path}: unknown anchor format 0x{magic:08x} v{version}", path, 0)
+    return Anchor(index, term, chain, floor)
+
+
+class _Chunks:
+    """Sequential positioned reads of a read-only fd in 4 MiB chunks (whole records if larger)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._buf = b""
+        self._start = 0
+
+    def view(self, offset: int, size: int) -> memoryview:
+        if not (self._start <= offset and offset + size <= self._start + len(self._buf)):
+            self._buf = os.pread(self._fd, max(size, _CHUNK_BYTES), offset)
+            self._start = offset
+        at = offset - self._start
+        return memoryview(self._buf)[at : at + size]
+
+
+class LogReader:
+    """The Raft log under ``store_dir``, read front to back (see the module docstring for rules)."""
+
+    def __init__(self, store_dir: str):
+        self.store_dir = store_dir
+        self.anchor = read_anchor(store_dir)
+        floor = self.anchor.floor_position if self.anchor else 0
+        log_dir = os.path.join(store_dir, "log")
+        self.segments = [(s, os.path.join(log_dir, f"{s:0{_NAME_DIGITS}d}")) for s in _numbered(log_dir)]
+        self.segments = [(s, p) for s, p in self.segments if s >= floor]
+        self.torn_tail: TornTail | None = None
+        self.last: tuple[int, int, int] = self._start()  # index, term, chain_crc of the last entry read
+
+    def _start(self) -> tuple[int, int, int]:
+        a = self.anchor
+        return (a.index, a.term, a.chain_crc) if a else (0, 0, 0)
+
+    @property
+    def first_index(self) -> int:
+        return self._start()[0] + 1
+
+    def entries(self) -> Iterator[LogEntry]:
+        """Every entry, verified, in index order; stops at a torn tail, raises ReplicaDamaged."""
+        self.torn_tail = None
+        self.last = self._start()
+        for k, (start, path) in enumerate(self.segments):
+            if k + 1 < len(self.segments):
+                size, nxt = os.path.getsize(path), self.segments[k + 1][0]
+                if start + size > nxt:
+                    raise ReplicaDamaged(
+                        f"{path} at offset {nxt - start}: runs into the next segment", path, nxt - start
+                    )
+            yield from self._segment(start, path, last=k == len(self.segments) - 1)
+
+    def _segment(self, start: int, path: str, last: bool) -> Iterator[LogEntry]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 and not last:
+                raise ReplicaDamaged(f"{path} at offset 0: empty segment before the last one", path, 0)
+            chunks = _Chunks(fd)
+            offset = 0
+            while offset < size:
+                rest = size - offset
+                if is_blank(chunks.view(offset, min(BLANK_SIZE, rest))):
+                    if rest > BLANK_SIZE:
+                        self._bad(
+                            fd,
+                            path,
+                            size,
+                            offset + BLANK_SIZE,
+                            f"{rest - BLANK_SIZE} byte(s) after BLANK",
+                            last,
+                        )
+                    return
+                head, problem = _checked(chunks, offset, rest)
+                if head is None:
+                    self._bad(fd, path, size, offset, problem, last)
+                    return
+                gap = _follows(head, start + offset, self.last)
+                if gap is not None:
+                    raise ReplicaDamaged(f"{path} at offset {offset}: {gap}", path, offset)
+                body = bytes(chunks.view(offset + HEADER_SIZE, head.body_size))
+                self.last = (head.index, head.term, head.chain_crc)
+                yield LogEntry(
+                    head.index, head.term, head.position, head.total_size, head.chain_crc, head.body_crc, body
+                )
+                offset += head.total_size
+        finally:
+            os.close(fd)
+
+    def _bad(self, fd: int, path: str, size: int, offset: int, problem: str, last: bool) -> None:
+        if not last:
+            raise ReplicaDamaged(
+                f"{path} at offset {offset}: {problem} (not the last segment, so not a torn write)",
+                path,
+                offset,
+            )
+        if _valid_header_after(fd, size, offset + 1):
+            raise ReplicaDamaged(
+                f"{path} at offset {offset}: {problem}; valid records follow it, so this is not a torn tail",
+                path,
+                offset,
+            )
+        self.torn_tail = TornTail(path, offset, size - offset, problem)
+
+
+def _checked(chunks: _Chunks, offset: int, rest: int) -> tuple[EntryHeader | None, str]:
+    if rest < HEADER_SIZE:
+        return None, f"incomplete header ({rest} of {HEADER_SIZE} bytes)"
+    try:
+        head = decode_header(chunks.view(offset, HEADER_SIZE))
+    except CorruptEntryError as exc:
+        return None, str(exc)
+    if head.total_size > rest:
+        return None, f"incomplete record ({rest} of {head.total_size} bytes)"
+    if zlib.crc32(chunks.view(offset + HEADER_SIZE, head.body_size)) != head.body_crc:
+        return None, f"body crc mismatch in entry {head.index}"
+    return head, ""
+
+
+def _follows(head: EntryHeader, position: int, prev: tuple[int, int, int]) -> str | None:
+    p_index, p_term, p_chain = prev
+    if head.index != p_index + 1:
+        return f"entry {head.index} where {p_index + 1} should follow"
+    if head.position != position:
+        return f"entry {head.index} says position {head.position}, found at {position}"
+    if head.term < p_term:
+        return f"entry {head.index} has term {head.term} after term {p_term}"
+    if head.chain_crc != chain_crc(p_chain, head.index, head.term, head.body_crc):
+        return f"entry {head.index}: chain crc 0x{head.chain_crc:08x} does not follow entry {p_index}"
+    return None
+
+
+def _valid_header_after(fd: int, size: int, offset: int) -> bool:
+    while offset < size:
+        data = os.pread(fd, min(_CHUNK_BYTES + HEADER_SIZE, size - offset), offset)
+        at = data.find(MAGIC_BYTES)
+        while at != -1:
+            try:
+                decode_header(data, at)
+                return True
+            except CorruptEntryError:
+                at = data.find(MAGIC_BYTES, at + 1)
+        offset += _CHUNK_BYTES
+    return False
+
+
+# -- records inside entries ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    position: int  # the record's log position (what a msg id names)
+    size: int
+    topic: str
+    queue_id: int
+    tags: str
+    key: str | None  # first key: the sharding key of chaos workloads
+    producer: str | None  # user property ``producer``
+    seq: int | None  # user property ``seq``
+    born_ms: int
+    store_ms: int
+    unique_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRecord:
+    position: int
+    op: str
+    topic: str | None
+
+
+def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord], int]:
+    """The message and command records of one entry and the number of undecodable records
+    (skipped, as the broker's apply skips them). No-op and foreign entries hold none."""
+    body = entry.body
+    if not is_batch(body):
+        return [], 0
+    try:
+        parts = decode_batch(body)
+    except CommandCodecError:
+        return [], 1
+    base = entry.position + HEADER_SIZE
+    out: list[MessageRecord | CommandRecord] = []
+    bad = 0
+    for offset, record in parts:
+        kind = record[:1]
+        if kind == MESSAGE_MAGIC:
+            try:
+                h, _ = decode_message_header(record)
+            except ValueError:
+                bad += 1
+                continue
+            keys, props = h[4], h[5]
+            seq = props.get("seq")
+            try:
+                seq_int = int(seq) if seq is not None else None
+            except (TypeError, ValueError):
+                seq_int = None
+            producer = props.get("producer")
+            out.append(
+                MessageRecord(
+                    base + offset,
+                    len(record),
+                    h[0],
+                    h[1],
+                    h[3],
+                    keys[0] if keys else None,
+                    producer if isinstance(producer, str) else None,
+                    seq_int,
+                    h[6],
+                    h[8],
+                    h[9],
+                )
+            )
+        elif kind == COMMAND_MAGIC:
+            try:
+                cmd = decode_command(record)
+            except (ValueError, msgpack.UnpackException):
+                bad += 1
+                continue
+            topic = cmd.get("topic")
+            out.append(
+                CommandRecord(base + offset, str(cmd.get("op")), topic if isinstance(topic, str) else None)
+            )
+        else:
+            bad += 1
+    return out, bad
+
+
+# -- meta -----------------------------------------------------------------------------------------
+def read_commit_hint(meta_dir: str) -> int | None:
+    """The commit index the replica last recorded (a hint: written ≤ 1/s, no fsync); None if absent
+    or damaged (the journal ignores a damaged hint too)."""
+    raw = _read_file(os.path.join(meta_dir, "raft_commit"), 64)
+    if raw is None or len(raw) != _COMMIT.size:
+        return None
+    commit, crc = _COMMIT.unpack(raw)
+    if zlib.crc32(struct.pack("<Q", commit)) != crc:
+        return None
+    return int(commit)
+
+
+def read_term(meta_dir: str) -> tuple[int, str | None] | None:
+    """(current term, voted for) from ``raft_term``; None if absent or damaged."""
+    raw = _read_file(os.path.join(meta_dir, "raft_term"), 4096)
+    if raw is None or len(raw) < _TERM.size + 4:
+        return None
+    payload, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])
+    if zlib.crc32(payload) != crc:
+        return None
+    term, vote_len = _TERM.unpack_from(payload, 0)
+    vote = payload[_TERM.size : _TERM.size + vote_len].decode("utf-8", "replace")
+    return int(term), (vote or None)
+
+
+# -- broker store ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    applied_index: int
+    end_position: int  # every queue holds the units of all records below this position
+    queues: dict[tuple[str, int], int]  # max offset per queue at the snapshot
+
+
+def read_store_snapshot(broker_dir: str) -> StoreSnapshot | None:
+    """``broker/snapshot`` (crc32 LE + msgpack map); None if absent, damaged or of another version."""
+    raw = _read_file(os.path.join(broker_dir, "snapshot"), 1 << 30)
+    if raw is None or len(raw) < 4 or zlib.crc32(raw[4:]) != int.from_bytes(raw[:4], "little"):
+        return None
+    try:
+        snap: Any = msgpack.unpackb(raw[4:], raw=False, strict_map_key=False)
+        if not isinstance(snap, dict) or snap.get("version") != 1:
+            return None
+        queues = {(str(t), int(q)): int(m) for t, q, m in snap.get("queues", [])}
+        return StoreSnapshot(int(snap["applied_index"]), int(snap["end_position"]), queues)
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeQueueFiles:
+    """One queue's readable units: ``data`` holds units ``first_offset ..`` back to back."""
+
+    topic: str
+    queue_id: int
+    first_offset: int
+    data: bytes
+    damage: str | None = None  # set (and data empty) when the files contradict each other
+
+    @property
+    def count(self) -> int:
+        return len(self.data) // UNIT_SIZE
+
+
+def read_consume_queues(cq_root: str) -> Iterator[ConsumeQueueFiles]:
+    """Every queue under ``broker/consumequeue/``, sorted by (topic, queue id)."""
+    try:
+        topics = sorted(os.listdir(cq_root))
+    except FileNotFoundError:
+        return
+    for topic in topics:
+        topic_dir = os.path.join(cq_root, topic)
+        if not os.path.isdir(topic_dir):
+            continue
+        for name in sorted(os.listdir(topic_dir), key=lambda n: (len(n), n)):
+            qdir = os.path.join(topic_dir, name)
+            if name.isdigit() and os.path.isdir(qdir):
+                yield read_consume_queue(qdir, topic, int(name))
+
+
+def read_consume_queue(qdir: str, topic: str, queue_id: int) -> ConsumeQueueFiles:
+    starts = _numbered(qdir)
+    min_offset = 0
+    raw = _read_file(os.path.join(qdir, "min_offset"), 64)
+    if raw is not None:
+        body = raw[: _MIN_RECORD.size]
+        if len(raw) != _MIN_RECORD.size + 4 or struct.unpack_from("<I", raw, len(body))[0] != zlib.crc32(
+            body
+        ):
+            return ConsumeQueueFiles(topic, queue_id, 0, b"", "bad min_offset record")
+        magic, min_offset = _MIN_RECORD.unpack(body)
+        if magic != _MIN_MAGIC:
+            return ConsumeQueueFiles(topic, queue_id, 0, b"", "bad min_offset magic")
+    if not starts:
+        return ConsumeQueueFiles(topic, queue_id, min_offset, b"")
+    parts: list[bytes] = []
+    for k, start in enumerate(starts):
+        path = os.path.join(qdir, f"{start:0{_NAME_DIGITS}d}")
+        with open(path, "rb", buffering=0) as f:  # "rb": read-only
+            data = f.read()
+        if k + 1 < len(starts):
+            want = (starts[k + 1] - start) * UNIT_SIZE
+            if k > 0 and starts[k + 1] - start != starts[1] - starts[0]:
+                return ConsumeQueueFiles(topic, queue_id, 0, b"", f"gap before file {starts[k + 1]}")
+            if len(data) != want:
+                return ConsumeQueueFiles(topic, queue_id, 0, b"", f"file {start}: size {len(data)} != {want}")
+        else:
+            data = data[: len(data) - len(data) % UNIT_SIZE]  # a torn last unit
+            stripped = len(data.rstrip(b"\0"))  # trailing zero units: torn or preallocated
+            data = data[: -(-stripped // UNIT_SIZE) * UNIT_SIZE]
+        parts.append(data)
+    data = b"".join(parts)
+    first = starts[0]
+    if min_offset > first:
+        skip = min(min_offset - first, len(data) // UNIT_SIZE)
+        data = data[skip * UNIT_SIZE :]
+        first += skip
+    return ConsumeQueueFiles(topic, queue_id, first, data)

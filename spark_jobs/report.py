@@ -1,0 +1,316 @@
+"""The audit's outputs: ``summary.json``, ``details/<check>.json`` and a self-contained ``report.html``
+(plots are matplotlib PNGs embedded as base64), plus the text summary printed by the CLI."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import shutil
+from typing import Any
+
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+SERIES_BUCKETS = 400
+
+DEFINITIONS = {
+    "lost": "ok send absent from its group's committed log, or never received nor drained",
+    "divergence": "replica whose (term, chain CRC, body) differs from the majority at a committed index",
+    "unexpected": "received or drained unique id that no send line names",
+    "cq_mismatch": "consume queue whose units differ from the committed log's messages of that queue",
+    "key_order": "ok send of a producer's key stored after a higher seq of the same key (log order)",
+    "replica_damage": "replica file damaged beyond a torn tail (the store would refuse to open)",
+    "queue_order": "first delivery of a queue offset after a higher offset, to one consumer",
+    "duplicate_deliveries": "unique id received more than once",
+    "duplicate_log_entries": "unique id stored more than once in a group's committed log",
+    "unavailability": "period with send attempts but no ok send completing, at least the threshold long",
+    "fail_but_stored": "unique id whose sends all said 'fail' (definitely not stored) but was stored",
+    "cq_damaged": "consume queue files that contradict each other (the broker rebuilds them from the log)",
+    "bad_history_lines": "history lines that are not JSON objects of the documented types (skipped)",
+    "retained_away": "ok send pointing below every replica's retained log (cannot be checked in the log)",
+}
+
+
+# -- data for the report ------------------------------------------------------------------------------
+def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Latency percentiles (ms) and per-bucket throughput/latency series, from Spark."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs import checks as C
+
+    first = C.latency_first_deliveries(fr.workload(fr.receipts))
+    r = first.agg(
+        F.count("*").alias("n"),
+        C.percentiles("e2e_us", QUANTILES).alias("e2e"),
+        F.max("e2e_us").alias("e2e_max"),
+        C.percentiles("s2r_us", QUANTILES).alias("s2r"),
+        F.max("s2r_us").alias("s2r_max"),
+    ).first()
+    ok = fr.sends.where(F.col("outcome") == "ok").withColumn(
+        "lat_us", F.col("complete_us") - F.col("invoke_us")
+    )
+    s = ok.agg(
+        F.count("*").alias("n"), C.percentiles("lat_us", QUANTILES).alias("q"), F.max("lat_us").alias("mx")
+    ).first()
+    latency = {
+        "end_to_end_ms": _quantiles(r["n"], r["e2e"], r["e2e_max"]) if r else {},
+        "store_to_receipt_ms": _quantiles(r["n"], r["s2r"], r["s2r_max"]) if r else {},
+        "send_ms": _quantiles(s["n"], s["q"], s["mx"]) if s else {},
+        "definition": "first receipt of each unique id: receipt time − born time (end to end) and − store "
+        "time; send: complete − invoke of ok sends",
+    }
+    t0, t1 = span.get("first_invoke_us"), span.get("last_complete_us")
+    if t0 is None or t1 is None:
+        return latency, {}
+    bucket_us = max(1_000_000, math.ceil((t1 - t0) / SERIES_BUCKETS / 1_000_000) * 1_000_000)
+    b = lambda col: F.floor((F.col(col) - F.lit(t0)) / bucket_us).cast("long")  # noqa: E731
+    sends_ts = (
+        fr.sends.withColumn("lat_us", F.col("complete_us") - F.col("invoke_us"))
+        .groupBy(b("complete_us").alias("bucket"))
+        .agg(
+            *[F.sum((F.col("outcome") == o).cast("int")).alias(o) for o in ("ok", "fail", "unknown")],
+            C.percentiles(F.when(F.col("outcome") == "ok", F.col("lat_us")), (0.5, 0.99)).alias("lat"),
+        )
+        .collect()
+    )
+    recv_ts = (
+        first.groupBy(b("time_us").alias("bucket"))
+        .agg(F.count("*").alias("received"), C.percentiles("e2e_us", (0.5, 0.99)).alias("e2e"))
+        .collect()
+    )
+    series = {
+        "t0_us": t0,
+        "bucket_us": bucket_us,
+        "sends": sorted(
+            [[x["bucket"], x["ok"], x["fail"], x["unknown"], *(x["lat"] or [None, None])] for x in sends_ts],
+            key=lambda v: v[0],
+        ),
+        "receipts": sorted(
+            [[x["bucket"], x["received"], *(x["e2e"] or [None, None])] for x in recv_ts], key=lambda v: v[0]
+        ),
+    }
+    return latency, series
+
+
+def _quantiles(n: int, qs: list[int] | None, mx: int | None) -> dict[str, Any]:
+    if not n or qs is None:
+        return {"count": n or 0}
+    out: dict[str, Any] = {"count": n}
+    for q, v in zip(QUANTILES, qs, strict=True):
+        out[f"p{q * 100:g}"] = v / 1000
+    out["max"] = None if mx is None else mx / 1000
+    return out
+
+
+# -- files --------------------------------------------------------------------------------------------
+def write_summary(out_dir: str, summary: dict[str, Any]) -> None:
+    _atomic_json(os.path.join(out_dir, "summary.json"), summary)
+
+
+def write(
+    out_dir: str,
+    summary: dict[str, Any],
+    details: dict[str, list[dict[str, Any]]],
+    series: dict[str, Any],
+    plots: bool = True,
+) -> None:
+    details_dir = os.path.join(out_dir, "details")
+    shutil.rmtree(details_dir, ignore_errors=True)
+    os.makedirs(details_dir)
+    for name, rows in details.items():
+        _atomic_json(os.path.join(details_dir, f"{name}.json"), rows)
+    write_summary(out_dir, summary)
+    images = _plots(summary, series) if plots and series else {}
+    page = render_html(summary, images)
+    tmp = os.path.join(out_dir, "report.html.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(page)
+    os.replace(tmp, os.path.join(out_dir, "report.html"))
+
+
+def _atomic_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+# -- plots --------------------------------------------------------------------------------------------
+def _plots(summary: dict[str, Any], series: dict[str, Any]) -> dict[str, str]:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0, bucket_s = series["t0_us"], series["bucket_us"] / 1e6
+    sends, recv = series["sends"], series["receipts"]
+    out: dict[str, str] = {}
+
+    def shade(ax: Any) -> None:
+        for f in summary.get("faults", []):
+            start = (f["apply_us"] - t0) / 1e6
+            end = ((f["heal_us"] or f["apply_us"]) - t0) / 1e6
+            ax.axvspan(start, max(end, start + bucket_s), color="orange", alpha=0.25, lw=0)
+        for w in summary["findings"].get("unavailability", {}).get("sample", []):
+            ax.axvspan((w["start_us"] - t0) / 1e6, (w["end_us"] - t0) / 1e6, color="red", alpha=0.25, lw=0)
+
+    # Dense buckets: a bucket nobody completed in is 0 messages/s, and a gap (not a line) in latency.
+    last = max([v[0] for v in sends] + [v[0] for v in recv] + [0])
+    xs = [k * bucket_s for k in range(last + 1)]
+    by_send = {v[0]: v for v in sends}
+    by_recv = {v[0]: v for v in recv}
+
+    def column(rows: dict[int, list[Any]], idx: int, scale: float, empty: float) -> list[float]:
+        out_ = []
+        for k in range(last + 1):
+            v = rows.get(k)
+            out_.append(empty if v is None or v[idx] is None else v[idx] / scale)
+        return out_
+
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(xs, column(by_send, 1, bucket_s, 0.0), label="ok sends/s", lw=1.5)
+    failed = [
+        a + b
+        for a, b in zip(column(by_send, 2, bucket_s, 0.0), column(by_send, 3, bucket_s, 0.0), strict=True)
+    ]
+    ax.plot(xs, failed, label="failed+unknown/s", lw=1)
+    ax.plot(xs, column(by_recv, 1, bucket_s, 0.0), label="received/s", lw=1, ls="--")
+    shade(ax)
+    ax.set_xlabel("seconds since the first send")
+    ax.set_ylabel("messages/s")
+    ax.set_title("Throughput (orange: fault windows, red: unavailability)")
+    ax.legend(loc="upper right", fontsize=8)
+    out["throughput"] = _png(fig, plt)
+
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    nan = float("nan")
+    for rows, idx, label in (
+        (by_send, 4, "send p50"),
+        (by_send, 5, "send p99"),
+        (by_recv, 2, "end-to-end p50"),
+        (by_recv, 3, "end-to-end p99"),
+    ):
+        ax.plot(xs, column(rows, idx, 1000, nan), label=label, lw=1)
+    shade(ax)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("seconds since the first send")
+    ax.set_ylabel("ms")
+    ax.set_title("Latency")
+    ax.legend(loc="upper right", fontsize=8)
+    out["latency"] = _png(fig, plt)
+    return out
+
+
+def _png(fig: Any, plt: Any) -> str:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# -- html ---------------------------------------------------------------------------------------------
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}.FAIL{color:#b00;font-weight:bold}.PASS{color:#070;
+font-weight:bold}.bad{background:#fdd}code{font-size:12px}
+"""
+
+
+def _table(rows: list[dict[str, Any]], limit: int = 20) -> str:
+    if not rows:
+        return "<p>none</p>"
+    cols = list(dict.fromkeys(k for r in rows[:limit] for k in r))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in cols) + "</tr>"
+        for r in rows[:limit]
+    )
+    more = f"<p>… {len(rows) - limit} more</p>" if len(rows) > limit else ""
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
+    f = summary["findings"]
+    checks = [
+        {
+            "check": name,
+            "count": v["count"],
+            "fails the run": "yes" if v["fails"] else "no",
+            "definition": DEFINITIONS.get(name, ""),
+        }
+        for name, v in f.items()
+    ]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Audit report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Audit of <code>{html.escape(summary['run_dir'])}</code>: "
+        f"<span class='{summary['verdict']}'>{summary['verdict']}</span></h1>",
+    ]
+    if summary["failed_checks"]:
+        parts.append(f"<p class='FAIL'>Failed checks: {html.escape(', '.join(summary['failed_checks']))}</p>")
+    parts.append("<h2>Checks</h2>" + _table(checks, 100))
+    for key, title in (("throughput", "Throughput"), ("latency", "Latency")):
+        if key in images:
+            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{images[key]}'>")
+    lat = summary.get("latency", {})
+    lat_rows = [{"latency": k, **v} for k, v in lat.items() if isinstance(v, dict)]
+    parts.append(
+        "<h2>Latency (ms)</h2>" + _table(lat_rows) + f"<p>{html.escape(str(lat.get('definition', '')))}</p>"
+    )
+    parts.append("<h2>Faults and recovery</h2>" + _table(summary.get("faults", []), 200))
+    for name, v in f.items():
+        if v["count"]:
+            parts.append(
+                f"<h2>{html.escape(name)} ({v['count']})</h2><p>{html.escape(DEFINITIONS.get(name, ''))}</p>"
+            )
+            parts.append(
+                _table(v["sample"]) + f"<p>All rows: <code>details/{html.escape(name)}.json</code></p>"
+            )
+    inputs = summary.get("inputs", {})
+    parts.append("<h2>Replicas</h2>" + _table(inputs.get("replicas", []), 200))
+    parts.append("<h2>Commit indexes</h2>" + _table(inputs.get("commits", []), 200))
+    parts.append(
+        "<h2>History</h2>"
+        + _table([{"table": k, "rows": v} for k, v in inputs.get("history_rows", {}).items()])
+    )
+    parts.append("<h2>Sends</h2>" + _table([inputs.get("sends", {})]))
+    if summary.get("warnings"):
+        parts.append(
+            "<h2>Warnings</h2><ul>"
+            + "".join(f"<li>{html.escape(w)}</li>" for w in summary["warnings"])
+            + "</ul>"
+        )
+    parts.append("<h2>Timings (s)</h2>" + _table([summary.get("timings_s", {})]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def text(summary: dict[str, Any], out_dir: str) -> str:
+    lines = [f"audit {summary['run_dir']}: {summary['verdict']}"]
+    for name, v in summary["findings"].items():
+        flag = "FAIL" if v["fails"] and v["count"] else ("    " if not v["count"] else "note")
+        lines.append(f"  {flag} {name:<22} {v['count']}")
+    lat = summary.get("latency", {}).get("end_to_end_ms", {})
+    if lat.get("count"):
+        lines.append(f"  end-to-end ms: p50 {lat.get('p50')} p99 {lat.get('p99')} max {lat.get('max')}")
+    for w in summary.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    lines.append(
+        f"  took {summary['timings_s'].get('total')} s; report: {os.path.join(out_dir, 'report.html')}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Fault schedules (pure)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from chaos.schedule import build_schedule, window_at
+
+
+def test_windows_alternate_fault_and_heal_and_cover_the_duration() -> None:
+    ws = build_schedule(["kill-leader", "partition-leader", "latency"], 30, 600)
+    assert len(ws) == 20
+    assert [w.fault for w in ws[:6]] == ["kill-leader", None, "partition-leader", None, "latency", None]
+    assert ws[6].fault == "kill-leader"  # cycles
+    assert all(w.length_s == 30 for w in ws)
+    assert all(a.end_s == b.start_s for a, b in itertools.pairwise(ws))
+    assert ws[0].start_s == 0 and ws[-1].end_s == 600
+
+
+def test_a_remainder_that_cannot_hold_a_pair_stays_quiet() -> None:
+    ws = build_schedule(["kill-leader"], 10, 55)
+    assert [w.fault for w in ws] == ["kill-leader", None, "kill-leader", None, None]
+    assert ws[-1].start_s == 40 and ws[-1].end_s == 55
+
+
+def test_random_order_is_seeded() -> None:
+    faults = ["a", "b", "c", "d"]
+    one = build_schedule(faults, 1, 40, order="random", rng=random.Random(5))
+    two = build_schedule(faults, 1, 40, order="random", rng=random.Random(5))
+    assert one == two
+    assert {w.fault for w in one if w.fault} <= set(faults)
+    assert len({w.fault for w in one if w.fault}) > 1
+
+
+def test_bad_schedules_are_refused() -> None:
+    with pytest.raises(ValueError):
+        build_schedule([], 10, 100)
+    with pytest.raises(ValueError):
+        build_schedule(["x"], 0, 100)
+    with pytest.raises(ValueError, match="shorter than one fault and one heal"):
+        build_schedule(["x"], 30, 59)
+    with pytest.raises(ValueError):
+        build_schedule(["x"], 1, 10, order="shuffled")
+
+
+def test_window_at() -> None:
+    ws = build_schedule(["x"], 5, 20)
+    assert window_at(ws, 0).fault == "x"  # type: ignore[union-attr]
+    assert window_at(ws, 5).fault is None  # type: ignore[union-attr]
+    assert window_at(ws, 12.5).fault == "x"  # type: ignore[union-attr]
+    assert window_at(ws, 20) is None
