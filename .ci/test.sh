@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README): setup, lint, type-check, then every test tier.
 #
-#   bash .ci/test.sh                  # everything: fast tier and slow (clusters, chaos, Spark, Docker)
+#   bash .ci/test.sh                  # everything: fast tier, slow tier (clusters, chaos, Spark), compose drill
 #   bash .ci/test.sh -m "not slow"    # fast tier only; any extra arguments go to pytest
 #
 # Runs all three checks even when one fails, so one run reports everything; exits non-zero if
@@ -30,9 +30,28 @@ step() { # step NAME COMMAND...: run one check, remember a failure, keep going
     fi
 }
 
+# The compose drill (docker kill of the leader, a network cut, the Spark audit). It runs with the
+# full suite only (not with pytest arguments such as -m "not slow"). Exit 3 means no Docker engine
+# could be started: the drill prints "COMPOSE DRILL NOT RUN: <reason>" and the rest of the suite
+# decides.
+compose_drill() {
+    local dir rc=0
+    dir="$(mktemp -d /tmp/dledger-compose-drill.XXXXXX)"
+    "$VENV_BIN/python" -m chaos.cli compose-drill --dir "$dir/run" --rounds 3 || rc=$?
+    if [ "$rc" -eq 3 ]; then
+        printf '\n######## COMPOSE DRILL NOT RUN (see the reason above) ########\n'
+        return 0
+    fi
+    [ "$rc" -eq 0 ] && rm -rf "$dir" || printf '==> compose drill run kept in %s\n' "$dir"
+    return "$rc"
+}
+
 step ruff "$VENV_BIN/ruff" check .
 step mypy "$VENV_BIN/mypy"
 step pytest "$VENV_BIN/python" -m pytest -p no:cacheprovider "$@"
+if [ "$#" -eq 0 ]; then
+    step compose-drill compose_drill
+fi
 
 echo
 if [ "${#failed[@]}" -ne 0 ]; then
