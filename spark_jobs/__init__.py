@@ -2,9 +2,17 @@
 
 ``python -m spark_jobs.audit RUN_DIR`` reads a run directory (docs/CHAOS.md) and reports lost,
 duplicated, unexpected and out-of-order messages, replica divergence, consume-queue/log mismatches,
-unavailability and latency. ``replica_reader`` reads replica files with no broker running (never
-writing); ``replica_tables`` turns them into Parquet; ``history`` does the same for the JSONL
-histories; ``checks`` holds the Spark transformations and ``rules`` the same definitions as plain
-Python over small data; ``report`` writes summary.json and report.html; ``synth`` writes synthetic
-run directories with planted anomalies.
+unavailability windows, recovery times and latency; exit code 1 when a failing check finds something.
+
+Modules:
+- ``run_dir``        the run directory's layout, run.json statuses, faults (usage errors: exit 2)
+- ``replica_reader`` one replica's files read with no broker running and without writing a byte
+- ``replica_tables`` replicas -> Parquet (a group's logs read in lockstep, shared bodies decoded once)
+- ``history``        history JSONL -> Parquet
+- ``rules``          every check's definition as plain Python over small data (the reference)
+- ``checks``         the same checks as Spark DataFrame transformations
+- ``frames``, ``session``  the input DataFrames; the SparkSession (local mode unless told otherwise)
+- ``audit``          the CLI: runs the pipeline, decides the verdict
+- ``report``         summary.json, details/*.json, report.html with embedded plots
+- ``synth``, ``synth_replicas``  synthetic run directories with planted anomalies (tests, benchmarks)
 """
