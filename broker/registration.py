@@ -56,8 +56,11 @@ class Registrar:
                 await self.register_one(addr)
             except Exception:  # never let one bad round stop registration for good
                 log.exception("registration with NameServer %s failed unexpectedly", addr)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives just as the event is set, and this loop would then outlive stop().
             try:
-                await asyncio.wait_for(wake.wait(), self._period_s)
+                async with asyncio.timeout(self._period_s):
+                    await wake.wait()
             except TimeoutError:
                 pass
 

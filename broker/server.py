@@ -91,7 +91,10 @@ class BrokerServer:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # bounded: a task that ignores its cancellation must not hang shutdown
+            _done, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            for t in pending:
+                log.error("task %s did not stop within 5 s of its cancellation", t.get_name())
         try:
             await asyncio.wait_for(
                 self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0

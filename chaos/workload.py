@@ -105,7 +105,8 @@ class ProducerWorker:
                     delay = next_at - time.monotonic()
                     if delay > 0:
                         try:
-                            await asyncio.wait_for(stop.wait(), delay)
+                            async with asyncio.timeout(delay):  # (not wait_for: see consumer._wait_event)
+                                await stop.wait()
                         except TimeoutError:
                             pass
         finally:

@@ -130,8 +130,11 @@ def normalise_status(value: Any) -> ConsumeStatus:
 
 
 async def _wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives just
+    # as the event is set, and the loop calling this would then outlive shutdown().
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
         return True
     except TimeoutError:
         return False
