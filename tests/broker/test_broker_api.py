@@ -93,7 +93,7 @@ async def test_long_poll_is_woken_by_a_send(cluster: BrokerCluster, t: Transport
     started = loop.time()
     pull = asyncio.create_task(t.call(follower.cfg.address, "POST", "/v1/pull",
                                       {"topic": "LP", "queue_id": 0, "offset": 0, "suspend_ms": 8000}, timeout_s=12))
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: ("LP", 0) in follower._waiters, 5, "the follower to hold the pull")
     assert not pull.done()
     await t.call(leader.cfg.address, "POST", "/v1/send", {"topic": "LP", "queue_id": 0, "messages": [msg(b"x")]})
     p = await pull

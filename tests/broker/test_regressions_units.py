@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from broker.store import MessageStore
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry, _to_committed
+from tests.dledger.harness import wait_until
 
 MSGPACK = "application/x-msgpack"
 
@@ -197,17 +199,13 @@ async def test_role_change_reaches_a_live_namesrv_within_1s_while_another_hangs(
                     transport=names)  # type: ignore[arg-type]
     task = asyncio.create_task(reg.run())
     try:
-        deadline = time.monotonic() + 2
-        while not names.fast and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        assert names.fast, "the first registration reached the live NameServer"
+        await wait_until(lambda: names.fast, 2, "the first registration at the live NameServer", 0.005)
         # the broker becomes leader while the first round still waits on the slow NameServer
         record.update(role="LEADER", broker_id=0, term=2)
         changed = time.monotonic()
         reg.trigger()
-        deadline = changed + 1.5
-        while time.monotonic() < deadline and not any(b["role"] == "LEADER" for _, b in names.fast):
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(AssertionError):  # the assertion below says how late it was
+            await wait_until(lambda: any(b["role"] == "LEADER" for _, b in names.fast), 1.5, "the new role")
         got = [t - changed for t, b in names.fast if b["role"] == "LEADER"]
         assert got and got[0] < 1.0, (
             f"the live NameServer learned the new role after {got[0] if got else '> 1.5'} s "

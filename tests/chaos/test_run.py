@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from chaos.history import read_jsonl
-from chaos.runner import audit_available
 from dledger.cluster import ProcessInfo, is_running
 
 pytestmark = pytest.mark.slow
@@ -33,8 +32,6 @@ def short_run(tmp_path_factory: Any) -> Iterator[tuple[str, subprocess.Completed
     cmd = [sys.executable, "-m", "chaos.cli", "run", "--dir", run_dir, "--faults", ",".join(FAULTS),
            "--interval", "6", "--duration", str(12 * len(FAULTS)), "--recovery", "6", "--producers", "4",
            "--consumers", "2", "--rate", "40", "--seed", str(seed), "--port-base", str(base), "--progress", "6"]
-    if not audit_available():
-        cmd.append("--no-audit")
     print(f"seed {seed}: {' '.join(cmd)}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=290, cwd=REPO)
     print(r.stdout[-4000:], r.stderr[-4000:])
@@ -79,7 +76,6 @@ def test_short_run_ends_clean_and_writes_the_documented_run_directory(
     assert procs and not any(is_running(p) for p in procs)
 
 
-@pytest.mark.skipif(not audit_available(), reason="spark_jobs.audit is not in the tree yet")
 def test_short_run_passes_the_audit(short_run: tuple[str, subprocess.CompletedProcess[str]]) -> None:
     run_dir, r = short_run
     with open(os.path.join(run_dir, "run.json")) as f:

@@ -44,7 +44,8 @@ class AuditedRun:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
+    import pyspark  # noqa: F401 - the spark extra is installed by .ci/setup.sh: fail loudly without it
+
     from spark_jobs.session import get_session
 
     # Tiny inputs: interpreting expressions beats compiling them on a cold JVM (~20 % of the

@@ -36,7 +36,7 @@ class LoopThread:
 
 @pytest.fixture
 def real_cluster(tmp_path: Any) -> Iterator[Any]:
-    harness = pytest.importorskip("tests.broker.harness")
+    from tests.broker import harness
     lt = LoopThread()
     cluster = harness.BrokerCluster(str(tmp_path))
     try:
