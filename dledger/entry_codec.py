@@ -1,6 +1,7 @@
 """The on-disk record formats of the entry store: entry headers, padding and index records.
 
-Pure functions over bytes; no I/O. All integers are little-endian.
+Pure functions over bytes (the one exception, ``valid_header_after``, preads a file it is given). All
+integers are little-endian.
 
 Entry (one Raft log entry, never split across segment files)::
 
@@ -32,9 +33,11 @@ Index record (fixed width, one per Raft index, slot ``index - file_base``)::
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
 MAGIC = 0xD1ED6E01
 BLANK_MAGIC = 0xD1ED0B1A
@@ -173,3 +176,52 @@ def decode_index_record(buf: bytes | bytearray | memoryview, offset: int = 0) ->
     if total_size < HEADER_SIZE:
         raise CorruptEntryError(f"index record holds no entry (total_size {total_size})")
     return IndexRecord(position, term, total_size, chain)
+
+
+# -- checking records found in a segment file (the store's recovery and the audit's reader) ----------
+class RecordView(Protocol):
+    def view(self, offset: int, size: int) -> memoryview: ...
+
+
+def check_record(chunks: RecordView, offset: int, rest: int) -> tuple[EntryHeader | None, str]:
+    """The header of a record whose header and body verify, or (None, what is wrong)."""
+    if rest < HEADER_SIZE:
+        return None, f"incomplete header ({rest} of {HEADER_SIZE} bytes)"
+    try:
+        head = decode_header(chunks.view(offset, HEADER_SIZE))
+    except CorruptEntryError as exc:
+        return None, str(exc)
+    if head.total_size > rest:
+        return None, f"incomplete record ({rest} of {head.total_size} bytes)"
+    if zlib.crc32(chunks.view(offset + HEADER_SIZE, head.body_size)) != head.body_crc:
+        return None, f"body crc mismatch in entry {head.index}"
+    return head, ""
+
+
+def follows(head: EntryHeader, position: int, prev: tuple[int, int, int]) -> str | None:
+    """None when ``head`` (found at ``position``) is the entry after ``prev``; else why not."""
+    p_index, p_term, p_chain = prev
+    if head.index != p_index + 1:
+        return f"entry {head.index} where {p_index + 1} should follow"
+    if head.position != position:
+        return f"entry {head.index} says position {head.position}, found at {position}"
+    if head.term < p_term:
+        return f"entry {head.index} has term {head.term} after term {p_term}"
+    if head.chain_crc != chain_crc(p_chain, head.index, head.term, head.body_crc):
+        return f"entry {head.index}: chain crc 0x{head.chain_crc:08x} does not follow entry {p_index}"
+    return None
+
+
+def valid_header_after(fd: int, size: int, offset: int, chunk_bytes: int) -> bool:
+    """Is there a well-formed entry header anywhere in [offset, size)?"""
+    while offset < size:
+        data = os.pread(fd, min(chunk_bytes + HEADER_SIZE, size - offset), offset)
+        at = data.find(MAGIC_BYTES)
+        while at != -1:
+            try:
+                decode_header(data, at)
+                return True
+            except CorruptEntryError:
+                at = data.find(MAGIC_BYTES, at + 1)
+        offset += chunk_bytes
+    return False

@@ -62,18 +62,19 @@ from dledger.entry_codec import (
     BLANK_SIZE,
     HEADER_SIZE,
     INDEX_RECORD_SIZE,
-    MAGIC_BYTES,
     CorruptEntryError,
     EntryHeader,
     IndexRecord,
     StoreError,
-    chain_crc,
+    check_record,
     decode_header,
     decode_index_record,
     encode_header,
+    follows,
     is_blank,
     pack_header,
     pack_index_record,
+    valid_header_after,
 )
 
 __all__ = [
@@ -906,7 +907,7 @@ class EntryStore:
         header, first and last index records, last header and file end agree; else None."""
         try:
             head = self._header_at(seg, 0)
-            if _follows(head, seg.start, prev) is not None:
+            if follows(head, seg.start, prev) is not None:
                 return None
             last = self._header_at(nxt, 0).index - 1
             if last < head.index or not self._index_covers(head.index, last):
@@ -955,12 +956,12 @@ class EntryStore:
                     )
                 seg.sealed = True
                 break
-            head, problem = _checked_record(chunks, offset, rest)
+            head, problem = check_record(chunks, offset, rest)
             if head is None:
                 self._bad_record(seg, offset, problem, tail)
                 break
             # Header and body verify, so we wrote this record: a gap here is damage, not a tear.
-            gap = _follows(head, seg.start + offset, prev)
+            gap = follows(head, seg.start + offset, prev)
             if gap is not None:
                 raise CorruptStoreError(f"{path} at offset {offset}: {gap}", path, offset)
             records.append(pack_index_record(head.position, head.term, head.total_size, head.chain_crc))
@@ -981,7 +982,7 @@ class EntryStore:
                 path,
                 offset,
             )
-        if _valid_header_after(seg.file.fd, seg.size, offset + 1):
+        if valid_header_after(seg.file.fd, seg.size, offset + 1, _SCAN_CHUNK_BYTES):
             raise CorruptStoreError(
                 f"{path} at offset {offset}: {problem}; valid records follow it, so this is not a torn "
                 "tail. Refusing to open: restore this replica from a healthy one.",
@@ -1069,47 +1070,3 @@ class _Chunks:
             self._start = offset
         at = offset - self._start
         return memoryview(self._buf)[at : at + size]
-
-
-def _checked_record(chunks: _Chunks, offset: int, rest: int) -> tuple[EntryHeader | None, str]:
-    """The header of a record whose header and body verify, or (None, what is wrong)."""
-    if rest < HEADER_SIZE:
-        return None, f"incomplete header ({rest} of {HEADER_SIZE} bytes)"
-    try:
-        head = decode_header(chunks.view(offset, HEADER_SIZE))
-    except CorruptEntryError as exc:
-        return None, str(exc)
-    if head.total_size > rest:
-        return None, f"incomplete record ({rest} of {head.total_size} bytes)"
-    if zlib.crc32(chunks.view(offset + HEADER_SIZE, head.body_size)) != head.body_crc:
-        return None, f"body crc mismatch in entry {head.index}"
-    return head, ""
-
-
-def _follows(head: EntryHeader, position: int, prev: tuple[int, int, int]) -> str | None:
-    """None when ``head`` (found at ``position``) is the entry after ``prev``; else why not."""
-    p_index, p_term, p_chain = prev
-    if head.index != p_index + 1:
-        return f"entry {head.index} where {p_index + 1} should follow"
-    if head.position != position:
-        return f"entry {head.index} says position {head.position}, found at {position}"
-    if head.term < p_term:
-        return f"entry {head.index} has term {head.term} after term {p_term}"
-    if head.chain_crc != chain_crc(p_chain, head.index, head.term, head.body_crc):
-        return f"entry {head.index}: chain crc 0x{head.chain_crc:08x} does not follow entry {p_index}"
-    return None
-
-
-def _valid_header_after(fd: int, size: int, offset: int) -> bool:
-    """Is there a well-formed entry header anywhere in [offset, size)?"""
-    while offset < size:
-        data = os.pread(fd, min(_SCAN_CHUNK_BYTES + HEADER_SIZE, size - offset), offset)
-        at = data.find(MAGIC_BYTES)
-        while at != -1:
-            try:
-                decode_header(data, at)
-                return True
-            except CorruptEntryError:
-                at = data.find(MAGIC_BYTES, at + 1)
-        offset += _SCAN_CHUNK_BYTES
-    return False

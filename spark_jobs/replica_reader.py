@@ -42,12 +42,10 @@ from dledger.command_codec import CommandCodecError, decode_batch, is_batch
 from dledger.entry_codec import (
     BLANK_SIZE,
     HEADER_SIZE,
-    MAGIC_BYTES,
-    CorruptEntryError,
-    EntryHeader,
-    chain_crc,
-    decode_header,
+    check_record,
+    follows,
     is_blank,
+    valid_header_after,
 )
 
 __all__ = [
@@ -231,11 +229,11 @@ class LogReader:
                             last,
                         )
                     return
-                head, problem = _checked(chunks, offset, rest)
+                head, problem = check_record(chunks, offset, rest)
                 if head is None:
                     self._bad(fd, path, size, offset, problem, last)
                     return
-                gap = _follows(head, start + offset, self.last)
+                gap = follows(head, start + offset, self.last)
                 if gap is not None:
                     raise ReplicaDamaged(f"{path} at offset {offset}: {gap}", path, offset)
                 body = bytes(chunks.view(offset + HEADER_SIZE, head.body_size))
@@ -254,7 +252,7 @@ class LogReader:
                 path,
                 offset,
             )
-        if _valid_header_after(fd, size, offset + 1):
+        if valid_header_after(fd, size, offset + 1, _CHUNK_BYTES):
             raise ReplicaDamaged(
                 f"{path} at offset {offset}: {problem}; valid records follow it, so this is not a torn tail",
                 path,
@@ -263,45 +261,6 @@ class LogReader:
         self.torn_tail = TornTail(path, offset, size - offset, problem)
 
 
-def _checked(chunks: _Chunks, offset: int, rest: int) -> tuple[EntryHeader | None, str]:
-    if rest < HEADER_SIZE:
-        return None, f"incomplete header ({rest} of {HEADER_SIZE} bytes)"
-    try:
-        head = decode_header(chunks.view(offset, HEADER_SIZE))
-    except CorruptEntryError as exc:
-        return None, str(exc)
-    if head.total_size > rest:
-        return None, f"incomplete record ({rest} of {head.total_size} bytes)"
-    if zlib.crc32(chunks.view(offset + HEADER_SIZE, head.body_size)) != head.body_crc:
-        return None, f"body crc mismatch in entry {head.index}"
-    return head, ""
-
-
-def _follows(head: EntryHeader, position: int, prev: tuple[int, int, int]) -> str | None:
-    p_index, p_term, p_chain = prev
-    if head.index != p_index + 1:
-        return f"entry {head.index} where {p_index + 1} should follow"
-    if head.position != position:
-        return f"entry {head.index} says position {head.position}, found at {position}"
-    if head.term < p_term:
-        return f"entry {head.index} has term {head.term} after term {p_term}"
-    if head.chain_crc != chain_crc(p_chain, head.index, head.term, head.body_crc):
-        return f"entry {head.index}: chain crc 0x{head.chain_crc:08x} does not follow entry {p_index}"
-    return None
-
-
-def _valid_header_after(fd: int, size: int, offset: int) -> bool:
-    while offset < size:
-        data = os.pread(fd, min(_CHUNK_BYTES + HEADER_SIZE, size - offset), offset)
-        at = data.find(MAGIC_BYTES)
-        while at != -1:
-            try:
-                decode_header(data, at)
-                return True
-            except CorruptEntryError:
-                at = data.find(MAGIC_BYTES, at + 1)
-        offset += _CHUNK_BYTES
-    return False
 
 
 # -- records inside entries ---------------------------------------------------------------------
