@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import enum
 import os
-import re
 import socket
 import struct
 import threading
@@ -31,9 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client.transport import ClientError
+from broker.message import GROUP_RE, TOPIC_RE  # one set of name rules for the broker and the SDK
 
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
 MESSAGE_BYTES_MAX = 4 << 20
 BATCH_MESSAGES_MAX = 1024
 PULL_BATCH_MAX = 1024
