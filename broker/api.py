@@ -4,7 +4,6 @@ the dledger node or the long-poll registry owned by ``BrokerServer``."""
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -63,10 +62,6 @@ _DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
     EntryTooLargeError: (413, "MESSAGE_TOO_LARGE"),
     EntryRemovedError: (410, "MESSAGE_REMOVED"),
 }
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _int_query(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
@@ -223,7 +218,7 @@ class BrokerApi:
         known = self.s.store.topic(topic)
         queue_nums = known.write_queue_nums if known is not None else self.s.cfg.default_topic_queue_nums
         qid = check_int(body.get("queue_id", 0), "queue_id", 0, queue_nums - 1, "INVALID_QUEUE_ID")
-        store_ts = _now_ms()
+        store_ts = self.s.wall_ms()
         peer = request.remote or ""
         msgs = build_messages(
             topic,
@@ -289,7 +284,7 @@ class BrokerApi:
         suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, 3_600_000)
         suspend_ms = min(suspend_ms, self.s.cfg.long_polling_max_ms)
         flt = _tag_filter(body.get("tags"))
-        deadline = time.monotonic() + suspend_ms / 1000
+        deadline = self.s.clock.monotonic() + suspend_ms / 1000
         while True:
             cq = self.s.store.cqs.get(topic, qid)
             lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
@@ -298,7 +293,7 @@ class BrokerApi:
             if offset > hi:
                 return self._pull_answer(request, "OFFSET_OVERFLOW", hi, lo, hi, [])
             if offset == hi or cq is None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.s.clock.monotonic()
                 if remaining <= 0:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
@@ -618,7 +613,7 @@ class BrokerApi:
         only = request.query.get("topic")
         md = self.s.store.metadata_view()
         topics = set(md.group_topics(group))
-        for m in self.s.consumers.members(group, _now_ms()):
+        for m in self.s.consumers.members(group, self.s.monotonic_ms()):
             topics.update(m.topics)
         if only is not None:
             topics = {check_topic(only)}
@@ -673,7 +668,7 @@ class BrokerApi:
             if not isinstance(topics, list) or len(topics) > 1024:
                 raise ApiError(400, "BAD_REQUEST", f"groups[{i}].topics must be a list (≤ 1024)")
             parsed.append((check_group(g["group"]), model, tuple(check_topic(t) for t in topics)))
-        if not self.s.consumers.heartbeat(cid, parsed, _now_ms()):
+        if not self.s.consumers.heartbeat(cid, parsed, self.s.monotonic_ms()):
             raise ApiError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
         return answer(request, {"ok": True})
 
@@ -686,7 +681,7 @@ class BrokerApi:
 
     async def group_consumers(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])
-        members = self.s.consumers.members(group, _now_ms())
+        members = self.s.consumers.members(group, self.s.monotonic_ms())
         return answer(
             request,
             {

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
+from dledger.clock import SYSTEM, Clock
 
 log = logging.getLogger("broker.registration")
 
@@ -27,13 +27,16 @@ class Registrar:
         *,
         period_ms: int = 30_000,
         transport: Transport | None = None,
+        clock: Clock = SYSTEM,
     ):
         self.addrs = namesrv_addrs
         self._record = record
         self._period_s = period_ms / 1000
         self._transport = transport or Transport(timeout_s=3.0)
         self._wakes = {addr: asyncio.Event() for addr in namesrv_addrs}
-        self._version_base = int(time.time() * 1000) * 1000
+        self._clock = clock
+        # Versions grow across restarts: a stamp of the wall clock (a timestamp, not a deadline).
+        self._version_base = int(clock.wall() * 1000) * 1000
         self._counter = 0
         self.last_ok: dict[str, float] = {}
         self.last_error: dict[str, str] = {}
@@ -84,7 +87,7 @@ class Registrar:
             if addr in self.last_error:
                 log.info("registration with NameServer %s works again", addr)
             self.last_error.pop(addr, None)
-            self.last_ok[addr] = time.time()
+            self.last_ok[addr] = self._clock.wall()
         self.registrations += 1
         self.last_registered_role = (str(body["role"]), int(body["broker_id"]))
 

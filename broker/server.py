@@ -21,7 +21,6 @@ import dataclasses
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +31,7 @@ from broker.consumers import ConsumerManager
 from broker.message import encode_command
 from broker.registration import Registrar
 from broker.store import MessageStore
+from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError
 from dledger.node import DLedgerNode, RoleChange
 from dledger.process_main import run_until_signalled, setup_logging
@@ -43,13 +43,16 @@ AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknow
 
 
 class BrokerServer:
-    def __init__(self, cfg: BrokerConfig, *, raft_overrides: dict[str, Any] | None = None):
+    def __init__(
+        self, cfg: BrokerConfig, *, raft_overrides: dict[str, Any] | None = None, clock: Clock | None = None
+    ):
         self.cfg = cfg
+        self.clock: Clock = clock if clock is not None else process_clock()
         self.store = MessageStore(
-            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms
+            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
-        self.node = DLedgerNode(settings, self.store)
+        self.node = DLedgerNode(settings, self.store, clock=self.clock)
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
@@ -60,10 +63,20 @@ class BrokerServer:
         self._tasks: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
         self._ready_task: asyncio.Task[None] | None = None
-        self.registrar = Registrar(cfg.namesrv_addrs, self.registration_record, period_ms=cfg.register_period_ms)
+        self.registrar = Registrar(
+            cfg.namesrv_addrs, self.registration_record, period_ms=cfg.register_period_ms, clock=self.clock
+        )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
-        self.started_at = time.time()
+        self.started_at = self.clock.monotonic()
+
+    def monotonic_ms(self) -> int:
+        """For liveness (client heartbeats): never the wall clock, which NTP may step."""
+        return int(self.clock.monotonic() * 1000)
+
+    def wall_ms(self) -> int:
+        """For timestamps stored in records (a message's store time)."""
+        return int(self.clock.wall() * 1000)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -110,7 +123,7 @@ class BrokerServer:
     # -- roles ----------------------------------------------------------------------------------
     async def _watch_roles(self) -> None:
         queue = self.node.role_changes()
-        change = RoleChange(self.node.role, self.node.term, self.node.leader_id, time.time())
+        change = RoleChange(self.node.role, self.node.term, self.node.leader_id, self.clock.wall())
         try:
             while True:
                 if self._ready_task is not None:
@@ -146,7 +159,7 @@ class BrokerServer:
             return
         target = self.node.store.last_index
         self.registrar.trigger()  # as CANDIDATE under its own id until ready
-        started = time.monotonic()
+        started = self.clock.monotonic()
         while self.node.applied_index < target or self.node.commit_index < target:
             if generation != self._role_generation or self.node.role != "LEADER":
                 return
@@ -156,7 +169,7 @@ class BrokerServer:
         self._ready_term = change.term
         log.info(
             "leader of term %d ready after applying to index %d (%.0f ms)",
-            change.term, target, (time.monotonic() - started) * 1000,
+            change.term, target, (self.clock.monotonic() - started) * 1000,
         )
         self.registrar.trigger()
 
@@ -250,21 +263,21 @@ class BrokerServer:
                 "last_role": list(self.registrar.last_registered_role or ()),
             },
             "consumer_groups": self.consumers.groups(),
-            "uptime_s": round(time.time() - self.started_at, 1),
+            "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
             "pid": os.getpid(),
         }
 
     async def _state_entries(self) -> None:
         """As ready leader, append a ``state`` entry every interval and after installing a follower
         (a follower re-anchored past retention needs one to serve again; see broker/store.py)."""
-        last_sent = time.monotonic()
+        last_sent = self.clock.monotonic()
         installs_seen = 0
         while True:
             await asyncio.sleep(0.5)
             if not (self.node.role == "LEADER" and self.ready):
                 continue
             installs = self.node.installs_sent()
-            due = time.monotonic() - last_sent >= self.cfg.state_entry_interval_ms / 1000
+            due = self.clock.monotonic() - last_sent >= self.cfg.state_entry_interval_ms / 1000
             if not due and installs == installs_seen:
                 continue
             try:
@@ -276,14 +289,14 @@ class BrokerServer:
                         "behind retention must be wiped and re-synced by hand"
                     )
                 await self.node.append([record], timeout_s=self.send_timeout_s)
-                installs_seen, last_sent = installs, time.monotonic()
+                installs_seen, last_sent = installs, self.clock.monotonic()
             except Exception as exc:  # next round tries again
                 log.warning("state entry not appended: %s", exc)
 
     async def _expire_clients(self) -> None:
         while True:
             await asyncio.sleep(10)
-            self.consumers.expire(int(time.time() * 1000))
+            self.consumers.expire(self.monotonic_ms())
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:

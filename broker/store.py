@@ -34,9 +34,8 @@ import itertools
 import logging
 import os
 import threading
-import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
@@ -53,6 +52,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
+from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class MessageStore:
         *,
         snapshot_interval_ms: int = 1000,
         units_per_file: int = 300_000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ):
         self.root = root
         self.broker_name = broker_name
@@ -93,7 +93,7 @@ class MessageStore:
         self._md_lock = threading.Lock()
         self._clock = clock
         self._snapshot_interval_s = snapshot_interval_ms / 1000
-        self._last_snapshot = clock()
+        self._last_snapshot = clock.monotonic()
         self._applied = 0
         self.applied_end_position = 0  # end of the last applied record: readers stay below it
         self._queue_cache: dict[tuple[str, int], ConsumeQueue] = {}
@@ -190,7 +190,7 @@ class MessageStore:
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
-        if self._clock() - self._last_snapshot >= self._snapshot_interval_s:
+        if self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
             self.snapshot()
         if self.listener is not None and (touched or md_changed):
             self.listener.on_applied(touched, md_changed)
@@ -339,7 +339,7 @@ class MessageStore:
             if not wait:
                 return
             self._sync_job.result()
-        self._last_snapshot = self._clock()
+        self._last_snapshot = self._clock.monotonic()
         self._apply_retention()
         # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH a
         # crash that loses unflushed log writes would otherwise leave queues pointing at nothing.
@@ -362,7 +362,7 @@ class MessageStore:
             self._sync_job.result()
 
     def _sync_and_record(self, pending: list[PendingSync], snap: dict[str, Any]) -> None:
-        started = time.perf_counter()
+        started = self._clock.monotonic()
         try:
             for p in pending:
                 finish_flush(p)
@@ -372,7 +372,7 @@ class MessageStore:
             log.exception("store snapshot failed (recovery replays from the previous one)")
             raise
         self.counters["snapshots"] += 1
-        took_us = int((time.perf_counter() - started) * 1e6)
+        took_us = int((self._clock.monotonic() - started) * 1e6)
         self.counters["snapshot_us_last"] = took_us
         self.counters["snapshot_us_max"] = max(self.counters.get("snapshot_us_max", 0), took_us)
 

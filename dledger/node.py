@@ -31,14 +31,15 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from pysyncobj import SyncObjConf
 from pysyncobj.poller import POLL_EVENT_TYPE
 
+from dledger import clock as dl_clock
 from dledger import command_codec
+from dledger.clock import Clock
 from dledger.entry_store import Entry, EntryStore
 from dledger.journal import RaftJournal
 from dledger.syncobj_patch import (
@@ -193,13 +194,13 @@ class DLedgerNode:
         settings: RaftSettings,
         state_machine: StateMachine | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         disk_used_ratio: Callable[[str], float] | None = None,
     ):
         if settings.self_id not in settings.peers:
             raise ValueError(f"self id {settings.self_id!r} is not among the peers")
         self.settings = settings
-        self._clock = clock
+        self._clock: Clock = clock if clock is not None else dl_clock.process_clock()
         self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
         self._sm = state_machine
         os.makedirs(settings.data_dir, exist_ok=True)
@@ -240,7 +241,8 @@ class DLedgerNode:
         self.disk_full = False
         self.leader_floor = 0
         self._own_floor = 0
-        self._last_flush = time.monotonic()
+        self._live_followers: int | None = None  # leader only: followers heard from lately
+        self._last_flush = self._clock.monotonic()
         self._last_retention = 0.0
         self._counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
@@ -288,6 +290,7 @@ class DLedgerNode:
         return DLedgerSyncObj(self._self_address, others, conf, self.journal, self, connect_via=via)
 
     def _run(self) -> None:
+        dl_clock.use(self._clock)  # pysyncobj, on this thread, reads the node's clock
         try:
             self._sync = self._make_syncobj()
             applied = self._sm.applied_index() if self._sm is not None else 0
@@ -391,7 +394,7 @@ class DLedgerNode:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[BodyLocation]] = loop.create_future()
         self._queued_bytes += size
-        self._queue.append(_Pending(list(bodies), size, future, loop, time.perf_counter()))
+        self._queue.append(_Pending(list(bodies), size, future, loop, self._clock.monotonic()))
         self._wake()
         handle = loop.call_later(timeout_s, _time_out, future, timeout_s)
         try:
@@ -446,7 +449,7 @@ class DLedgerNode:
     async def transfer_leadership(self, target_id: str | None = None, timeout_s: float = 3.0) -> str:
         """Hand leadership to ``target_id`` (or the most caught-up follower); returns the new leader id."""
         started = await self._on_tick_thread(lambda: self._start_transfer(target_id), timeout_s)
-        deadline = time.monotonic() + timeout_s
+        deadline = self._clock.monotonic() + timeout_s
         queue = self.role_changes()
         try:
             return await self._await_new_leader(queue, target_id, deadline, started, timeout_s)
@@ -461,12 +464,12 @@ class DLedgerNode:
         started: str,
         timeout_s: float,
     ) -> str:
-        while time.monotonic() < deadline:
+        while self._clock.monotonic() < deadline:
             leader = self.leader_id
             if leader is not None and leader != self.settings.self_id and target_id in (None, leader):
                 return leader
             try:
-                await asyncio.wait_for(queue.get(), max(0.01, deadline - time.monotonic()))
+                await asyncio.wait_for(queue.get(), max(0.01, deadline - self._clock.monotonic()))
             except TimeoutError:
                 break
         raise DLedgerError(f"leadership transfer to {started} did not complete within {timeout_s} s")
@@ -517,7 +520,7 @@ class DLedgerNode:
                 loop.call_soon_threadsafe(_set_result, future, result)
         if self._outbox:
             self._deliver_outbox()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._last_retention >= self.settings.retention_check_ms / 1000:
             self._last_retention = now
             self._retention_tick(sync)
@@ -561,7 +564,7 @@ class DLedgerNode:
     def _flush_per_policy(self) -> None:
         if not self.store.dirty:
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if (
             self.settings.flush_policy == "sync"
             or now - self._last_flush >= self.settings.flush_interval_ms / 1000
@@ -588,7 +591,7 @@ class DLedgerNode:
             if w.index > self.commit_index or (self._sm is not None and w.index > self.applied_index):
                 return
             self._waiting.popleft()
-            now = time.perf_counter()
+            now = self._clock.monotonic()
             for req, locs in w.requests:
                 self.commit_latency_ms.append((now - req.enqueued) * 1000)
                 self._resolve(req, result=[BodyLocation(w.index, w.term, s, p, n) for s, p, n in locs])
@@ -629,9 +632,11 @@ class DLedgerNode:
         if sync.dl_state == RAFT_STATE_CANDIDATE and self.role == "CANDIDATE" and leader_id == self.leader_id:
             self.term = term  # repeated candidacies: not worth an event each
             return
+        if role == "CANDIDATE" and self.role != "CANDIDATE":
+            self._counters["elections"] += 1
         self.role, self.term, self.leader_id = role, term, leader_id
         log.info("role %s term %d leader %s", role, term, leader_id)
-        change = RoleChange(role, term, leader_id, self._clock())
+        change = RoleChange(role, term, leader_id, self._clock.wall())
         if role != "LEADER":
             self._fail_queue(NotLeaderError(leader_id))
         for loop, queue in self._listeners:
@@ -660,12 +665,17 @@ class DLedgerNode:
         self._counters["retention_checks"] += 1
         floor = self.applied_index
         if sync.dl_state == RAFT_STATE_LEADER:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             responses = sync.dl_last_response()
+            live = 0
             for node, match in sync.dl_match_index().items():
-                if now - responses.get(node, 0.0) <= s.live_follower_s:
+                last = responses.get(node)
+                if last is not None and now - last <= s.live_follower_s:
                     floor = min(floor, match)
+                    live += 1
+            self._live_followers = live
         else:
+            self._live_followers = None
             floor = min(floor, self.leader_floor)
         self._own_floor = floor
         used = self._disk_used_ratio(self.settings.data_dir)
@@ -673,7 +683,7 @@ class DLedgerNode:
         segments = self.store.segments()
         if len(segments) <= 1:
             return
-        cutoff = self._clock() - s.retention_hours * 3600
+        cutoff = self._clock.wall() - s.retention_hours * 3600
         expired_floor = 0
         for seg in segments[:-1]:
             if seg.mtime < cutoff:
@@ -760,6 +770,7 @@ class DLedgerNode:
             "flush_policy": self.settings.flush_policy,
             "disk_full": self.disk_full,
             "retention_floor": self._own_floor,
+            "live_followers": self._live_followers,
             "peers": peers,
             "counters": {
                 **dict(self._counters),
@@ -767,7 +778,9 @@ class DLedgerNode:
                 "entries_truncated": self.journal.entries_truncated,
                 "rewinds_prevented": sync.dl_rewinds_prevented,
                 "installs_sent": sync.dl_installs_sent,
+                "appends_received": sync.dl_appends_received,
             },
+            "max_append_gap_ms": round(sync.dl_max_append_gap_s * 1000, 3),
             "queued_bytes": self._queued_bytes,
             "commit_latency_ms": _latency_summary(list(self.commit_latency_ms)),
         }

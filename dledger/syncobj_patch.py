@@ -42,7 +42,6 @@ import logging
 import os
 import pickle as std_pickle
 import struct
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -55,6 +54,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from dledger import clock as dl_clock
 from dledger.journal import RaftJournal
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,7 @@ def install() -> None:
     check_pinned_version()
     if _installed:
         return
+    dl_clock.bind_pysyncobj()
     _syncobj_mod.createJournal = _create_journal
     _syncobj_mod.getEncryptor = _get_encryptor
     _tcp_mod.TcpConnection.send = _fast_send
@@ -201,9 +202,9 @@ class DLedgerTransport(TCPTransport):
         if not self._shouldConnect(node):
             return False
         last = self._lastConnectAttempt.get(node)
-        if last is not None and time.monotonic() - last < self._syncObj.conf.connectionRetryTime:
+        if last is not None and dl_clock.current_monotonic() - last < self._syncObj.conf.connectionRetryTime:
             return False
-        self._lastConnectAttempt[node] = time.monotonic()
+        self._lastConnectAttempt[node] = dl_clock.current_monotonic()
         host, _, port = via.rpartition(":")
         return bool(self._connections[node].connect(host, int(port)))
 
@@ -298,6 +299,9 @@ class DLedgerSyncObj(SyncObj):
         self.dl_rewinds_prevented = 0
         self.dl_installs_sent = 0
         self.dl_last_install: dict[Any, float] = {}
+        self.dl_appends_received = 0
+        self.dl_last_append_at: float | None = None
+        self.dl_max_append_gap_s = 0.0
         super().__init__(self_address, other_addresses, conf=conf, transportClass=DLedgerTransport)
         self.dl_transport: DLedgerTransport = self._SyncObj__transport
         self.dl_transport.hooks = hooks
@@ -333,6 +337,7 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         mtype = message.get("type") if type(message) is dict else None
         if mtype == "append_entries":
+            self._dl_note_append(message)
             if "transmission" in message:
                 log.error("dropping a chunked append_entries from %s: dledger peers never send them", node)
                 return
@@ -369,6 +374,18 @@ class DLedgerSyncObj(SyncObj):
             return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
+    def _dl_note_append(self, message: dict[str, Any]) -> None:
+        # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
+        # leader's heartbeats keep their period whatever the clocks of the hosts do.
+        if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+            return
+        now = dl_clock.current_monotonic()
+        last = self.dl_last_append_at
+        if last is not None:
+            self.dl_max_append_gap_s = max(self.dl_max_append_gap_s, now - last)
+        self.dl_last_append_at = now
+        self.dl_appends_received += 1
+
     def _dl_term_at(self, index: int) -> int:
         store = self.dl_journal.store
         if index == store.last_index:
@@ -397,7 +414,7 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, anchor_index)
             self.dl_journal.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
             self.dl_hooks.on_install_anchor(anchor_index)
-        self._SyncObj__raftElectionDeadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
+        self._SyncObj__raftElectionDeadline = dl_clock.current_monotonic() + self._SyncObj__generateRaftTimeout()
         self.dl_transport.send(
             node,
             {"type": "next_node_idx", "next_node_idx": anchor_index + 1, "reset": True, "success": False},
@@ -405,7 +422,7 @@ class DLedgerSyncObj(SyncObj):
 
     # -- item 4: replication --------------------------------------------------------------------
     def _SyncObj__sendAppendEntries(self) -> None:
-        self._SyncObj__newAppendEntriesTime = time.monotonic() + self._SyncObj__conf.appendEntriesPeriod
+        self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self._SyncObj__conf.appendEntriesPeriod
         nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
         if not nodes:
             return
@@ -463,8 +480,9 @@ class DLedgerSyncObj(SyncObj):
                 return
 
     def _dl_send_install(self, node: Any) -> None:
-        now = time.monotonic()
-        if now - self.dl_last_install.get(node, 0.0) < 1.0:
+        now = dl_clock.current_monotonic()
+        last = self.dl_last_install.get(node)
+        if last is not None and now - last < 1.0:
             return
         self.dl_last_install[node] = now
         self.dl_installs_sent += 1

@@ -24,12 +24,12 @@ import argparse
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
+from dledger.clock import process_clock
 from dledger.config import ConfigError
 from dledger.process_main import run_until_signalled, setup_logging
 from namesrv import wire
@@ -74,11 +74,11 @@ _CODE_BY_HTTP_STATUS: Final = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413:
 
 
 def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+    return int(process_clock().monotonic() * 1000)
 
 
 def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return int(process_clock().wall() * 1000)
 
 
 class TableOwner:
@@ -146,7 +146,7 @@ class NamesrvService:
         self._wall_clock_ms = wall_clock_ms
         self._run_scanner = run_scanner
         self._scanner: asyncio.Task[None] | None = None
-        self._started_ms = monotonic_ms()
+        self._started_ms = clock_ms()
         self._started_wall_ms = wall_clock_ms()
         # Owned by the table task (updated only inside closures it runs).
         self.totals = dict.fromkeys(
@@ -292,7 +292,7 @@ class NamesrvService:
     def _status(self, table: RouteTable, now_ms: int) -> dict[str, Any]:
         return {
             "v": WIRE_VERSION,
-            "uptime_ms": monotonic_ms() - self._started_ms,
+            "uptime_ms": now_ms - self._started_ms,
             "started_at_ms": self._started_wall_ms,
             "namesrv_time_ms": self._wall_clock_ms(),
             "counts": table.counts(),

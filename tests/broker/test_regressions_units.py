@@ -26,6 +26,7 @@ from broker.message import InvalidInput, StoredMessage, encode_command, encode_m
 from broker.registration import Registrar
 from broker.store import MessageStore
 from dledger import command_codec
+from dledger.clock import SYSTEM
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry, _to_committed
 from tests.dledger.harness import wait_until
@@ -76,6 +77,7 @@ def _fake_server(ms: MessageStore) -> Any:
     return types.SimpleNamespace(
         store=ms,
         counters=collections.Counter(),
+        clock=SYSTEM,
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
         wait_for_queue=wait_for_queue,
     )

@@ -21,6 +21,7 @@ import aiohttp
 import msgpack
 
 from dledger.checkpoint import ApplyCheckpoint
+from dledger.clock import Clock
 from dledger.node import DLedgerNode, RaftSettings
 
 HOST = "127.0.0.1"
@@ -92,6 +93,7 @@ class InProcCluster:
     ports: list[int] = field(default_factory=list)
     disk_used: dict[str, float] = field(default_factory=dict)  # per node, what the disk reports
     per_node: dict[str, dict[str, Any]] = field(default_factory=dict)  # extra overrides per node id
+    clocks: dict[str, Clock] = field(default_factory=dict)  # per node id; the process clock otherwise
 
     def __post_init__(self) -> None:
         self.ports = free_ports(len(self.ids))
@@ -105,7 +107,9 @@ class InProcCluster:
     async def start_node(self, node_id: str) -> DLedgerNode:
         s = self.settings(node_id)
         cp = ApplyCheckpoint(os.path.join(s.data_dir, "meta", "apply_checkpoint"))
-        node = DLedgerNode(s, cp, disk_used_ratio=lambda _path: self.disk_used[node_id])
+        node = DLedgerNode(
+            s, cp, clock=self.clocks.get(node_id), disk_used_ratio=lambda _path: self.disk_used[node_id]
+        )
         await node.start()
         self.nodes[node_id] = node
         self.checkpoints[node_id] = cp

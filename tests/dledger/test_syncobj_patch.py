@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 
+from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.journal import RaftJournal
@@ -165,7 +166,7 @@ def test_leader_does_not_rewind_next_index(make_syncobj: Any, stock: bool) -> No
     sync._SyncObj__raftState = RAFT_STATE_LEADER
     sync._SyncObj__raftNextIndex[node] = 101  # batches up to 100 are in flight
     sync._SyncObj__raftMatchIndex[node] = 0
-    sync._SyncObj__lastResponseTime[node] = time.monotonic()
+    sync._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
     ack = {"type": "next_node_idx", "next_node_idx": 21, "reset": False, "success": True}
     deliver(sync, ack, stock)
     assert sync._SyncObj__raftMatchIndex[node] == 20
