@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -16,8 +17,31 @@ def setup_logging(level: str) -> None:
     )
 
 
+PLANT_ENV = "DLEDGER_TEST_PLANT"
+
+
+def apply_test_plants() -> list[str]:
+    """Plant the defects named in ``DLEDGER_TEST_PLANT`` (``module:function[,module:function]``).
+
+    Test-only: the audit's sensitivity tests start a cluster whose processes carry one known bug
+    and check that the audit catches it. Each named function patches the defect in when called.
+    Never set in production; a process with a plant says so loudly in its log.
+    """
+    raw = os.environ.get(PLANT_ENV, "").strip()
+    planted = []
+    for spec in filter(None, (part.strip() for part in raw.split(","))):
+        module_name, _, func_name = spec.partition(":")
+        if not module_name or not func_name:
+            raise SystemExit(f"{PLANT_ENV}: expected module:function, got {spec!r}")
+        getattr(importlib.import_module(module_name), func_name)()
+        logging.getLogger("dledger.plant").warning("TEST PLANT ACTIVE: %s (a deliberate defect)", spec)
+        planted.append(spec)
+    return planted
+
+
 def run_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``serve(stop)`` on a new event loop; SIGTERM and SIGINT set ``stop``."""
+    apply_test_plants()
 
     async def run() -> None:
         stop = asyncio.Event()
