@@ -53,9 +53,9 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
+from dledger.clock import SYSTEM, Clock
 from dledger.durable import fsync_dir
 from dledger.entry_codec import (
     BLANK_BYTES,
@@ -75,6 +75,16 @@ from dledger.entry_codec import (
     pack_header,
     pack_index_record,
     valid_header_after,
+)
+from dledger.log_store import (
+    CorruptStoreError,
+    Entry,
+    EntryTooLargeError,
+    IndexOutOfRangeError,
+    PositionOutOfRangeError,
+    SegmentInfo,
+    StaleReadError,
+    StoreClosedError,
 )
 
 __all__ = [
@@ -107,58 +117,6 @@ _READ_ATTEMPTS = 4
 T = TypeVar("T")
 
 
-class CorruptStoreError(StoreError):
-    """The store's files contradict each other in a way a crash cannot explain; not repaired."""
-
-    code = "STORE_CORRUPT"
-
-    def __init__(self, message: str, path: str | None = None, offset: int | None = None):
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-
-class EntryTooLargeError(StoreError):
-    code = "STORE_ENTRY_TOO_LARGE"
-
-
-class IndexOutOfRangeError(StoreError):
-    code = "STORE_INDEX_OUT_OF_RANGE"
-
-
-class PositionOutOfRangeError(IndexOutOfRangeError):
-    code = "STORE_POSITION_OUT_OF_RANGE"
-
-
-class StaleReadError(StoreError):
-    """A read kept racing with truncate_suffix/reset; retry later."""
-
-    code = "STORE_STALE_READ"
-
-
-class StoreClosedError(StoreError):
-    code = "STORE_CLOSED"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    index: int
-    term: int
-    position: int
-    body: bytes
-    chain_crc: int
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    start_position: int
-    first_index: int  # last_index + 1 when the segment holds no entry
-    last_index: int
-    size_bytes: int
-    mtime: float
-    path: str
-
-
 class _File:
     """An open file that readers pin while they pread; closed once retired and unpinned."""
 
@@ -172,7 +130,7 @@ class _File:
 
 
 class _Segment:
-    __slots__ = ("file", "first_index", "last_index", "sealed", "size", "start")
+    __slots__ = ("file", "first_index", "last_index", "sealed", "sealed_wall_s", "size", "start")
 
     def __init__(self, start: int, file: _File, size: int, first_index: int):
         self.start = start
@@ -181,6 +139,7 @@ class _Segment:
         self.first_index = first_index
         self.last_index = first_index - 1  # empty until an entry is published
         self.sealed = False  # ends with BLANK or is full: the next entry goes to a new segment
+        self.sealed_wall_s: float | None = None  # when it was sealed, on the store's clock
 
 
 def _name(n: int) -> str:
@@ -222,7 +181,7 @@ class EntryStore:
         path: str,
         segment_bytes: int = 1 << 30,
         index_records_per_file: int = 1 << 20,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
     ):
         if segment_bytes < 2 * HEADER_SIZE:
             raise ValueError(f"segment_bytes must be at least {2 * HEADER_SIZE}")
@@ -630,6 +589,8 @@ class EntryStore:
                 with self._lock:
                     seg.size, seg.sealed = size, True
                     self._dirty_files.add(seg.file)
+            if seg.sealed_wall_s is None:
+                seg.sealed_wall_s = self._clock.wall()
             start = self._next_segment_start(seg)
             # Seal: this segment and every index record so far become durable before the next
             # segment gets a byte, so after a crash only the last segment can be torn.
@@ -699,7 +660,8 @@ class EntryStore:
         index_file = self._index_files.get(base)
         if index_file is not None:
             os.ftruncate(index_file.fd, self._index_slot(from_index))
-            os.fdatasync(index_file.fd)
+            self._dirty_files.add(index_file)
+        self.flush()  # what is left is durable when this returns (index files included)
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
         """Drop every entry; the log continues after this anchor (a follower installed from a
@@ -734,17 +696,15 @@ class EntryStore:
             self._check_open()
             return [
                 SegmentInfo(
-                    s.start, s.first_index, s.last_index, s.size, os.fstat(s.file.fd).st_mtime, s.file.path
+                    s.start,
+                    s.first_index,
+                    s.last_index,
+                    s.size,
+                    s.sealed_wall_s if s.sealed else None,
+                    s.file.path,
                 )
                 for s in self._segments
             ]
-
-    def oldest_segment_age_s(self, now: float | None = None) -> float:
-        """Seconds since the oldest segment was last written (0 with no segment)."""
-        infos = self.segments()
-        if not infos:
-            return 0.0
-        return max(0.0, (self._clock() if now is None else now) - infos[0].mtime)
 
     def delete_segments_before(self, index_floor: int) -> int:
         """Remove whole segments whose last index < ``index_floor``, never the one holding
@@ -838,6 +798,10 @@ class EntryStore:
             prev = agreed
         self._last = prev
         self._trim_index_after(prev[0])
+        for seg in self._segments:
+            if seg.sealed or seg is not self._segments[-1]:
+                seg.sealed = True
+                seg.sealed_wall_s = self._clock.wall() - _age_on_filesystem_clock(seg.file.fd)
         if anchor is None:
             self._write_anchor(a_index, a_term, a_chain, floor)
         self.flush()
@@ -1054,6 +1018,16 @@ class EntryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _age_on_filesystem_clock(fd: int) -> float:
+    """Seconds since the file was last written, measured on the clock that stamped its mtime.
+
+    File times come from the kernel's wall clock, not from the store's injected clock: the age is
+    taken on the kernel's clock (the one deliberate read of it here) and only the age, a duration,
+    crosses over to the injected clock (recovery turns it into a seal time on that clock).
+    """
+    return max(0.0, time.time() - os.fstat(fd).st_mtime)
 
 
 class _Chunks:

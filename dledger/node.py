@@ -205,7 +205,7 @@ class DLedgerNode:
         self._sm = state_machine
         os.makedirs(settings.data_dir, exist_ok=True)
         self.store = EntryStore(
-            os.path.join(settings.data_dir, "store"), segment_bytes=settings.segment_bytes
+            os.path.join(settings.data_dir, "store"), segment_bytes=settings.segment_bytes, clock=self._clock
         )
         self.journal = RaftJournal(self.store, os.path.join(settings.data_dir, "meta"))
         # Peers are known by their dLegerPeers address (what each announces); ``view()`` only says
@@ -686,7 +686,7 @@ class DLedgerNode:
         cutoff = self._clock.wall() - s.retention_hours * 3600
         expired_floor = 0
         for seg in segments[:-1]:
-            if seg.mtime < cutoff:
+            if seg.sealed_wall_s is not None and seg.sealed_wall_s < cutoff:
                 expired_floor = seg.last_index + 1
         over_disk = used >= s.disk_max_used_ratio
         if over_disk:
