@@ -56,7 +56,7 @@ from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
-    from dledger.entry_store import EntryStore
+    from dledger.log_store import LogStore
     from dledger.node import CommittedEntry
 
 log = logging.getLogger("broker.store")
@@ -100,7 +100,7 @@ class MessageStore:
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._sync_job: concurrent.futures.Future[None] | None = None
         self._units_since_write_out = 0
-        self._log: EntryStore | None = None
+        self._log: LogStore | None = None
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         # The leader's send path reads what applying its records produced (queue offsets, command
@@ -114,7 +114,7 @@ class MessageStore:
         self.needs_state_after: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def open(self, log_store: EntryStore) -> None:
+    def open(self, log_store: LogStore) -> None:
         """Recover against the node's log (before the node starts applying)."""
         self._log = log_store
         self._log_first_index = log_store.first_index
@@ -304,7 +304,7 @@ class MessageStore:
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.needs_state_after = None
         assert self._log is not None
-        from dledger.node import _to_committed
+        from dledger.records import to_committed
 
         index = as_of + 1
         while index < state_index:
@@ -314,7 +314,7 @@ class MessageStore:
             for entry in raw:
                 if entry.index >= state_index:
                     break
-                committed = _to_committed(entry, self._log)
+                committed = to_committed(entry, self._log)
                 for position, body in committed.bodies:
                     if body[:1] == MESSAGE_MAGIC:
                         self._dispatch(position, body, touched)
@@ -392,7 +392,7 @@ class MessageStore:
     def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
         """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
         assert self._log is not None
-        from dledger.node import _to_committed
+        from dledger.records import to_committed
 
         index = self._log.first_index
         last = min(until_index, self._log.last_index)
@@ -401,7 +401,7 @@ class MessageStore:
             if not raw:
                 break
             for entry in raw:
-                for position, body in _to_committed(entry, self._log).bodies:
+                for position, body in to_committed(entry, self._log).bodies:
                     if body[:1] in (MESSAGE_MAGIC, COMMAND_MAGIC):
                         yield position, body
             index = raw[-1].index + 1

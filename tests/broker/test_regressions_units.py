@@ -28,7 +28,8 @@ from broker.store import MessageStore
 from dledger import command_codec
 from dledger.clock import SYSTEM
 from dledger.entry_store import EntryStore
-from dledger.node import CommittedEntry, _to_committed
+from dledger.node import CommittedEntry
+from dledger.records import to_committed
 from tests.dledger.harness import wait_until
 
 MSGPACK = "application/x-msgpack"
@@ -45,7 +46,7 @@ class _Log:
     def entry(self, records: list[bytes]) -> CommittedEntry:
         self.index += 1
         self.es.append(self.index, 1, command_codec.encode_batch(records))
-        return _to_committed(self.es.read(self.index), self.es)
+        return to_committed(self.es.read(self.index), self.es)
 
 
 def _message(topic: str, body: bytes, uid: str) -> bytes:

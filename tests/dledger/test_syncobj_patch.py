@@ -17,10 +17,11 @@ from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.journal import RaftJournal
+from dledger.node import DLedgerError, DLedgerNode, RaftSettings
+from dledger.peer_tcp import DLedgerTransport, install_tcp_patches
 from dledger.syncobj_patch import (
     RAFT_STATE_LEADER,
     DLedgerSyncObj,
-    PatchError,
     align_append_entries,
 )
 from tests.dledger.harness import PASSWORD, free_ports
@@ -43,6 +44,9 @@ class Hooks:
     def on_leader_floor(self, floor: int) -> None:
         self.floor = floor
 
+    def self_match_index(self) -> int:
+        return 10**18
+
 
 @pytest.fixture
 def make_syncobj(tmp_path: Any) -> Any:
@@ -53,8 +57,14 @@ def make_syncobj(tmp_path: Any) -> Any:
         store = EntryStore(str(tmp_path / f"store{len(made)}"), segment_bytes=1 << 24)
         journal = RaftJournal(store, str(tmp_path / f"meta{len(made)}"))
         conf = SyncObjConf(password=password, appendEntriesPeriod=0.05)
+        install_tcp_patches()
         sync = DLedgerSyncObj(
-            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:]], conf, journal, Hooks()
+            f"127.0.0.1:{ports[0]}",
+            [f"127.0.0.1:{p}" for p in ports[1:]],
+            conf,
+            journal,
+            Hooks(),
+            transport_factory=DLedgerTransport,
         )
         made.append(sync)
         return sync
@@ -250,9 +260,10 @@ def test_large_entry_goes_in_one_message(make_syncobj: Any, stock: bool) -> None
 
 
 # -- defect 5: unauthenticated pickle ------------------------------------------------------------
-def test_password_is_required(make_syncobj: Any) -> None:
-    with pytest.raises(PatchError, match="password"):
-        make_syncobj(password=None)
+def test_password_is_required(tmp_path: Any) -> None:
+    settings = RaftSettings("G", "n0", {"n0": "127.0.0.1:1", "n1": "127.0.0.1:2"}, str(tmp_path), password="")
+    with pytest.raises(DLedgerError, match="password"):
+        DLedgerNode(settings)
 
 
 class _Evil:
@@ -289,7 +300,7 @@ def test_unauthenticated_frames_are_never_unpickled(make_syncobj: Any) -> None:
 def test_aead_frames_round_trip_and_reject_tampering() -> None:
     from cryptography.exceptions import InvalidTag
 
-    from dledger.syncobj_patch import AeadEncryptor
+    from dledger.peer_tcp import AeadEncryptor
 
     a, b, other = AeadEncryptor(PASSWORD), AeadEncryptor(PASSWORD), AeadEncryptor("another-password")
     token = a.encrypt_at_time(b"frame", 1234)
