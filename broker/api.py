@@ -13,7 +13,6 @@ from aiohttp import web
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
 from broker.message import (
-    CLIENT_ID_RE,
     InvalidInput,
     StoredMessage,
     build_messages,
@@ -29,6 +28,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
+from broker.names import is_client_id, is_decimal
 from broker.store import MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -529,7 +529,7 @@ class BrokerApi:
             raise ApiError(400, "BAD_REQUEST", "offsets must be a map of queue id -> offset (≤ 1024 entries)")
         out = {}
         for k, v in raw.items():
-            if isinstance(k, bool) or not (isinstance(k, int) or (isinstance(k, str) and k.isdigit() and len(k) < 8)):
+            if isinstance(k, bool) or not (isinstance(k, int) or (is_decimal(k) and len(k) < 8)):
                 raise ApiError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer")
             qid = int(k)
             check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
@@ -651,7 +651,7 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id", "groups"}), ("client_id", "groups"))
         cid = body["client_id"]
-        if not isinstance(cid, str) or not CLIENT_ID_RE.match(cid):
+        if not is_client_id(cid):
             raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
         groups = body["groups"]
         if not isinstance(groups, list) or len(groups) > 64:
@@ -675,7 +675,7 @@ class BrokerApi:
     async def unregister(self, request: web.Request) -> web.Response:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id"}), ("client_id",))
-        if not isinstance(body["client_id"], str) or not CLIENT_ID_RE.match(body["client_id"]):
+        if not is_client_id(body["client_id"]):
             raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
         return answer(request, {"removed": self.s.consumers.unregister(body["client_id"])})
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 
+from broker.names import is_decimal, is_name
 from dledger.config import (
     ConfigError,
     DLedgerConfig,
@@ -34,8 +34,6 @@ from dledger.config import (
     load_properties,
     parse_dledger_config,
 )
-
-CLUSTER_RE = re.compile(r"^[a-zA-Z0-9_-]{1,127}$")
 
 BROKER_KEYS = frozenset(
     {
@@ -104,7 +102,7 @@ def parse_broker_config(
     dl = parse_dledger_config(props, source=source, extra_known_keys=BROKER_KEYS)
     r = _Reader(props, source)
     cluster = r.optional("brokerClusterName") or "DefaultCluster"
-    if not CLUSTER_RE.match(cluster):
+    if not is_name(cluster):
         raise r.error("brokerClusterName", f"{cluster!r} must be 1..127 characters of [a-zA-Z0-9_-]")
     name = r.optional("brokerName") or dl.group
     if name != dl.group:
@@ -153,7 +151,7 @@ def _bind_address(r: _Reader) -> str:
 
 def _is_host_port(value: str) -> bool:
     host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    return bool(sep and host and is_decimal(port) and 0 < int(port) < 65536)
 
 
 def load_broker_config(

@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from broker.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
 from dledger.config import is_valid_host
 
 WIRE_VERSION: Final = 1
@@ -52,8 +53,6 @@ TOPICS_PER_REGISTRATION_MAX: Final = 100_000
 BROKERS_MAX_DEFAULT: Final = 10_000
 INT64_MAX: Final = 2**63 - 1
 
-TOPIC_RE: Final = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
-NAME_RE: Final = re.compile(r"[a-zA-Z0-9_-]{1,127}")
 _PORT_RE: Final = re.compile(r"[0-9]{1,5}")
 
 STALE_TERM: Final = "STALE_TERM"
@@ -199,17 +198,13 @@ class ExpiredBroker:
 
 # -- validation ----------------------------------------------------------------------------------
 def validate_topic(topic: object) -> None:
-    if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
-        raise InvalidRecordError(
-            "INVALID_TOPIC", f"topic must be 1..127 characters of [%|a-zA-Z0-9_-], got {topic!r:.160}"
-        )
+    if not is_topic(topic):
+        raise InvalidRecordError("INVALID_TOPIC", f"topic must match {TOPIC_RULE}, got {topic!r:.160}")
 
 
 def validate_name(value: object, code: str, what: str) -> None:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise InvalidRecordError(
-            code, f"{what} must be 1..127 characters of [a-zA-Z0-9_-], got {value!r:.160}"
-        )
+    if not is_name(value):
+        raise InvalidRecordError(code, f"{what} must match {NAME_RULE}, got {value!r:.160}")
 
 
 def validate_address(address: object) -> None:

@@ -54,7 +54,6 @@ from urllib.parse import quote
 
 from broker.client.allocate import AllocateStrategy, allocate_averagely
 from broker.client.message import (
-    TOPIC_RE,
     ConsumeFrom,
     ConsumeStatus,
     MessageExt,
@@ -73,6 +72,7 @@ from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, Remote
 from broker.client.process_queue import ProcessQueue, backoff_s
 from broker.client.route_cache import RouteCache, all_addrs, call_replicas, subscribe_queues
 from broker.client.transport import ClientError, NamesrvClient, TopicRoute, Transport
+from broker.names import TOPIC_RULE, is_topic
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,8 @@ class PushConsumer:
     # -- configuration --------------------------------------------------------------------------------
     def subscribe(self, topic: str, tags: str = "*") -> None:
         """Consume ``topic``; ``tags`` is ``"*"`` or ``"a||b"`` (filtered by the broker and again here)."""
-        if not TOPIC_RE.match(topic):
-            raise ClientError("INVALID_TOPIC", f"topic {topic[:140]!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
+        if not is_topic(topic):
+            raise ClientError("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}")
         self._subscriptions[topic] = parse_tags_expression(tags)
         if self._running:
             self._rebalance_wanted.set()
