@@ -180,6 +180,21 @@ class Guard:
             self._release(request)
 
 
+GUARD_KEY: Final = web.AppKey("edge.guard", Guard)
+
+
+async def request_body(request: web.Request) -> bytes:
+    """The body of ``request``, read through its app's guard (``app[GUARD_KEY]``)."""
+    return await request.app[GUARD_KEY].read_body(request)
+
+
+def guarded_app(guard: Guard, middlewares: list[Any]) -> web.Application:
+    """An application whose first middleware is the guard's and whose bodies it bounds."""
+    app = web.Application(client_max_size=guard.limits.client_max_size, middlewares=[guard.middleware, *middlewares])
+    app[GUARD_KEY] = guard
+    return app
+
+
 # -- the protocol: connection cap, request-receipt timers, JSON parser errors ------------------------
 class _GuardedHandler(RequestHandler):
     __slots__ = ("_accepted", "_guard", "_idle", "_timer")

@@ -40,7 +40,15 @@ from aiohttp import web
 
 from broker.acl import AclError, AclWatcher
 from broker.auth import AuthError
-from broker.http_edge import ClientGone, EdgeError, Guard, Limits, server_ssl_context, start_server
+from broker.http_edge import (
+    ClientGone,
+    EdgeError,
+    Guard,
+    Limits,
+    guarded_app,
+    server_ssl_context,
+    start_server,
+)
 from broker.security import Security
 from dledger.clock import process_clock
 from dledger.config import ConfigError
@@ -182,9 +190,7 @@ class NamesrvService:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=BODY_BYTES_MAX, middlewares=[self.guard.middleware, _errors, self.security.middleware]
-        )
+        app = guarded_app(self.guard, [_errors, self.security.middleware])
         app.router.add_post("/v1/brokers/register", self.handle_register)
         app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
         app.router.add_get("/v1/routes/{topic}", self.handle_route)

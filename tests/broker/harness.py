@@ -31,9 +31,7 @@ class NameServer:
         self.addr = f"{HOST}:{port}"
 
     async def start(self) -> None:
-        self.runner = web.AppRunner(self.service.app(), access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, HOST, self.cfg.listen_port, reuse_address=True).start()
+        self.runner, _ = await self.service.serve(HOST, self.cfg.listen_port)
 
     async def stop(self) -> None:
         if self.runner is not None:
