@@ -25,7 +25,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
-from broker.client.transport import BrokerData, ClientError, NamesrvClient, TopicRoute, Transport
+from broker.client.transport import (
+    FROM_ENV,
+    BrokerData,
+    ClientError,
+    CredentialsArg,
+    NamesrvClient,
+    TlsArg,
+    TopicRoute,
+    Transport,
+)
 from broker.names import (
     GROUP_RULE,
     NAME_RULE,
@@ -291,10 +300,12 @@ class Admin:
         transport: Transport | None = None,
         *,
         timeout_s: float = 3.0,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
     ):
         try:
             self._owns_transport = transport is None
-            self.transport = transport or Transport(timeout_s)
+            self.transport = transport or Transport(timeout_s, credentials=credentials, tls=tls)
             self.namesrv = NamesrvClient(namesrv, self.transport)
         except ValueError as exc:
             raise InvalidArgument("INVALID_ADDRESS", str(exc)) from None
