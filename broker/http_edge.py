@@ -291,7 +291,7 @@ class GuardedServer(web.Server):
         self._edge_loop = asyncio.get_running_loop()
 
     def __call__(self) -> RequestHandler:
-        return _GuardedHandler(self, guard=self._edge_guard, loop=self._edge_loop, **self._edge_args)
+        return _GuardedHandler(self, guard=self._edge_guard, loop=self._edge_loop, access_log=None, **self._edge_args)
 
 
 class EdgeRunner(web.AppRunner):
