@@ -749,7 +749,7 @@ class BrokerApi:
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)
         target = None
-        if request.can_read_body:
+        if request.body_exists:  # (not can_read_body: the ACL check may have read it already)
             body = await read_body(request)
             check_fields(body, frozenset({"target"}))
             target = body.get("target")
