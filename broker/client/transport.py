@@ -27,7 +27,14 @@ from urllib.parse import quote, urlencode
 
 import msgpack
 
-from broker.auth import Credentials, CredentialsError, as_credentials, authorization, credentials_from_env
+from broker.auth import (
+    Credentials,
+    CredentialsError,
+    as_credentials,
+    authorization,
+    credentials_from_env,
+    load_credentials,
+)
 
 MSGPACK = "application/x-msgpack"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
@@ -65,6 +72,36 @@ def tls_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
     if env.get(ENV_TLS, "").lower() in ("1", "true", "yes"):
         return client_ssl_context()
     return None
+
+
+def cluster_credentials(root: str) -> Credentials | _FromEnv:
+    """The admin account ``dledger-cluster up --dir ROOT`` wrote (ROOT/admin-credentials.yml), or
+    ``FROM_ENV`` for a cluster without one (ACL off, or a compose/remote cluster)."""
+    path = os.path.join(root, "admin-credentials.yml")  # dledger.cluster.ADMIN_CREDENTIALS_FILE
+    return load_credentials(path) if os.path.exists(path) else FROM_ENV
+
+
+def add_security_arguments(p: Any) -> None:
+    """``--credentials FILE`` and ``--tls-ca FILE`` for the tools (mqadmin, mq-bench)."""
+    p.add_argument("--credentials", metavar="FILE", default=None,
+                   help="accessKey/secretKey YAML (default: $DLEDGER_ACCESS_KEY/$DLEDGER_SECRET_KEY, "
+                        "else $DLEDGER_CREDENTIALS_FILE)")
+    p.add_argument("--tls-ca", dest="tls_ca", metavar="FILE", default=None,
+                   help="use HTTPS, trusting this CA (default: $DLEDGER_TLS_CA_FILE)")
+
+
+def security_kwargs(args: Any) -> dict[str, Any]:
+    """The ``credentials=`` / ``tls=`` a tool's flags ask for ({} when none: the environment decides).
+    Raises ``CredentialsError`` for a file that cannot be used."""
+    out: dict[str, Any] = {}
+    if getattr(args, "credentials", None):
+        out["credentials"] = load_credentials(args.credentials)
+    if getattr(args, "tls_ca", None):
+        try:
+            out["tls"] = client_ssl_context(args.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialsError(f"--tls-ca {args.tls_ca}: {exc}") from None
+    return out
 
 
 def resolve_security(credentials: CredentialsArg, tls: TlsArg) -> tuple[Credentials | None, ssl.SSLContext | None]:
