@@ -67,7 +67,7 @@ def test_cluster_up_enables_acl_and_keeps_its_files_private(tmp_path: Any) -> No
         secrets += [os.path.join(root, "logs", n) for n in os.listdir(os.path.join(root, "logs"))]
         for path in secrets:
             assert mode(path) == 0o600, (path, oct(mode(path)))
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, "data")):
+        for dirpath, _dirnames, filenames in os.walk(os.path.join(root, "data")):
             assert mode(dirpath) & 0o077 == 0, (dirpath, oct(mode(dirpath)))
             for n in filenames:
                 assert mode(os.path.join(dirpath, n)) & 0o077 == 0, (dirpath, n, oct(mode(os.path.join(dirpath, n))))
