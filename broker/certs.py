@@ -84,7 +84,7 @@ def _write(path: str, data: bytes, mode: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m broker.certs", description="Make a private CA and a server certificate.")
+    p = argparse.ArgumentParser(prog="python -m broker.certs", description="Make a private CA and a server cert.")
     p.add_argument("--dir", required=True)
     p.add_argument("--name", action="append", default=[], help="a DNS name of the servers (repeatable)")
     p.add_argument("--ip", action="append", default=[], help="an IP address of the servers (repeatable)")
