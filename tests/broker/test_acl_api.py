@@ -106,7 +106,7 @@ async def test_every_route_needs_the_right_account(cluster: BrokerCluster) -> No
 
 async def test_followers_enforce_the_same_acl_and_the_sdk_passes_credentials(cluster: BrokerCluster) -> None:
     ns = cluster.namesrv_addr
-    async with Admin(ns, Transport(timeout_s=5.0, credentials=ADMIN, tls=None)) as admin:
+    async with Admin(ns, credentials=ADMIN, tls=None) as admin:
         await admin.update_topic("T", cluster="TestCluster", read_queue_nums=2, write_queue_nums=2)
     async with Producer("pg", ns, credentials=PRODUCER) as producer:
         result = await producer.send(Message("T", b"one", keys=["k1"]))
