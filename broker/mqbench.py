@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TextIO
 
+from broker.auth import CredentialsError
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
-from broker.client.transport import ClientError, parse_addrs
+from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 
 MAX_MESSAGE_BYTES = 4 << 20
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
@@ -322,12 +323,13 @@ async def run_produce(
     err = err or sys.stderr
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
-    admin = Admin(args.namesrv)
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
     try:
         await preflight(admin, args.topic, err)
     finally:
         await admin.close()
-    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout)
+    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
     await producer.start()
     stats = Stats()
     stop = asyncio.Event()
@@ -426,7 +428,8 @@ async def run_consume(
             stats.record_consumed(*end_to_end_us(m, now_ns))
         return "CONSUME_SUCCESS"
 
-    admin = Admin(args.namesrv)
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
     try:
         await preflight(admin, args.topic, err)
     finally:
@@ -437,6 +440,7 @@ async def run_consume(
         message_model=args.model,
         consume_from=args.from_,
         consume_batch_max=CONSUME_BATCH_MAX,
+        **security,
     )
     consumer.subscribe(args.topic, "*")
     consumer.register_listener(listener)
@@ -519,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="seconds between report lines (default 5)",
         )
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout; reports on stderr")
+        add_security_arguments(p)
 
     p = sub.add_parser("produce", help="send messages as fast as allowed; report TPS and RT")
     common(p)
@@ -584,6 +589,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_addrs(args.namesrv)
         except ValueError as exc:
             raise InvalidArgument("INVALID_ADDRESS", str(exc)) from None
+        try:
+            security_kwargs(args)
+        except CredentialsError as exc:
+            raise InvalidArgument("BAD_CREDENTIALS", str(exc)) from None
     except InvalidArgument as exc:
         print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
         return 2

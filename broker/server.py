@@ -25,14 +25,19 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.acl import AclError, AclWatcher
 from broker.api import BrokerApi
+from broker.client.transport import Transport, client_ssl_context
 from broker.config import BrokerConfig, load_broker_config
 from broker.consumers import ConsumerManager
+from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.registration import Registrar
+from broker.security import Security
 from broker.store import MessageStore
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError
+from dledger.durable import private_dir
 from dledger.node import DLedgerNode, RoleChange
 from dledger.process_main import run_until_signalled, setup_logging
 from dledger.server import settings_from_config
@@ -63,8 +68,31 @@ class BrokerServer:
         self._tasks: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
         self._ready_task: asyncio.Task[None] | None = None
+        sec = cfg.security
+        self.guard = Guard(
+            Limits(
+                connections_max=sec.connections_max,
+                header_timeout_s=sec.header_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+                body_timeout_s=sec.body_timeout_ms / 1000,
+                body_bytes_in_flight_max=sec.body_bytes_in_flight_max,
+                client_max_size=cfg.max_message_size + (8 << 20),
+            ),
+            lambda code, message: {"code": code, "message": message},
+        )
+        # Every replica enforces the same ACL file (followers serve pulls too).
+        self.security = Security(
+            sec.acl_file, self.wall_ms, self.guard,
+            anonymous=lambda request: request.method == "GET" and request.path == "/v1/status",
+        )
+        ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
-            cfg.namesrv_addrs, self.registration_record, period_ms=cfg.register_period_ms, clock=self.clock
+            cfg.namesrv_addrs,
+            self.registration_record,
+            period_ms=cfg.register_period_ms,
+            clock=self.clock,
+            # The group's own account only (never a client's from the environment).
+            transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
@@ -81,15 +109,17 @@ class BrokerServer:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        private_dir(self.cfg.dledger.node_dir)
         self.store.open(self.node.store)
         self.store.listener = self
         await self.node.start()
-        app = self.api.app(client_max_size=self.cfg.max_message_size + (8 << 20))
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.dledger.listen_port, reuse_address=True)
-        await site.start()
+        sec = self.cfg.security
+        ssl_ctx = server_ssl_context(sec.tls_cert_file, sec.tls_key_file or "") if sec.tls_cert_file else None
+        self._runner, _site = await start_server(
+            self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
+        )
         self._tasks = [
+            self.loop.create_task(self.security.run(), name="acl"),
             self.loop.create_task(self._watch_roles(), name="roles"),
             self.loop.create_task(self.registrar.run(), name="registrar"),
             self.loop.create_task(self._expire_clients(), name="clients"),
@@ -263,6 +293,14 @@ class BrokerServer:
                 "last_role": list(self.registrar.last_registered_role or ()),
             },
             "consumer_groups": self.consumers.groups(),
+            "security": {
+                "acl": self.security.enabled,
+                "tls": self.cfg.security.tls_cert_file is not None,
+                "refused": dict(self.security.refused),
+                "edge": self.guard.stats(),
+                "clients": self.consumers.client_count(),
+                "subscriptions": self.consumers.subscriptions,
+            },
             "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
             "pid": os.getpid(),
         }
@@ -316,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     if os.environ.get("BROKER_GIL_SWITCH_MS"):
         sys.setswitchinterval(float(os.environ["BROKER_GIL_SWITCH_MS"]) / 1000)
+    os.umask(0o077)  # data, snapshots and logs this process creates are its own (0600 files, 0700 dirs)
     try:
         cfg = load_broker_config(args.config)
-    except (ConfigError, OSError) as exc:
+        if cfg.security.acl_file:
+            AclWatcher(cfg.security.acl_file)  # a broken ACL file stops the start, with its reason
+    except (ConfigError, OSError, AclError) as exc:
         print(f"dledger-broker: {exc}", file=sys.stderr)
         return 2
     run_until_signalled(lambda stop: serve(cfg, stop))

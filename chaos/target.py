@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from broker.client.transport import ClientError, Transport
+from broker.client.transport import ClientError, Transport, cluster_credentials
 from chaos.layout import ProxySpec, data_dir
 from chaos.unsynced import LossReport, lose_unsynced
 from dledger.cluster import STATE_FILE, ProcessInfo, is_running
@@ -129,7 +129,8 @@ class LocalTarget:
         self.dir = os.path.abspath(cluster_dir)
         self.restart_mode = restart
         self.network = network
-        self.transport = Transport(timeout_s=STATUS_TIMEOUT_S)
+        self.credentials = cluster_credentials(self.dir)  # the cluster's admin account, if ACL is on
+        self.transport = Transport(timeout_s=STATUS_TIMEOUT_S, credentials=self.credentials)
         procs = self._load()
         if not any(p.kind == "broker" for p in procs):
             raise ValueError(f"{self.dir}/{STATE_FILE} records no broker")

@@ -72,6 +72,18 @@ DEFAULT_MAX_ENTRY_BODY_BYTES = (4 << 20) + (64 << 10)  # a 4 MiB message plus ro
 # pad and the Raft command framing (all well under this).
 ENTRY_FRAMING_BYTES_MAX = 1024
 PASSWORD_CHARS_MIN = 8
+# The peer passwords shipped in conf/ (samples): accepted only for a group whose every address is
+# on loopback, i.e. the embedded local cluster (issue 10, finding 5).
+SAMPLE_PASSWORDS: frozenset[str] = frozenset({"local-dev-only-change-me", "compose-dev-only-change-me"})
+
+
+def is_loopback_host(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(host).is_loopback
+    except ValueError:
+        return False
 
 FlushPolicy = Literal["sync", "async"]
 
@@ -362,6 +374,12 @@ def parse_dledger_config(
         raise r.error(
             "dLegerPeerPassword",
             f"must be at least {PASSWORD_CHARS_MIN} characters (it authenticates every peer frame)",
+        )
+    if password in SAMPLE_PASSWORDS and not all(is_loopback_host(p.host) for p in peers):
+        raise r.error(
+            "dLegerPeerPassword",
+            "is a sample password shipped in conf/ and everybody knows it: set your own (samples are accepted "
+            "only when every peer is on loopback)",
         )
     preferred = r.optional("preferredLeaderId")
     if preferred is not None and preferred not in peer_ids:

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from typing import Any
 
-from dledger.cluster import ProcessInfo, is_running, stop_process
+from broker.auth import Credentials, load_credentials
+from dledger.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,6 +40,16 @@ class ProcCluster:
         if r.returncode != 0:
             raise AssertionError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{self.logs_tail()}")
         return dict(json.loads(r.stdout))
+
+    @property
+    def credentials(self) -> Credentials:
+        return load_credentials(os.path.join(self.root, ADMIN_CREDENTIALS_FILE))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """For tools run against this cluster: where it is, and its admin credentials (ACL is on)."""
+        return {"NAMESRV_ADDR": self.namesrv_addr,
+                "DLEDGER_CREDENTIALS_FILE": os.path.join(self.root, ADMIN_CREDENTIALS_FILE)}
 
     @property
     def namesrv_addr(self) -> str:

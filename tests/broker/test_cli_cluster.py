@@ -53,7 +53,7 @@ def test_cluster_up_status_mqadmin_start_down(tmp_path: Any) -> None:
         brokers = [r for r in rows if r["kind"] == "broker"]
         assert sorted(r["role"] for r in brokers) == ["FOLLOWER", "FOLLOWER", "LEADER"]
         assert len({r["term"] for r in brokers}) == 1
-        env = {"NAMESRV_ADDR": c.namesrv_addr}
+        env = c.env
         cl = run("broker.mqadmin", "clusterList", "--json", env=env)
         assert cl.returncode == 0, cl.stderr
         assert "RaftNode00" in cl.stdout

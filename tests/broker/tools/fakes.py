@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import threading
 import time
 import uuid
@@ -35,11 +34,11 @@ from typing import Any, TypeVar
 import msgpack
 from aiohttp import web
 
+from broker.names import is_group, is_topic
+
 T = TypeVar("T")
 MSGPACK = "application/x-msgpack"
 REPLICA = web.AppKey("replica", int)  # which replica of its group an app serves
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
 
 
 class ApiError(Exception):
@@ -92,13 +91,13 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def check_topic(topic: Any) -> str:
-    if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+    if not is_topic(topic):
         raise ApiError(400, "INVALID_TOPIC", f"bad topic {topic!r}")
     return topic
 
 
 def check_group(group: Any) -> str:
-    if not isinstance(group, str) or not GROUP_RE.match(group):
+    if not is_group(group):
         raise ApiError(400, "INVALID_GROUP", f"bad group {group!r}")
     return group
 
