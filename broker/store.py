@@ -95,6 +95,7 @@ class MessageStore:
         self._snapshot_interval_s = snapshot_interval_ms / 1000
         self._last_snapshot = clock.monotonic()
         self._applied = 0
+        self._durable_applied = 0  # applied_index of the last snapshot on disk (set by the sync thread)
         self.applied_end_position = 0  # end of the last applied record: readers stay below it
         self._queue_cache: dict[tuple[str, int], ConsumeQueue] = {}
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-sync")
@@ -122,6 +123,7 @@ class MessageStore:
         expected: dict[tuple[str, int], int] = {}
         if snap is not None:
             self._applied = int(snap["applied_index"])
+            self._durable_applied = self._applied
             self.applied_end_position = int(snap["end_position"])
             self.metadata = Metadata.from_snapshot(snap["metadata"])
             expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
@@ -165,6 +167,10 @@ class MessageStore:
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:
         return self._applied
+
+    def durable_applied_index(self) -> int:
+        """The last snapshot on disk: recovery re-applies the log from there."""
+        return self._durable_applied
 
     def apply(self, entries: Sequence[CommittedEntry]) -> None:
         touched: set[tuple[str, int]] = set()
@@ -368,6 +374,7 @@ class MessageStore:
                 finish_flush(p)
             self.index.flush()
             _write_snapshot(self._snapshot_path(), snap)
+            self._durable_applied = int(snap["applied_index"])  # one int store: read by the tick thread
         except Exception:
             log.exception("store snapshot failed (recovery replays from the previous one)")
             raise

@@ -18,17 +18,27 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pysyncobj.transport import Transport
 
 from dledger import peer_codec
 
 
+class Network(Protocol):
+    """What a transport asks of the network it is attached to (InProcNetwork, the simulator's)."""
+
+    def attach(self, transport: InProcTransport) -> None: ...
+
+    def detach(self, address: str) -> None: ...
+
+    def deliver(self, src: str, dst: str, frame: bytes) -> bool: ...
+
+
 class InProcTransport(Transport):
     def __init__(
         self,
-        network: InProcNetwork,
+        network: Network,
         sync_obj: Any,
         self_node: Any,
         other_nodes: Any,

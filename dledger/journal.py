@@ -26,7 +26,7 @@ Durability (the journal's half of invariant 1):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dledger.log_store import LogStore
@@ -134,6 +134,8 @@ class RaftJournal:
         self._term, self._voted_for, self._commit_index = self._meta.load()
         self._commit_written = self._commit_index
         self.skip_next_truncate = False
+        # Told the first index of every truncation (the simulator's checker re-verifies from there).
+        self.on_truncate: Callable[[int], None] | None = None
         self.truncations_skipped = 0
         self.entries_truncated = 0
 
@@ -185,6 +187,8 @@ class RaftJournal:
             return
         if index > self.store.last_index:
             return
+        if self.on_truncate is not None:
+            self.on_truncate(index)
         dropped = self.store.last_index - index + 1
         self.entries_truncated += dropped
         log.info("truncating %d entries from index %d (conflict with the leader)", dropped, index)

@@ -76,7 +76,12 @@ _SCHEMAS: Final[dict[str, tuple[int, tuple[tuple[str, Any, Any], ...]]]] = {
     ),
     "next_node_idx": (
         2,
-        (("next_node_idx", _int, None), ("reset", _bool, False), ("success", _bool, False)),
+        (
+            ("next_node_idx", _int, None),
+            ("reset", _bool, False),
+            ("success", _bool, False),
+            ("installed", _bool, False),
+        ),
     ),
     "request_vote": (
         3,

@@ -71,7 +71,7 @@ class RaftSettings:
     election_min_ms: int = 300
     election_max_ms: int = 600
     heartbeat_ms: int = 50
-    stepdown_ms: int = 800
+    stepdown_ms: int = 1500
     connection_timeout_ms: int = 1500
     connection_retry_ms: int = 300
     max_entry_bytes: int = (4 << 20) + (64 << 10)
@@ -82,6 +82,7 @@ class RaftSettings:
     disk_warning_ratio: float = 0.90
     retention_check_ms: int = 10_000
     live_follower_s: float = 10.0
+    replication_batch_bytes: int = 1 << 20  # entries per AppendEntries message, by body bytes
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).
     raft_addresses: dict[str, str] | None = None
@@ -128,6 +129,10 @@ class StateMachine(Protocol):
     """
 
     def applied_index(self) -> int: ...
+
+    def durable_applied_index(self) -> int:
+        """Where applying resumes after a crash: retention never removes an entry above it."""
+        ...
 
     def apply(self, entries: Sequence[CommittedEntry]) -> Sequence[Sequence[Any] | None] | None: ...
 

@@ -176,6 +176,7 @@ class ReplicaCore:
             transport_factory=self._transport_factory,
             rng=self._rng,
             prevote=self._prevote,
+            batch_bytes=s.replication_batch_bytes,
         )
         self.sync = sync
         applied = self._sm.applied_index() if self._sm is not None else 0
@@ -285,7 +286,8 @@ class ReplicaCore:
 
     def _append_queued(self, sync: DLedgerSyncObj) -> bool:
         term = sync.raftCurrentTerm
-        target = self.settings.entry_target_bytes
+        # An entry never outgrows a segment (requests themselves are bounded by max_entry_bytes).
+        target = min(self.settings.entry_target_bytes, self.store.segment_bytes - self.store.header_bytes)
         appended = False
         while self._queue:
             group: list[Request] = []
@@ -430,6 +432,11 @@ class ReplicaCore:
         s = self.settings
         self.counters["retention_checks"] += 1
         floor = self.applied_index
+        if self._sm is not None:
+            # Entries the state machine has applied but not made durable must stay: after a
+            # crash it re-applies them from the log (found by the simulator: a restart resumed
+            # past entries retention had removed, and skipped them).
+            floor = min(floor, self._sm.durable_applied_index())
         if sync.dl_state == RAFT_STATE_LEADER:
             now = self._clock.monotonic()
             responses = sync.dl_last_response()

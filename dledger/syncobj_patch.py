@@ -238,6 +238,9 @@ class DLedgerSyncObj(SyncObj):
         self.dl_prevote_term: int | None = None
         self.dl_prevote_grants: set[Any] = set()
         self.dl_voters: set[Any] = set()
+        # Followers whose log position the leader does not know yet: sent one probe at a time,
+        # nextIndex moved only by their answers (etcd's probe state); the others get pipelined.
+        self.dl_probing: set[Any] = set()
         self.dl_counters: dict[str, int] = dict.fromkeys(
             (
                 "prevotes_started",
@@ -406,6 +409,7 @@ class DLedgerSyncObj(SyncObj):
 
     def _dl_become_leader(self) -> None:
         self.dl_counters["became_leader"] += 1
+        self.dl_probing = set(self._SyncObj__otherNodes)
         self._SyncObj__onBecomeLeader()
 
     def _dl_step_down(self, term: int | None, reason: str) -> None:
@@ -506,10 +510,16 @@ class DLedgerSyncObj(SyncObj):
             first = store.anchor[0] if store.anchor[0] > 0 else 1
             message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
             self.dl_journal.skip_next_truncate = skip
+        applied = self._SyncObj__raftLastApplied
+        if self.dl_journal.skip_next_truncate:
+            # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
+            # skip (nothing is truncated): keep it from crying wolf.
+            self._SyncObj__raftLastApplied = 0
         try:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
             self.dl_journal.skip_next_truncate = False
+            self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
 
     def _dl_note_append(self, now: float) -> None:
         # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
@@ -524,6 +534,20 @@ class DLedgerSyncObj(SyncObj):
         if self.dl_state != RAFT_STATE_LEADER:
             return
         next_index = self._SyncObj__raftNextIndex
+        if message["reset"]:
+            # A follower's answer to a probe: its log does not match at (or ends before) the hint.
+            # Answers to probes sent one after another arrive in any order; taking the lowest keeps
+            # nextIndex walking back instead of bouncing between two of them (found by the
+            # simulator: a leader and a follower with a stale tail probed 64 and 65 for ever).
+            # Only the answer to dl_install moves it forward: the follower restarted its log there.
+            hint = message["next_node_idx"]
+            current = next_index.get(node, hint)
+            next_index[node] = hint if message["installed"] else min(current, hint)
+            self.dl_probing.add(node)
+            self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
+            return
+        if message["success"]:
+            self.dl_probing.discard(node)
         before = next_index.get(node)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
         after = next_index.get(node)
@@ -627,7 +651,13 @@ class DLedgerSyncObj(SyncObj):
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         self.dl_transport.send(
             node,
-            {"type": "next_node_idx", "next_node_idx": anchor_index + 1, "reset": True, "success": False},
+            {
+                "type": "next_node_idx",
+                "next_node_idx": anchor_index + 1,
+                "reset": True,
+                "success": False,
+                "installed": True,
+            },
         )
 
     # -- item 4: replication --------------------------------------------------------------------
@@ -647,7 +677,9 @@ class DLedgerSyncObj(SyncObj):
         transport = self.dl_transport
         if transport.pending_bytes(node) > self.dl_max_queued_bytes:
             return  # the connection is clogged: anything more would only queue in RAM
-        next_index = self._SyncObj__raftNextIndex[node]
+        next_index = max(1, min(self._SyncObj__raftNextIndex[node], store.last_index + 1))
+        self._SyncObj__raftNextIndex[node] = next_index
+        probing = node in self.dl_probing
         anchor_index = store.anchor[0]
         if anchor_index > 0 and next_index <= anchor_index:
             self._dl_send_install(node)
@@ -678,7 +710,7 @@ class DLedgerSyncObj(SyncObj):
             if not transport.send(node, message):
                 return
             first_message = False
-            if not entries:
+            if not entries or probing:
                 return
             next_index = entries[-1][1] + 1
             self._SyncObj__raftNextIndex[node] = next_index
