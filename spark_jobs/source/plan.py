@@ -220,23 +220,33 @@ def plan_ranges(
 def rate_limit(
     start: Mapping[MessageQueue, int], latest: Mapping[MessageQueue, int], max_records: int
 ) -> dict[MessageQueue, int]:
-    """End offsets that cover at most ``max_records`` offsets in all, shared in proportion to each
-    queue's backlog (floors first, then one more each to the largest remainders). Queues absent
-    from ``start`` keep their ``latest`` value (they hold nothing to read yet)."""
+    """End offsets that cover exactly ``min(max_records, backlog)`` offsets in all. Every queue
+    with a backlog gets one offset first (when the limit allows; else the largest backlogs do),
+    the rest is shared in proportion to what each queue has left (floors, then one more each to
+    the largest remainders). Queues absent from ``start`` keep their ``latest`` value."""
     assert max_records > 0
     lag = {mq: max(0, latest[mq] - start[mq]) for mq in latest if mq in start}
     total = sum(lag.values())
     if total <= max_records:
         return dict(latest)
-    share = {mq: max_records * n // total for mq, n in lag.items()}
-    remainder = max_records - sum(share.values())
-    by_fraction = sorted(lag, key=lambda mq: (-(max_records * lag[mq] % total), -lag[mq], mq))
-    for mq in by_fraction:
-        if remainder == 0:
-            break
-        if share[mq] < lag[mq]:
-            share[mq] += 1
-            remainder -= 1
+    waiting = sorted((mq for mq, n in lag.items() if n > 0), key=lambda mq: (-lag[mq], mq))
+    share = dict.fromkeys(lag, 0)
+    for mq in waiting[:max_records]:
+        share[mq] = 1
+    budget = max_records - sum(share.values())
+    rest = {mq: lag[mq] - share[mq] for mq in lag}
+    rest_total = sum(rest.values())
+    if budget > 0 and rest_total > 0:
+        for mq, n in rest.items():
+            share[mq] += budget * n // rest_total
+        remainder = max_records - sum(share.values())
+        by_fraction = sorted(rest, key=lambda mq: (-(budget * rest[mq] % rest_total), -rest[mq], mq))
+        for mq in by_fraction:
+            if remainder == 0:
+                break
+            if share[mq] < lag[mq]:
+                share[mq] += 1
+                remainder -= 1
     out = dict(latest)
     for mq, n in share.items():
         out[mq] = start[mq] + n
