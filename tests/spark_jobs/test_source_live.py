@@ -1,0 +1,465 @@
+"""The dledger-mq data source against a live local cluster (a NameServer and two 3-replica broker
+groups as processes on free ports) in Spark local mode: batch reads equal what was sent, offset
+ranges, JSON offsets, timestamps, tag filters, follower reads, a dead follower, streaming with a
+restart from the checkpoint, and a batch read on a standalone Spark master with one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from broker.client import Message, Producer
+from broker.client.admin import Admin
+from broker.client.transport import ClientError, Transport
+from dledger.cluster import is_running
+from spark_jobs.source import FORMAT, register
+from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
+
+pytestmark = pytest.mark.slow
+
+Key = tuple[str, int, int]  # (broker, queue id, queue offset)
+TOPIC = "SrcA"
+
+
+def wait_for(cond: Any, timeout_s: float, what: str, step_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as exc:  # conditions race with the cluster settling
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last!r})")
+        time.sleep(step_s)
+
+
+async def _call(addr: str, method: str, path: str, body: Any = None) -> Any:
+    t = Transport(5.0)
+    try:
+        return await t.call(addr, method, path, body)
+    finally:
+        await t.close()
+
+
+def call(addr: str, method: str, path: str, body: Any = None) -> Any:
+    return asyncio.run(_call(addr, method, path, body))
+
+
+def queue_maxes(addr: str, topic: str) -> dict[int, int]:
+    st = call(addr, "GET", f"/v1/topics/{quote(topic, safe='')}/status")
+    return {int(q["queue_id"]): int(q["max_offset"]) for q in st["queues"]}
+
+
+class Sent:
+    """What the producer was told: one record per stored message, keyed by where it landed."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Key, dict[str, Any]] = {}
+
+    def add(self, result: Any, msgs: list[Message], born_lo: int, born_hi: int) -> None:
+        for item, m in zip(result.items, msgs, strict=True):
+            key = (result.message_queue.broker_name, result.message_queue.queue_id, item.queue_offset)
+            assert key not in self.rows, key
+            self.rows[key] = {
+                "msg_id": item.msg_id,
+                "unique_id": item.unique_id,
+                "body": m.body,
+                "keys": list(m.keys),
+                "tags": m.tags,
+                "properties": dict(m.properties),
+                "store_ms": result.store_ts,
+                "born": (born_lo, born_hi),
+            }
+
+    def maxes(self) -> dict[tuple[str, int], int]:
+        out: dict[tuple[str, int], int] = {}
+        for b, q, o in self.rows:
+            out[(b, q)] = max(out.get((b, q), 0), o + 1)
+        return out
+
+
+def make_messages(topic: str, rng: random.Random, n: int, tag_choices: tuple[str, ...]) -> list[Message]:
+    out = []
+    for _ in range(n):
+        props = {f"p{k}": f"v{rng.randrange(100)}" for k in range(rng.randrange(0, 3))}
+        keys = [f"key-{rng.randrange(10**6)}" for _ in range(rng.randrange(0, 3))]
+        out.append(Message(topic, rng.randbytes(rng.randrange(1, 600)), tags=rng.choice(tag_choices), keys=keys,
+                           properties=props))
+    return out
+
+
+async def send_waves(namesrv: str, topic: str, sent: Sent, seed: int, batches: int, per_batch: int) -> None:
+    rng = random.Random(seed)
+    async with Producer("src_test_pg", namesrv) as producer:
+        for _ in range(batches):
+            msgs = make_messages(topic, rng, per_batch, ("TagA", "TagB", ""))
+            lo = time.time_ns() // 1_000_000
+            result = await producer.send_batch(msgs)
+            sent.add(result, msgs, lo, time.time_ns() // 1_000_000)
+
+
+async def create_topic(namesrv: str, topic: str, queues: int) -> None:
+    async with Admin(namesrv) as admin:
+        await admin.update_topic(topic, cluster="DefaultCluster", read_queue_nums=queues, write_queue_nums=queues)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                route = await admin.topic_route(topic)
+                if len(route.queue_datas) == 2 and all(len(b.broker_addrs) == 3 for b in route.broker_datas):
+                    return
+            except ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the route of {topic} did not list both groups with 3 replicas")
+            await asyncio.sleep(0.1)
+
+
+def wait_replicated(c: LocalCluster, topic: str, sent: Sent) -> None:
+    want = sent.maxes()
+
+    def caught_up() -> bool:
+        for p in c.brokers():
+            maxes = queue_maxes(c.addr(p), topic)
+            for (b, q), hi in want.items():
+                if b == p.group and maxes.get(q, 0) != hi:
+                    return False
+        return True
+
+    wait_for(caught_up, 60, f"every replica to hold all of {topic}")
+
+
+ROW_SQL = [
+    "broker", "queue_id", "queue_offset", "topic", "msg_id", "unique_id", "keys", "tags", "properties", "body",
+    "unix_millis(born_timestamp) AS born_ms", "unix_millis(store_timestamp) AS store_ms",
+]  # fmt: skip
+
+
+def rows_of(df: Any) -> dict[Key, dict[str, Any]]:
+    out: dict[Key, dict[str, Any]] = {}
+    for r in df.selectExpr(*ROW_SQL).collect():
+        key = (r["broker"], r["queue_id"], r["queue_offset"])
+        assert key not in out, f"{key} read twice"
+        out[key] = r.asDict()
+    return out
+
+
+def assert_rows_equal(got: dict[Key, dict[str, Any]], want: dict[Key, dict[str, Any]], topic: str) -> None:
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        g = got[key]
+        assert g["topic"] == topic
+        assert (g["msg_id"], g["unique_id"], bytes(g["body"])) == (w["msg_id"], w["unique_id"], w["body"]), key
+        assert (list(g["keys"]), g["tags"], dict(g["properties"])) == (w["keys"], w["tags"], w["properties"]), key
+        assert g["store_ms"] == w["store_ms"], key
+        assert w["born"][0] <= g["born_ms"] <= w["born"][1], key
+
+
+# -- fixtures ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    seed = random.Random().randrange(1 << 30)
+    print(f"local cluster seed {seed}")
+    c = LocalCluster(str(tmp_path_factory.mktemp("src-cluster")), groups=2, seed=seed)
+    try:
+        c.up()
+        yield c
+    finally:
+        c.down()
+    assert not c.running()
+
+
+@pytest.fixture(scope="module")
+def sent(cluster: LocalCluster) -> Sent:
+    s = Sent()
+    asyncio.run(create_topic(cluster.namesrv_addr, TOPIC, 4))
+    seed = random.Random().randrange(1 << 30)
+    print(f"message seed {seed}")
+    asyncio.run(send_waves(cluster.namesrv_addr, TOPIC, s, seed, batches=24, per_batch=17))
+    assert {b for b, _, _ in s.rows} == {"RaftNode00", "RaftNode01"}, "both groups got messages"
+    wait_replicated(cluster, TOPIC, s)
+    return s
+
+
+@pytest.fixture(scope="module")
+def ss(spark: Any) -> Any:
+    register(spark)
+    return spark
+
+
+def reader(ss: Any, cluster: LocalCluster, **options: str) -> Any:
+    r = ss.read.format(FORMAT).option("namesrv", cluster.namesrv_addr)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+# -- batch ---------------------------------------------------------------------------------------------
+def test_batch_read_equals_what_was_sent(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    df = reader(ss, cluster, topic=TOPIC, maxRecordsPerPartition="13", pullBatchSize="5")
+    ranges = sum((hi + 12) // 13 for hi in sent.maxes().values())
+    assert df.rdd.getNumPartitions() == ranges  # one per (group, queue, offset range)
+    assert_rows_equal(rows_of(df), sent.rows, TOPIC)
+    assert df.schema.simpleString() == (
+        "struct<topic:string,broker:string,queue_id:int,queue_offset:bigint,msg_id:string,unique_id:string,"
+        "keys:array<string>,tags:string,properties:map<string,string>,body:binary,born_timestamp:timestamp,"
+        "store_timestamp:timestamp>"
+    )
+
+
+def test_per_queue_json_offsets_and_ranges(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    maxes = sent.maxes()
+    rng = random.Random(7)
+    start: dict[str, dict[str, dict[str, int]]] = {TOPIC: {}}
+    end: dict[str, dict[str, dict[str, int]]] = {TOPIC: {}}
+    want: set[Key] = set()
+    for (b, q), hi in sorted(maxes.items()):
+        lo_off = rng.choice([-2, rng.randrange(0, hi)])
+        hi_off = rng.choice([-1, rng.randrange(max(lo_off, 0), hi + 1)])
+        start[TOPIC].setdefault(b, {})[str(q)] = lo_off
+        end[TOPIC].setdefault(b, {})[str(q)] = hi_off
+        want |= {(b, q, o) for o in range(max(lo_off, 0), hi if hi_off == -1 else hi_off)}
+    df = reader(ss, cluster, topic=TOPIC, startingOffsets=json.dumps(start), endingOffsets=json.dumps(end))
+    got = rows_of(df)
+    assert set(got) == want
+    assert_rows_equal(got, {k: sent.rows[k] for k in want}, TOPIC)
+
+
+def test_json_offsets_must_cover_every_queue(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    partial = json.dumps({TOPIC: {"RaftNode00": {"0": 0}}})
+    with pytest.raises(Exception, match="must give every queue") as info:
+        reader(ss, cluster, topic=TOPIC, startingOffsets=partial).count()
+    assert "SrcA@RaftNode01:0" in str(info.value)
+    with pytest.raises(Exception, match="SQL filters are not supported"):
+        reader(ss, cluster, topic=TOPIC, filter="sql:a > 1").count()
+    with pytest.raises(Exception, match="'NoSuchTopic' does not exist"):
+        reader(ss, cluster, topic="NoSuchTopic").count()
+
+
+def test_tag_filter(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    got = rows_of(reader(ss, cluster, topic=TOPIC, filter="tag:TagA", pullBatchSize="3"))
+    want = {k: v for k, v in sent.rows.items() if v["tags"] == "TagA"}
+    assert want and len(want) < len(sent.rows)
+    assert_rows_equal(got, want, TOPIC)
+    both = rows_of(reader(ss, cluster, topic=TOPIC, filter="tag:TagA||TagB"))
+    assert set(both) == {k for k, v in sent.rows.items() if v["tags"] in ("TagA", "TagB")}
+
+
+def test_timestamps_select_by_store_time(ss: Any, cluster: LocalCluster) -> None:
+    topic = "SrcT"
+    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    first, second = Sent(), Sent()
+    asyncio.run(send_waves(cluster.namesrv_addr, topic, first, 1, batches=4, per_batch=5))
+    boundary = max(r["store_ms"] for r in first.rows.values()) + 1
+    wait_for(lambda: time.time_ns() // 1_000_000 > boundary, 5, "the clock to pass the first wave")
+    asyncio.run(send_waves(cluster.namesrv_addr, topic, second, 2, batches=4, per_batch=5))
+    both = Sent()
+    both.rows = {**first.rows, **second.rows}
+    wait_replicated(cluster, topic, both)
+    got = rows_of(reader(ss, cluster, topic=topic, startingTimestamp=str(boundary)))
+    assert set(got) == set(second.rows)
+    got = rows_of(reader(ss, cluster, topic=topic, endingTimestamp=str(boundary)))
+    assert set(got) == set(first.rows)
+    per_queue = {topic: {b: {str(q): boundary for q in range(2)} for b in ("RaftNode00", "RaftNode01")}}
+    got = rows_of(reader(ss, cluster, topic=topic, startingOffsetsByTimestamp=json.dumps(per_queue)))
+    assert set(got) == set(second.rows)
+
+
+def pull_counters(cluster: LocalCluster) -> dict[str, tuple[bool, int]]:
+    out = {}
+    for p in cluster.brokers():
+        st = call(cluster.addr(p), "GET", "/v1/status")
+        out[p.name] = (bool(st["writable"]), int(st["send"].get("pulls", 0)))  # absent before a first pull
+    return out
+
+
+def test_reads_go_to_followers_and_spare_the_leader(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    before = pull_counters(cluster)
+    assert_rows_equal(rows_of(reader(ss, cluster, topic=TOPIC, pullBatchSize="4")), sent.rows, TOPIC)
+    after = pull_counters(cluster)
+    leaders = {n for n, (w, _) in after.items() if w}
+    assert len(leaders) == 2 and all(before[n][0] for n in leaders), "the leaders did not change"
+    delta = {n: after[n][1] - before[n][1] for n in after}
+    assert all(delta[n] == 0 for n in leaders), delta
+    assert all(delta[n] > 0 for n in after if n not in leaders), delta  # both followers share the work
+    before = pull_counters(cluster)
+    assert len(rows_of(reader(ss, cluster, topic=TOPIC, preferFollowers="false"))) == len(sent.rows)
+    after = pull_counters(cluster)
+    assert all(after[n][1] - before[n][1] == 0 for n in after if n not in leaders)
+
+
+def test_a_dead_follower_does_not_stop_a_read(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    follower = next(
+        p for p in cluster.brokers("RaftNode00") if not call(cluster.addr(p), "GET", "/v1/status")["writable"]
+    )
+    os.kill(follower.pid, signal.SIGKILL)
+    wait_for(lambda: not is_running(follower), 10, "the follower to die")
+    try:
+        assert_rows_equal(rows_of(reader(ss, cluster, topic=TOPIC, pullBatchSize="7")), sent.rows, TOPIC)
+    finally:
+        again = cluster.start(follower)
+        wait_for(lambda: queue_maxes(cluster.addr(again), TOPIC) == {
+            q: hi for (b, q), hi in sent.maxes().items() if b == "RaftNode00"
+        }, 60, "the restarted follower to catch up")
+
+
+# -- streaming -------------------------------------------------------------------------------------------
+def committed_batches(checkpoint: str) -> int:
+    commits = os.path.join(checkpoint, "commits")
+    return len([n for n in os.listdir(commits) if n.isdigit()]) if os.path.isdir(commits) else 0
+
+
+def test_stream_restarted_from_its_checkpoint_neither_skips_nor_repeats(
+    ss: Any, cluster: LocalCluster, tmp_path: Any
+) -> None:
+    topic = "SrcS"
+    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    sent = Sent()
+    asyncio.run(send_waves(cluster.namesrv_addr, topic, sent, 3, batches=10, per_batch=30))
+    wait_replicated(cluster, topic, sent)
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+
+    def start(trigger: dict[str, Any]) -> Any:
+        stream = (
+            ss.readStream.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", topic)
+            .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "10").load()
+        )  # fmt: skip
+        return (
+            stream.selectExpr("broker", "queue_id", "queue_offset", "msg_id", "unique_id", "body")
+            .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+            .trigger(**trigger).start()
+        )  # fmt: skip
+
+    query = start({"processingTime": "0 seconds"})
+    try:
+        wait_for(lambda: committed_batches(ckpt) >= 2, 120, "two committed micro-batches")
+    finally:
+        query.stop()
+    first_run = committed_batches(ckpt)
+    assert first_run * 10 < len(sent.rows), "the first run stopped mid-way"
+    more = Sent()
+    asyncio.run(send_waves(cluster.namesrv_addr, topic, more, 4, batches=5, per_batch=20))
+    sent.rows.update(more.rows)
+    wait_replicated(cluster, topic, sent)
+    query = start({"availableNow": True})
+    try:
+        assert query.awaitTermination(300), "the availableNow run finished"
+        assert query.exception() is None
+    finally:
+        query.stop()
+    got = ss.read.parquet(out).collect()
+    keys = [(r["broker"], r["queue_id"], r["queue_offset"]) for r in got]
+    assert len(keys) == len(set(keys)), "no offset was written twice"
+    assert set(keys) == set(sent.rows), "every sent offset was written"
+    for r in got:
+        w = sent.rows[(r["broker"], r["queue_id"], r["queue_offset"])]
+        assert (r["msg_id"], r["unique_id"], bytes(r["body"])) == (w["msg_id"], w["unique_id"], w["body"])
+    # every micro-batch was at most 10 offsets, and the second run started where the first stopped
+    offsets_dir = os.path.join(ckpt, "offsets")
+    batch_ids = sorted(int(n) for n in os.listdir(offsets_dir) if n.isdigit())
+    assert batch_ids == list(range(len(batch_ids))) and len(batch_ids) > first_run
+
+
+# -- a standalone Spark cluster ------------------------------------------------------------------------
+DRIVER = """
+import hashlib, json, sys
+from spark_jobs.session import get_session
+from spark_jobs.source import FORMAT, register
+master, namesrv, topic, out = sys.argv[1:5]
+spark = get_session(master, app_name="dledger-mq-standalone-test", driver_memory="1g")
+register(spark)
+df = spark.read.format(FORMAT).option("namesrv", namesrv).option("topic", topic).load()
+rows = df.selectExpr("broker", "queue_id", "queue_offset", "unique_id", "sha2(body, 256) AS sha").collect()
+with open(out, "w") as f:
+    json.dump({"master": spark.sparkContext.master, "partitions": df.rdd.getNumPartitions(),
+               "rows": [list(r) for r in rows]}, f)
+spark.stop()
+"""
+
+
+def free_port(rng: random.Random) -> int:
+    for _ in range(200):
+        p = rng.randrange(29100, 32000)
+        if port_free(p):
+            return p
+    raise AssertionError("no free port")
+
+
+def master_json(ui_port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
+        return dict(json.load(r))
+
+
+def test_batch_read_on_a_standalone_master_and_worker(cluster: LocalCluster, sent: Sent, tmp_path: Any) -> None:
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    rng = random.Random()
+    master_port, master_ui, worker_port, worker_ui = (free_port(rng) for _ in range(4))
+    env = {
+        **os.environ,
+        "SPARK_HOME": spark_home,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    master_url = f"spark://127.0.0.1:{master_port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(tmp_path / "master.log", "wb") as mlog:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(master_port), "--webui-port", str(master_ui)],
+                env=env, stdout=mlog, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        wait_for(lambda: master_json(master_ui)["status"] == "ALIVE", 90, "the Spark master")
+        with open(tmp_path / "worker.log", "wb") as wlog:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                 "--port", str(worker_port), "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g",
+                 master_url],
+                env=env, stdout=wlog, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        wait_for(lambda: master_json(master_ui)["aliveworkers"] == 1, 90, "the worker to register")
+        script = tmp_path / "driver.py"
+        script.write_text(DRIVER)
+        out = tmp_path / "rows.json"
+        r = subprocess.run(
+            [sys.executable, str(script), master_url, cluster.namesrv_addr, TOPIC, str(out)],
+            env={**env, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        result = json.loads(out.read_text())
+        assert result["master"] == master_url
+        got = {(b, q, o): (u, sha) for b, q, o, u, sha in result["rows"]}
+        assert len(got) == len(result["rows"])
+        assert got == {
+            k: (w["unique_id"], hashlib.sha256(w["body"]).hexdigest()) for k, w in sent.rows.items()
+        }
+        apps = master_json(master_ui)["completedapps"]
+        assert any(a["name"] == "dledger-mq-standalone-test" for a in apps), apps
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
