@@ -36,6 +36,7 @@ from broker.client.message import MessageQueue
 from broker.client.transport import Transport
 from spark_jobs.source import cluster
 from spark_jobs.source.options import (
+    Mode,
     SourceOptionError,
     SourceOptions,
     offsets_from_json,
@@ -78,11 +79,22 @@ class DledgerMQDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_schema(schema)
-        return BatchReader(parse_options(self.options, "batch"))
+        return BatchReader(_options(self.options, "batch"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         _check_schema(schema)
-        return StreamReader(parse_options(self.options, "stream"))
+        return StreamReader(_options(self.options, "stream"))
+
+
+def _options(raw: Any, mode: Mode) -> SourceOptions:
+    opts = parse_options(raw, mode)
+    if opts.credentials is not None:
+        log.warning(
+            "dledger-mq: accessKey %s is carried but not sent: the SDK's transport takes no credentials "
+            "yet (brokers without ACLs need none)",
+            opts.credentials.access_key,
+        )
+    return opts
 
 
 def _check_schema(schema: StructType) -> None:

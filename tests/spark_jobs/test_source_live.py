@@ -246,6 +246,71 @@ def test_stream_restarted_from_its_checkpoint_neither_skips_nor_repeats(
     assert batch_ids == list(range(len(batch_ids))) and len(batch_ids) > first_run
 
 
+def logged_offsets(checkpoint: str, batch_id: int) -> dict[Key, int]:
+    """The source's end offsets Spark logged for a micro-batch (its write-ahead offsets log)."""
+    with open(os.path.join(checkpoint, "offsets", str(batch_id))) as f:
+        doc = json.loads(f.read().splitlines()[-1])
+    return {(b, int(q), 0): n for t in doc.values() for b, qs in t.items() for q, n in qs.items()}
+
+
+def test_a_failed_micro_batch_is_replayed_with_exactly_its_logged_range(
+    ss: Any, cluster: LocalCluster, tmp_path: Any
+) -> None:
+    topic = "SrcF"
+    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    sent = Sent()
+    asyncio.run(send_waves(cluster.namesrv_addr, topic, sent, 5, batches=6, per_batch=25))
+    wait_replicated(cluster, topic, sent)
+    out, ckpt, marker = tmp_path / "out", str(tmp_path / "ckpt"), tmp_path / "fail-once"
+    marker.write_text("x")
+
+    def write(df: Any, batch_id: int) -> None:
+        if batch_id == 2 and marker.exists():
+            marker.unlink()
+            raise RuntimeError("planted failure in micro-batch 2")
+        df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+
+    def start(trigger: dict[str, Any]) -> Any:
+        stream = (
+            ss.readStream.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", topic)
+            .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "15").load()
+        )  # fmt: skip
+        return (
+            stream.selectExpr("broker", "queue_id", "queue_offset", "unique_id")
+            .writeStream.foreachBatch(write).option("checkpointLocation", ckpt).trigger(**trigger).start()
+        )  # fmt: skip
+
+    query = start({"processingTime": "0 seconds"})
+    try:
+        with pytest.raises(Exception, match="planted failure"):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    assert os.path.exists(os.path.join(ckpt, "offsets", "2"))
+    assert not os.path.exists(os.path.join(ckpt, "commits", "2")), "batch 2 was logged, not committed"
+    planned = logged_offsets(ckpt, 2)
+    query = start({"availableNow": True})
+    try:
+        assert query.awaitTermination(300)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert logged_offsets(ckpt, 2) == planned, "the replay kept the logged end offsets"
+    batches = sorted(int(p.name.split("=")[1]) for p in out.iterdir())
+    assert batches == list(range(len(batches))) and len(batches) > 3
+    seen: set[Key] = set()
+    for b in batches:
+        batch = ss.read.parquet(str(out / f"batch={b}")).collect()
+        rows = {(r["broker"], r["queue_id"], r["queue_offset"]) for r in batch}
+        assert not rows & seen, f"batch {b} repeats offsets"
+        seen |= rows
+        if b > 0:
+            lo, hi = logged_offsets(ckpt, b - 1), logged_offsets(ckpt, b)
+            want = {(br, q, o) for (br, q, _), end in hi.items() for o in range(lo.get((br, q, 0), end), end)}
+            assert rows == want, f"batch {b} read exactly its logged range"
+    assert seen == set(sent.rows)
+
+
 # -- a standalone Spark cluster ------------------------------------------------------------------------
 DRIVER = """
 import hashlib, json, sys
