@@ -26,6 +26,7 @@ from spark_jobs.source.options import SourceOptionError, SourceOptions
 from spark_jobs.source.plan import ClusterView, QueueView, ReplicaRange
 
 CALL_TIMEOUT_S = 5.0
+SEARCHES_IN_FLIGHT_MAX = 16
 
 
 async def fetch_view(opts: SourceOptions, transport: Transport) -> ClusterView:
@@ -89,19 +90,21 @@ async def offsets_by_time(
     transport: Transport, queues: Mapping[MessageQueue, QueueView], queries: Mapping[MessageQueue, int]
 ) -> dict[MessageQueue, int]:
     """The first offset stored at or after each queried time (the max offset when none is)."""
+    in_flight = asyncio.Semaphore(SEARCHES_IN_FLIGHT_MAX)
 
     async def search(mq: MessageQueue, ts_ms: int) -> tuple[MessageQueue, int]:
         q = queues[mq]
         last: ClientError | None = None
         for r in sorted(q.replicas, key=lambda r: (-r.max_offset, not r.leader)):
             try:
-                ans = await transport.call(
-                    r.addr,
-                    "GET",
-                    "/v1/offset/search",
-                    params={"topic": mq.topic, "queue_id": mq.queue_id, "ts": ts_ms},
-                    timeout_s=CALL_TIMEOUT_S,
-                )
+                async with in_flight:
+                    ans = await transport.call(
+                        r.addr,
+                        "GET",
+                        "/v1/offset/search",
+                        params={"topic": mq.topic, "queue_id": mq.queue_id, "ts": ts_ms},
+                        timeout_s=CALL_TIMEOUT_S,
+                    )
                 return mq, int(ans["offset"])
             except ClientError as exc:
                 last = exc

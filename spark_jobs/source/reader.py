@@ -31,10 +31,12 @@ from broker.client.message import MessageQueue
 from broker.client.transport import ClientError, NamesrvClient, Transport
 from spark_jobs.source.options import SourceOptions
 from spark_jobs.source.plan import DataLossError, ReadRange
+from spark_jobs.source.schema import to_record_batch
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S_MAX = 10.0
+PULL_BYTES_MAX = 64 << 20  # the broker's limit of one pull answer's bodies (bounds a task's memory)
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 FINAL_STATUSES = (400, 403, 404)  # every replica would answer the same
 
@@ -128,18 +130,18 @@ class RangeReader:
 
     def batches(self) -> Iterator[Any]:
         """Arrow record batches of the range, in offset order."""
-        from spark_jobs.source.schema import to_record_batch
-
         loop = asyncio.new_event_loop()
         try:
             offset = self.rng.start
             while offset < self.rng.end:
                 answer = loop.run_until_complete(self._pull(offset))
                 st = step(offset, self.rng.end, answer, filtered=self.opts.tags is not None)
-                reason = "offset below every replica's min offset" if answer["status"] == "OFFSET_TOO_SMALL" else (
-                    "offsets skipped by the broker as removed from the log"
-                )
-                record_skipped(self.opts, self.rng.mq, st.lost, reason)
+                if st.lost:
+                    if answer["status"] == "OFFSET_TOO_SMALL":
+                        reason = "offset below every replica's min offset"
+                    else:
+                        reason = "offsets skipped by the broker as removed from the log"
+                    record_skipped(self.opts, self.rng.mq, st.lost, reason)
                 if st.keep:
                     yield to_record_batch(answer["messages"][: st.keep])
                 offset = st.next_offset
@@ -153,7 +155,7 @@ class RangeReader:
             "queue_id": self.rng.mq.queue_id,
             "offset": offset,
             "max_count": max(1, min(self.opts.pull_batch_size, self.rng.end - offset)),
-            "max_bytes": 64 << 20,
+            "max_bytes": PULL_BYTES_MAX,
             "tags": self.opts.tags_expression,
         }
         loop = asyncio.get_running_loop()
