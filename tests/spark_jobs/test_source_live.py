@@ -20,9 +20,13 @@ from typing import Any
 
 import pytest
 
+from broker.client.message import MessageQueue
 from dledger.cluster import is_running
 from spark_jobs.source import FORMAT, register
 from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
+from spark_jobs.source.options import parse_options
+from spark_jobs.source.plan import ReadRange
+from spark_jobs.source.reader import RangeReader
 from tests.spark_jobs.source_helpers import (
     Key,
     Sent,
@@ -189,6 +193,22 @@ def test_a_dead_follower_does_not_stop_a_read(ss: Any, cluster: LocalCluster, se
         }, 60, "the restarted follower to catch up")
 
 
+def test_range_reader_falls_over_to_live_replicas_and_bounds_its_waits(cluster: LocalCluster, sent: Sent) -> None:
+    """The executor's loop alone (no Spark): a dead planned replica, no planned replica at all
+    (the route is asked), and a range nobody can serve (a bounded wait, then a clear error)."""
+    o = parse_options({"namesrv": cluster.namesrv_addr, "topic": TOPIC, "timeoutMs": "800", "pullBatchSize": "9"},
+                      "batch")
+    queue = MessageQueue(TOPIC, "RaftNode00", 0)
+    hi = sent.maxes()[("RaftNode00", 0)]
+    dead = f"127.0.0.1:{free_port(random.Random())}"
+    for addrs in ((dead,), ()):
+        rows = [r for b in RangeReader(o, ReadRange(queue, 0, hi, addrs)).batches() for r in b.to_pylist()]
+        assert [r["queue_offset"] for r in rows] == list(range(hi))
+        assert all(r["unique_id"] == sent.rows[("RaftNode00", 0, r["queue_offset"])]["unique_id"] for r in rows)
+    with pytest.raises(TimeoutError, match=r"RaftNode00 served SrcA@RaftNode00:0 at offset \d+ within 800 ms"):
+        list(RangeReader(o, ReadRange(queue, hi + 5, hi + 10, (dead,))).batches())
+
+
 # -- streaming -------------------------------------------------------------------------------------------
 def committed_batches(checkpoint: str) -> int:
     commits = os.path.join(checkpoint, "commits")
@@ -315,7 +335,11 @@ def test_a_failed_micro_batch_is_replayed_with_exactly_its_logged_range(
 DRIVER = """
 import hashlib, json, sys
 from spark_jobs.session import get_session
+from broker.client.message import MessageQueue
 from spark_jobs.source import FORMAT, register
+from spark_jobs.source.options import parse_options
+from spark_jobs.source.plan import ReadRange
+from spark_jobs.source.reader import RangeReader
 master, namesrv, topic, out = sys.argv[1:5]
 spark = get_session(master, app_name="dledger-mq-standalone-test", driver_memory="1g")
 register(spark)
