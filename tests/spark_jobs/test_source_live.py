@@ -382,10 +382,12 @@ def test_batch_read_on_a_standalone_master_and_worker(cluster: LocalCluster, sen
     master_url = f"spark://127.0.0.1:{master_port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        props = tmp_path / "master.properties"
+        props.write_text("spark.master.rest.enabled=false\n")  # else it takes the fixed port 6066
         with open(tmp_path / "master.log", "wb") as mlog:
             procs.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(master_port), "--webui-port", str(master_ui)],
+                 "--port", str(master_port), "--webui-port", str(master_ui), "--properties-file", str(props)],
                 env=env, stdout=mlog, stderr=subprocess.STDOUT,
             ))  # fmt: skip
         wait_for(lambda: master_json(master_ui)["status"] == "ALIVE", 90, "the Spark master")
