@@ -32,16 +32,16 @@ def wait_for(cond: Any, timeout_s: float, what: str, step_s: float = 0.05) -> An
         time.sleep(step_s)
 
 
-async def _call(addr: str, method: str, path: str, body: Any = None) -> Any:
+async def _call(addr: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
     t = Transport(5.0)
     try:
-        return await t.call(addr, method, path, body)
+        return await t.call(addr, method, path, body, params=params)
     finally:
         await t.close()
 
 
-def call(addr: str, method: str, path: str, body: Any = None) -> Any:
-    return asyncio.run(_call(addr, method, path, body))
+def call(addr: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
+    return asyncio.run(_call(addr, method, path, body, params))
 
 
 def queue_ranges(addr: str, topic: str) -> dict[int, tuple[int, int]]:
