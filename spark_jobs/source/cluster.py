@@ -27,6 +27,7 @@ from spark_jobs.source.plan import ClusterView, QueueView, ReplicaRange
 
 CALL_TIMEOUT_S = 5.0
 SEARCHES_IN_FLIGHT_MAX = 16
+PROBE_ROUNDS_MAX = 64  # pulls per replica looking for the first readable message (1024 units each)
 
 
 async def fetch_view(opts: SourceOptions, transport: Transport) -> ClusterView:
@@ -111,6 +112,51 @@ async def offsets_by_time(
         raise RuntimeError(f"no replica of {mq.broker_name} answered an offset search for {mq}: {last}")
 
     return dict(await asyncio.gather(*(search(mq, ts) for mq, ts in sorted(queries.items()))))
+
+
+async def first_readable(
+    transport: Transport, queues: Mapping[MessageQueue, QueueView], targets: Mapping[MessageQueue, int]
+) -> dict[MessageQueue, int]:
+    """Per queue, the first offset at or after the target whose message some replica can still
+    serve (the target itself when all is well).
+
+    A consume queue drops its removed head only at the broker's next store snapshot, so its min
+    offset can list messages retention already removed from the log; a pull skips those. Each
+    replica is asked with ``max_bytes=1`` (one message at most, up to 1024 units scanned per pull)
+    from the target or its own min offset, whichever is higher; the lowest answer wins. After
+    ``PROBE_ROUNDS_MAX`` pulls without a message the offset reached is used (the read then
+    reports what follows as lost). A replica that does not answer is left out; when none answers
+    the target stands."""
+    in_flight = asyncio.Semaphore(SEARCHES_IN_FLIGHT_MAX)
+
+    async def probe(mq: MessageQueue, r: ReplicaRange, target: int) -> int | None:
+        offset = max(target, r.min_offset)
+        for _ in range(PROBE_ROUNDS_MAX):
+            if offset >= r.max_offset:
+                return r.max_offset
+            body = {"topic": mq.topic, "queue_id": mq.queue_id, "offset": offset, "max_count": 1024, "max_bytes": 1}
+            try:
+                async with in_flight:
+                    ans = await transport.call(r.addr, "POST", "/v1/pull", body, timeout_s=CALL_TIMEOUT_S)
+            except ClientError:
+                return None
+            status = ans.get("status")
+            if status == "FOUND":
+                return int(ans["messages"][0]["queue_offset"])
+            if status == "NO_MATCHED_MSG":
+                offset = int(ans["next_offset"])
+            elif status == "OFFSET_TOO_SMALL":
+                offset = max(offset + 1, int(ans["min_offset"]))
+            else:  # NO_NEW_MSG, OFFSET_OVERFLOW: nothing past here on this replica yet
+                return offset
+        return offset
+
+    async def one(mq: MessageQueue, target: int) -> tuple[MessageQueue, int]:
+        answers = await asyncio.gather(*(probe(mq, r, target) for r in queues[mq].replicas))
+        found = [a for a in answers if a is not None]
+        return mq, max(target, min(found)) if found else target
+
+    return dict(await asyncio.gather(*(one(mq, t) for mq, t in sorted(targets.items()))))
 
 
 def run(coro_factory: Any) -> Any:

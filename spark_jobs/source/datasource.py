@@ -51,6 +51,7 @@ from spark_jobs.source.plan import (
     check_batch_bounds,
     next_end,
     plan_ranges,
+    probe_targets,
     require_available,
     resolve,
     timestamp_queries,
@@ -118,12 +119,29 @@ async def _resolve(
     return resolve(spec, queues, f"{which} offsets", by_time)
 
 
+async def _readable(
+    transport: Transport,
+    opts: SourceOptions,
+    queues: dict[MessageQueue, QueueView],
+    start: dict[MessageQueue, int],
+) -> dict[MessageQueue, int]:
+    """``start`` with "oldest data" starts moved past messages retention already removed."""
+    targets = probe_targets(opts.starting, start)
+    if not targets:
+        return dict(start)
+    return {**start, **await cluster.first_readable(transport, queues, targets)}
+
+
 def plan_batch(opts: SourceOptions) -> list[ReadRange]:
     async def go(transport: Transport) -> list[ReadRange]:
         queues = require_available(await cluster.fetch_view(opts, transport))
-        start = await _resolve(transport, opts, queues, "starting")
+        asked = await _resolve(transport, opts, queues, "starting")
         end = await _resolve(transport, opts, queues, "ending")
-        check_batch_bounds(start, end)
+        check_batch_bounds(asked, end)
+        start = await _readable(transport, opts, queues, asked)
+        for mq in start:
+            if start[mq] > asked[mq]:  # the oldest messages are gone: nothing to read before the end
+                end[mq] = max(end[mq], start[mq])
         return plan_ranges(
             start,
             end,
@@ -164,7 +182,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:
         async def go(transport: Transport) -> dict[MessageQueue, int]:
             queues = require_available(await cluster.fetch_view(self.opts, transport))
-            return await _resolve(transport, self.opts, queues, "starting")
+            asked = await _resolve(transport, self.opts, queues, "starting")
+            return await _readable(transport, self.opts, queues, asked)
 
         return offsets_to_json(cluster.run(go))
 

@@ -161,6 +161,20 @@ def resolve(
     return out
 
 
+def probe_targets(spec: OffsetSpec, start: Mapping[MessageQueue, int]) -> dict[MessageQueue, int]:
+    """Resolved start offsets that mean "the oldest data there is" (``earliest``, ``-2``, a time):
+    the shell checks where the first *readable* message at or after each one is (see
+    ``cluster.first_readable``), since a queue's advertised min offset can trail the log's
+    retention. Explicit offsets are taken as asked: a removed one is a loss."""
+    if spec.kind in ("earliest", "timestamp"):
+        return dict(start)
+    if spec.kind == "offsets":
+        return {mq: start[mq] for mq, v in spec.per_queue if v == EARLIEST and mq in start}
+    if spec.kind == "timestamps":
+        return {mq: start[mq] for mq, v in spec.per_queue if v != LATEST and mq in start}
+    return {}
+
+
 def check_batch_bounds(start: Mapping[MessageQueue, int], end: Mapping[MessageQueue, int]) -> None:
     wrong = [mq for mq in sorted(start) if start[mq] > end[mq]]
     if wrong:

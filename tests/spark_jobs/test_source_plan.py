@@ -29,6 +29,7 @@ from spark_jobs.source.plan import (
     check_batch_bounds,
     next_end,
     plan_ranges,
+    probe_targets,
     rate_limit,
     replica_order,
     require_available,
@@ -183,6 +184,17 @@ def test_resolve_each_kind() -> None:
     per = OffsetSpec("timestamps", per_queue=((mq(0), 50), (mq(1), LATEST)))
     assert timestamp_queries(per, queues) == {mq(0): 50}
     assert resolve(per, queues, "s", {mq(0): 6}) == {mq(0): 6, mq(1): 4}
+
+
+def test_only_starts_meaning_the_oldest_data_are_probed_for_removed_messages() -> None:
+    start = {mq(0): 5, mq(1): 9}
+    assert probe_targets(OffsetSpec("earliest"), start) == start
+    assert probe_targets(OffsetSpec("timestamp", ts_ms=1), start) == start
+    assert probe_targets(OffsetSpec("latest"), start) == {}
+    spec = OffsetSpec("offsets", per_queue=((mq(0), EARLIEST), (mq(1), 9)))
+    assert probe_targets(spec, start) == {mq(0): 5}  # an explicit offset is taken as asked
+    spec = OffsetSpec("timestamps", per_queue=((mq(0), 123), (mq(1), LATEST)))
+    assert probe_targets(spec, start) == {mq(0): 5}
 
 
 def test_json_offsets_must_name_every_queue_and_only_known_ones() -> None:
