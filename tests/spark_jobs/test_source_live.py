@@ -333,17 +333,12 @@ def test_a_failed_micro_batch_is_replayed_with_exactly_its_logged_range(
 
 # -- a standalone Spark cluster ------------------------------------------------------------------------
 DRIVER = """
-import hashlib, json, sys
+import json, sys
 from spark_jobs.session import get_session
-from broker.client.message import MessageQueue
-from spark_jobs.source import FORMAT, register
-from spark_jobs.source.options import parse_options
-from spark_jobs.source.plan import ReadRange
-from spark_jobs.source.reader import RangeReader
 master, namesrv, topic, out = sys.argv[1:5]
 spark = get_session(master, app_name="dledger-mq-standalone-test", driver_memory="1g")
-register(spark)
-df = spark.read.format(FORMAT).option("namesrv", namesrv).option("topic", topic).load()
+import spark_jobs.source  # registers the format with the active session
+df = spark.read.format("dledger-mq").option("namesrv", namesrv).option("topic", topic).load()
 rows = df.selectExpr("broker", "queue_id", "queue_offset", "unique_id", "sha2(body, 256) AS sha").collect()
 with open(out, "w") as f:
     json.dump({"master": spark.sparkContext.master, "partitions": df.rdd.getNumPartitions(),
