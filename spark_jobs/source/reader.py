@@ -13,7 +13,9 @@ offsets are simply messages that did not match, and only OFFSET_TOO_SMALL reveal
 A lost range fails the task (``DataLossError``) when ``failOnDataLoss`` is true; otherwise it is
 skipped, logged as a warning and, with ``dataLossLog``, appended to that file as one JSON line.
 Every wait is bounded: a range whose replicas all stay silent, lagging or unreachable for
-``timeoutMs`` fails the task with the last error seen.
+``timeoutMs`` fails the task with the last error seen. A refusal (4xx: topic unknown, not
+readable) fails it at once when every replica that answered refused; one lagging follower that
+does not know a new topic yet is just skipped.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S_MAX = 10.0
 PULL_BYTES_MAX = 64 << 20  # the broker's limit of one pull answer's bodies (bounds a task's memory)
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
-FINAL_STATUSES = (400, 403, 404)  # every replica would answer the same
+FINAL_STATUSES = (400, 403, 404)  # refusals; final when every replica that answers refuses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +128,6 @@ class RangeReader:
         self.rng = rng
         self.addrs = list(rng.addrs)
         self.transport = Transport(CALL_TIMEOUT_S_MAX)
-        self.pulls = 0
 
     def batches(self) -> Iterator[Any]:
         """Arrow record batches of the range, in offset order."""
@@ -166,6 +167,7 @@ class RangeReader:
             if not self.addrs or attempt > 0:
                 await self._refresh_addrs()
             too_small: list[dict[str, Any]] = []
+            refused: list[ClientError] = []
             answered = 0
             for addr in list(self.addrs):
                 remaining = deadline - loop.time()
@@ -176,11 +178,11 @@ class RangeReader:
                         addr, "POST", "/v1/pull", body, timeout_s=min(CALL_TIMEOUT_S_MAX, remaining)
                     )
                 except ClientError as exc:
-                    if exc.status in FINAL_STATUSES:
-                        raise RuntimeError(f"pull of {self.rng.mq} at {offset} refused: {exc}") from None
                     last = f"{addr}: {exc.code} {exc.message}"[:300]
+                    if exc.status in FINAL_STATUSES:  # e.g. a follower not yet aware of a new topic
+                        refused.append(exc)
+                        answered += 1
                     continue
-                self.pulls += 1
                 answered += 1
                 status = ans.get("status")
                 if status in ("FOUND", "NO_MATCHED_MSG"):
@@ -188,6 +190,8 @@ class RangeReader:
                 if status == "OFFSET_TOO_SMALL":
                     too_small.append(ans)
                 last = f"{addr}: {status} (holds {ans.get('min_offset')}..{ans.get('max_offset')})"
+            if refused and len(refused) == answered:
+                raise RuntimeError(f"every replica refused the pull of {self.rng.mq} at {offset}: {refused[0]}")
             if too_small and len(too_small) == answered:
                 return min(too_small, key=lambda a: int(a["min_offset"]))
             if loop.time() >= deadline:

@@ -207,6 +207,10 @@ def test_range_reader_falls_over_to_live_replicas_and_bounds_its_waits(cluster: 
         assert all(r["unique_id"] == sent.rows[("RaftNode00", 0, r["queue_offset"])]["unique_id"] for r in rows)
     with pytest.raises(TimeoutError, match=r"RaftNode00 served SrcA@RaftNode00:0 at offset \d+ within 800 ms"):
         list(RangeReader(o, ReadRange(queue, hi + 5, hi + 10, (dead,))).batches())
+    replicas = tuple(cluster.addr(p) for p in cluster.brokers("RaftNode00"))
+    gone = MessageQueue("NoSuchTopic", "RaftNode00", 0)
+    with pytest.raises(RuntimeError, match=r"every replica refused the pull of NoSuchTopic@RaftNode00:0.*TOPIC_NOT"):
+        list(RangeReader(o, ReadRange(gone, 0, 5, replicas)).batches())
 
 
 # -- streaming -------------------------------------------------------------------------------------------
