@@ -32,10 +32,12 @@ from spark_jobs.source.localcluster import LocalCluster
 BATCH_BYTES_MAX = 1 << 20
 
 
-async def load(namesrv: str, topic: str, messages: int, size: int, queues: int, in_flight: int) -> float:
+async def load(
+    namesrv: str, topic: str, messages: int, size: int, queues: int, in_flight: int, cluster: str = "DefaultCluster"
+) -> float:
     """Create ``topic`` and send ``messages`` bodies of ``size`` bytes; returns the seconds taken."""
     async with Admin(namesrv) as admin:
-        await admin.update_topic(topic, cluster="DefaultCluster", read_queue_nums=queues, write_queue_nums=queues)
+        await admin.update_topic(topic, cluster=cluster, read_queue_nums=queues, write_queue_nums=queues)
         deadline = time.monotonic() + 30
         while True:  # the route follows the topic within a second (re-registration)
             try:
@@ -60,30 +62,35 @@ async def load(namesrv: str, topic: str, messages: int, size: int, queues: int, 
     return time.monotonic() - started
 
 
-async def replica_totals(namesrv: str, topic: str) -> dict[str, int]:
-    """Messages of ``topic`` each replica holds (sum of its queues' max offsets)."""
+async def replica_totals(namesrv: str, topic: str) -> dict[str, dict[str, int]]:
+    """Per group, the messages of ``topic`` each replica holds (sum of its queues' max offsets)."""
     transport = Transport(5.0)
     try:
         async with Admin(namesrv, transport) as admin:
             route = await admin.topic_route(topic)
-            out: dict[str, int] = {}
+            out: dict[str, dict[str, int]] = {}
             for bd in route.broker_datas:
                 for addr in bd.broker_addrs.values():
                     st = await transport.call(addr, "GET", f"/v1/topics/{quote(topic, safe='')}/status")
-                    out[f"{bd.broker_name}@{addr}"] = sum(int(q["max_offset"]) for q in st["queues"])
+                    out.setdefault(bd.broker_name, {})[addr] = sum(int(q["max_offset"]) for q in st["queues"])
             return out
     finally:
         await transport.close()
 
 
-async def wait_replicated(namesrv: str, topic: str, timeout_s: float) -> int:
+async def wait_replicated(namesrv: str, topic: str, messages: int, timeout_s: float) -> int:
+    """Waits until every replica of every group holds the same as its peers, ``messages`` (or
+    more: a retried send may be stored twice) over all groups; returns that total."""
     deadline = time.monotonic() + timeout_s
     while True:
-        totals = await replica_totals(namesrv, topic)
-        if len(totals) >= 3 and len(set(totals.values())) == 1:
-            return next(iter(totals.values()))
+        groups = await replica_totals(namesrv, topic)
+        agreed = [set(g.values()) for g in groups.values()]
+        if all(len(g) == 3 for g in groups.values()) and all(len(a) == 1 for a in agreed):
+            total = sum(a.pop() for a in agreed)
+            if total >= messages:
+                return total
         if time.monotonic() > deadline:
-            raise RuntimeError(f"replicas did not converge within {timeout_s} s: {totals}")
+            raise RuntimeError(f"replicas did not converge within {timeout_s} s: {groups}")
         await asyncio.sleep(0.2)
 
 
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", type=int, default=8)
     p.add_argument("--namesrv", help="an existing cluster's NameServers (default: start a private one)")
     p.add_argument("--topic", help="default: a new topic name")
+    p.add_argument("--cluster", default="DefaultCluster", help="cluster to create the topic in")
     p.add_argument("--master", default="local[*]")
     p.add_argument("--repeat", type=int, default=3, help="timed reads (default 3)")
     p.add_argument("--in-flight", type=int, default=8, help="concurrent batch sends while loading")
@@ -139,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up()
             namesrv = cluster.namesrv_addr
         print(f"loading {args.messages} x {args.size} B into {topic}", file=sys.stderr)
-        load_s = asyncio.run(load(namesrv, topic, args.messages, args.size, args.queues, args.in_flight))
-        held = asyncio.run(wait_replicated(namesrv, topic, 120))
-        print(f"loaded in {load_s:.1f} s; every replica holds {held}; reading", file=sys.stderr)
+        load_s = asyncio.run(
+            load(namesrv, topic, args.messages, args.size, args.queues, args.in_flight, args.cluster)
+        )
+        held = asyncio.run(wait_replicated(namesrv, topic, args.messages, 120))
+        print(f"loaded in {load_s:.1f} s; the replicas hold {held}; reading", file=sys.stderr)
         runs = time_reads(namesrv, topic, args.master, args.repeat, options)
     finally:
         if cluster is not None:

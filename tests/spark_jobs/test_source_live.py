@@ -213,6 +213,17 @@ def test_range_reader_falls_over_to_live_replicas_and_bounds_its_waits(cluster: 
         list(RangeReader(o, ReadRange(gone, 0, 5, replicas)).batches())
 
 
+def test_bench_command_against_the_cluster(cluster: LocalCluster) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.source.bench", "--namesrv", cluster.namesrv_addr, "--messages", "3000",
+         "--queues", "3", "--repeat", "1", "--master", "local[2]", "--json"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["held"] == 3000 and summary["runs"][0]["count"] == 3000 and summary["best_msgs_per_s"] > 0
+
+
 # -- streaming -------------------------------------------------------------------------------------------
 def committed_batches(checkpoint: str) -> int:
     commits = os.path.join(checkpoint, "commits")

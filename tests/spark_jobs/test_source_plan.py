@@ -410,3 +410,13 @@ def test_record_batch_matches_the_schema_spark_checks() -> None:
     assert rows[0]["body"] == b"\x00\xff" and rows[1]["tags"] == "" and rows[1]["keys"] == []
     assert rows[0]["store_timestamp"].timestamp() == 1_700_000_000.456
     assert [r["queue_offset"] for r in rows] == [7, 8]
+
+
+def test_bench_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_jobs.source import bench
+
+    for argv in (["--messages", "0"], ["--queues", "2000"], ["--option", "noequals"]):
+        with pytest.raises(SystemExit) as info:
+            bench.main(argv)
+        assert info.value.code == 2, argv
+    assert "--option takes KEY=VALUE" in capsys.readouterr().err
