@@ -1,14 +1,18 @@
 """Reading one ``ReadRange`` on an executor: pulls from the group's replicas, rows as Arrow batches.
 
     range [start, end) ──pull(offset, n)──> replica 1 (a follower that holds the range)
-                          FOUND / NO_MATCHED_MSG ──> step() ──> rows, lost ranges, next offset
+                          serves from ``offset`` ──> step() ──> rows, next offset
                           OFFSET_OVERFLOW / NO_NEW_MSG (lagging), no answer ──> next replica
-                          OFFSET_TOO_SMALL ──> next replica; from every one that answered ──> loss
+                          serves only from later (OFFSET_TOO_SMALL, or a head skipped as removed)
+                              ──> next replica; from every one that answered ──> the answer that
+                                  serves from the lowest offset ──> step() ──> loss before it
 
 ``step`` is the pure core: what an answer means for the range. Without a tag filter the broker
 answers consecutive offsets, so a hole (offsets skipped inside a FOUND, or a NO_MATCHED_MSG) is
-data retention removed between the consume queue's and the log's clean-up; with a filter, skipped
-offsets are simply messages that did not match, and only OFFSET_TOO_SMALL reveals a loss.
+data retention removed between the consume queue's and the log's clean-up (``served_from`` is the
+first offset an answer really serves); with a filter, skipped offsets are simply messages that did
+not match, and only OFFSET_TOO_SMALL reveals a loss. Retention runs on each replica on its own, so
+a replica that lost the head is never believed while another one may still serve it.
 
 A lost range fails the task (``DataLossError``) when ``failOnDataLoss`` is true; otherwise it is
 skipped, logged as a warning and, with ``dataLossLog``, appended to that file as one JSON line.
@@ -50,6 +54,31 @@ class Step:
     keep: int  # the first ``keep`` messages of the answer belong to the range
     lost: tuple[tuple[int, int], ...]  # offset ranges [a, b) that are gone
     next_offset: int
+
+
+def served_from(offset: int, answer: dict[str, Any], filtered: bool) -> int:
+    """The first offset at or after ``offset`` that a FOUND / NO_MATCHED_MSG / OFFSET_TOO_SMALL
+    answer really serves (with a filter, a skipped offset is a non-matching message: served)."""
+    status = answer["status"]
+    if status == "OFFSET_TOO_SMALL":
+        return max(offset, int(answer["min_offset"]))
+    if filtered:
+        return offset
+    if status == "FOUND" and answer["messages"]:
+        return max(offset, int(answer["messages"][0]["queue_offset"]))
+    return max(offset, int(answer["next_offset"]))  # NO_MATCHED_MSG unfiltered: all skipped as removed
+
+
+def best_of_round(
+    offset: int, later: Sequence[dict[str, Any]], served_or_lagging: int, filtered: bool
+) -> dict[str, Any] | None:
+    """After asking every replica once, none of which served from ``offset``: the answer that
+    serves from the lowest offset when every replica that answered could only serve later
+    (``later``), else None — a lagging replica (OFFSET_OVERFLOW, NO_NEW_MSG) may still hold the
+    offset once it catches up, so the round is tried again."""
+    if not later or len(later) != served_or_lagging:
+        return None
+    return min(later, key=lambda a: served_from(offset, a, filtered))
 
 
 def step(offset: int, end: int, answer: dict[str, Any], filtered: bool) -> Step:
@@ -159,6 +188,7 @@ class RangeReader:
             "max_bytes": PULL_BYTES_MAX,
             "tags": self.opts.tags_expression,
         }
+        filtered = self.opts.tags is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.opts.timeout_ms / 1000
         last = "no replica address known"
@@ -166,7 +196,7 @@ class RangeReader:
         while True:
             if not self.addrs or attempt > 0:
                 await self._refresh_addrs()
-            too_small: list[dict[str, Any]] = []
+            later: list[dict[str, Any]] = []  # answers that serve only from a later offset
             refused: list[ClientError] = []
             answered = 0
             for addr in list(self.addrs):
@@ -185,15 +215,16 @@ class RangeReader:
                     continue
                 answered += 1
                 status = ans.get("status")
-                if status in ("FOUND", "NO_MATCHED_MSG"):
-                    return dict(ans)
-                if status == "OFFSET_TOO_SMALL":
-                    too_small.append(ans)
+                if status in ("FOUND", "NO_MATCHED_MSG", "OFFSET_TOO_SMALL"):
+                    if served_from(offset, ans, filtered) == offset:
+                        return dict(ans)
+                    later.append(dict(ans))
                 last = f"{addr}: {status} (holds {ans.get('min_offset')}..{ans.get('max_offset')})"
             if refused and len(refused) == answered:
                 raise RuntimeError(f"every replica refused the pull of {self.rng.mq} at {offset}: {refused[0]}")
-            if too_small and len(too_small) == answered:
-                return min(too_small, key=lambda a: int(a["min_offset"]))
+            best = best_of_round(offset, later, answered - len(refused), filtered)
+            if best is not None:
+                return best
             if loop.time() >= deadline:
                 raise TimeoutError(
                     f"no replica of {self.rng.mq.broker_name} served {self.rng.mq} at offset {offset} "

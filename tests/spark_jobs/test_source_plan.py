@@ -36,7 +36,7 @@ from spark_jobs.source.plan import (
     resolve,
     timestamp_queries,
 )
-from spark_jobs.source.reader import record_skipped, step
+from spark_jobs.source.reader import best_of_round, record_skipped, served_from, step
 
 T = "TopicA"
 G0, G1 = "RaftNode00", "RaftNode01"
@@ -371,6 +371,26 @@ def test_step_refuses_answers_that_make_no_progress_or_go_backwards() -> None:
         step(10, 100, found([], 10), filtered=False)
     with pytest.raises(RuntimeError, match="out of order"):
         step(10, 100, found([11, 10], 12), filtered=False)
+
+
+def test_served_from_tells_a_replica_that_lost_the_head_from_one_that_serves_it() -> None:
+    small = {"status": "OFFSET_TOO_SMALL", "next_offset": 40, "min_offset": 40, "max_offset": 99, "messages": []}
+    nm = {"status": "NO_MATCHED_MSG", "next_offset": 30, "min_offset": 0, "max_offset": 99, "messages": []}
+    assert served_from(10, found([10, 11], 12), filtered=False) == 10
+    assert served_from(10, found([14, 15], 16), filtered=False) == 14  # head skipped as removed
+    assert served_from(10, found([14, 15], 16), filtered=True) == 10  # non-matching messages
+    assert served_from(10, nm, filtered=False) == 30 and served_from(10, nm, filtered=True) == 10
+    assert served_from(10, small, filtered=True) == 40 and served_from(50, small, filtered=False) == 50
+
+
+def test_a_loss_is_believed_only_when_no_replica_serves_the_offset() -> None:
+    a = found([14, 15], 16)  # lost the head up to 14
+    b = found([12, 13], 14)  # lost less
+    small = {"status": "OFFSET_TOO_SMALL", "next_offset": 20, "min_offset": 20, "max_offset": 99, "messages": []}
+    assert best_of_round(10, [a, b, small], 3, filtered=False) is b
+    assert best_of_round(10, [a, small], 3, filtered=False) is None  # the third replica lags: retry
+    assert best_of_round(10, [], 2, filtered=False) is None
+    assert step(10, 100, b, filtered=False).lost == ((10, 12),)
 
 
 def test_record_skipped_fails_or_reports(tmp_path: Any) -> None:
