@@ -15,4 +15,5 @@ Modules:
 - ``audit``          the CLI: runs the pipeline, decides the verdict
 - ``report``         summary.json, details/*.json, report.html with embedded plots
 - ``synth``, ``synth_replicas``  synthetic run directories with planted anomalies (tests, benchmarks)
+- ``source``         the ``dledger-mq`` PySpark data source: topics read through the brokers (docs/SPARK.md)
 """
