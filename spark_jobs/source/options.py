@@ -38,7 +38,7 @@ from typing import Literal
 
 from broker.client.message import MessageQueue, parse_tags_expression
 from broker.client.transport import ClientError, parse_addrs
-from broker.message import TOPIC_RE
+from broker.names import is_topic
 
 EARLIEST = -2
 LATEST = -1
@@ -205,7 +205,7 @@ def _topics(opts: Mapping[str, str]) -> tuple[str, ...]:
     if not names:
         raise SourceOptionError("topic names no topic")
     for t in names:
-        if not TOPIC_RE.match(t):
+        if not is_topic(t):
             raise SourceOptionError(f"topic {t!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
     if len(set(names)) != len(names):
         raise SourceOptionError(f"topics {raw!r} names a topic twice")
