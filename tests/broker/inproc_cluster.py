@@ -313,7 +313,11 @@ class Group:
         r.starts += 1
         server = BrokerServer(self.config(r), network=self.network, log_store=r.log_store, meta=r.meta)
         server.api = _TappedBrokerApi(server, r.tap)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:  # e.g. its port was taken meanwhile: end what did start (the tick thread)
+            await server.stop(unregister=False)
+            raise
         r.server = server
         return r
 
@@ -520,9 +524,17 @@ class InProcBrokerCluster:
         await self.transport.close()
 
     @staticmethod
-    async def assert_nothing_left(baseline_tasks: set[asyncio.Task[Any]]) -> None:
+    def baseline() -> tuple[set[asyncio.Task[Any]], set[threading.Thread]]:
+        """What runs before a test's clusters start (for ``assert_nothing_left``)."""
+        return set(asyncio.all_tasks()), set(threading.enumerate())
+
+    @staticmethod
+    async def assert_nothing_left(baseline: tuple[set[asyncio.Task[Any]], set[threading.Thread]]) -> None:
         """After ``stop()`` (and the SDK clients' shutdown): no tick thread, no task of ours left."""
-        ticks = [t.name for t in threading.enumerate() if t.name.startswith("dledger-tick")]
+        baseline_tasks, baseline_threads = baseline
+        ticks = [
+            t.name for t in threading.enumerate() if t.name.startswith("dledger-tick") and t not in baseline_threads
+        ]
         assert not ticks, f"tick threads still running: {ticks}"
 
         def leftover() -> list[asyncio.Task[Any]]:

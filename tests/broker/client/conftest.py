@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 async def make_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
     """``await make_cluster(n_groups=2, topics={"T": 4})``: groups RaftNode00.. of three replicas
     each, every topic created on every group with that many read and write queues."""
-    baseline = set(asyncio.all_tasks())
+    baseline = InProcBrokerCluster.baseline()
     made: list[InProcBrokerCluster] = []
 
     async def make(n_groups: int = 1, topics: dict[str, int] | None = None, **kwargs: Any) -> InProcBrokerCluster:
