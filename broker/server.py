@@ -81,6 +81,7 @@ class BrokerServer:
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
@@ -151,6 +152,11 @@ class BrokerServer:
     async def stop(self, *, unregister: bool = True) -> None:
         """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
         the broker's registration expires)."""
+        self.stopping = True
+        for waiters in self._waiters.values():  # long polls answer now, not after their hold
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
         for t in self._tasks:
             t.cancel()
         if self._tasks:  # bounded: a task that ignores its cancellation must not hang shutdown

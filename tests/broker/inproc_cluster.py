@@ -530,12 +530,16 @@ class InProcBrokerCluster:
 
     @staticmethod
     async def assert_nothing_left(baseline: tuple[set[asyncio.Task[Any]], set[threading.Thread]]) -> None:
-        """After ``stop()`` (and the SDK clients' shutdown): no tick thread, no task of ours left."""
+        """After ``stop()`` (and the SDK clients' shutdown): no thread (tick threads, store syncers,
+        the SDK's loop threads) and no task started since ``baseline`` is left. The loop's own
+        executor threads (``asyncio_N``) end with the loop."""
         baseline_tasks, baseline_threads = baseline
-        ticks = [
-            t.name for t in threading.enumerate() if t.name.startswith("dledger-tick") and t not in baseline_threads
+        threads = [
+            t.name
+            for t in threading.enumerate()
+            if t not in baseline_threads and t.is_alive() and not t.name.startswith("asyncio_")
         ]
-        assert not ticks, f"tick threads still running: {ticks}"
+        assert not threads, f"threads still running: {threads}"
 
         def leftover() -> list[asyncio.Task[Any]]:
             return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and t not in baseline_tasks]
