@@ -71,7 +71,7 @@ class RaftSettings:
     election_min_ms: int = 300
     election_max_ms: int = 600
     heartbeat_ms: int = 50
-    stepdown_ms: int = 1500
+    stepdown_ms: int = 1000
     connection_timeout_ms: int = 1500
     connection_retry_ms: int = 300
     max_entry_bytes: int = (4 << 20) + (64 << 10)
