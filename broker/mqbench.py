@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -551,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)
+    from broker.stability_bench import add_parser as add_stability
+
+    add_stability(sub, _positive)
     return parser
 
 
@@ -572,6 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "stability":
+        from broker.stability_bench import run_stability
+
+        return run_loop(run_stability(args))
     if args.command == "failover":
         from broker.failover_bench import run_failover
 

@@ -313,6 +313,17 @@ class BrokerServer:
             "dispatch": dict(self.store.counters),
             "send": dict(self.counters),
             "commit_latency_ms": node["commit_latency_ms"],
+            "raft": {
+                "elections": node["counters"].get("elections", 0),
+                "prevotes_started": node["counters"].get("prevotes_started", 0),
+                "became_leader": node["counters"].get("became_leader", 0),
+                "stepdowns": node["counters"].get("stepdowns_check_quorum", 0)
+                + node["counters"].get("stepdowns_stale_term", 0),
+                "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
+                "max_append_gap_ms": node["max_append_gap_ms"],
+                "live_followers": node["live_followers"],
+                "retention_floor": node["retention_floor"],
+            },
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),

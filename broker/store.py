@@ -172,6 +172,13 @@ class MessageStore:
         """The last snapshot on disk: recovery re-applies the log from there."""
         return self._durable_applied
 
+    def checkpoint(self) -> None:
+        """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        if self._applied > self._durable_applied and (
+            self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
+        ):
+            self.snapshot()
+
     def apply(self, entries: Sequence[CommittedEntry]) -> None:
         touched: set[tuple[str, int]] = set()
         md_changed = False

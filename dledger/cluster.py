@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 NODES_PER_GROUP = 3
+SKEW_ENV = "DLEDGER_CLOCK_SKEW"
 STATE_FILE = "cluster.json"
 ACL_FILE = os.path.join("conf", "plain_acl.yml")
 ADMIN_CREDENTIALS_FILE = "admin-credentials.yml"
@@ -100,10 +101,22 @@ class ProcessInfo:
     http_port: int
     log: str
     kind: str = "node"  # "node" (dledger-node), "broker" (dledger-broker) or "namesrv"
+    clock_skew: str = ""  # DLEDGER_CLOCK_SKEW for this process ("offset_s,drift_ppm"; tests only)
 
 
 class UsageError(Exception):
     pass
+
+
+def skew_for(k: int) -> str:
+    """Per-process clock offsets in both directions and drifts, for ``up --clock-skew``.
+
+    Offsets stay small enough backwards that the process's monotonic clock stays positive on a
+    freshly booted host (the system's CLOCK_MONOTONIC starts near 0)."""
+    behind_s = -min(30.0, time.monotonic() / 2)
+    choices = [(7200.0, 500.0), (behind_s, -500.0), (3 * 3600.0 + 7.0, 0.0), (60.0, 250.0)]
+    offset, drift = choices[k % len(choices)]
+    return f"{offset:.3f},{drift:.0f}"
 
 
 def node_conf_text(
@@ -240,9 +253,14 @@ _MODULES = {"node": "dledger.server", "broker": "broker.server", "namesrv": "nam
 def start_process(info: ProcessInfo, python: str = sys.executable) -> int:
     os.makedirs(os.path.dirname(info.log), mode=0o700, exist_ok=True)
     fd = os.open(info.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    env = dict(os.environ)
+    env.pop(SKEW_ENV, None)
+    if info.clock_skew:
+        env[SKEW_ENV] = info.clock_skew
     with os.fdopen(fd, "ab") as logf:
         child = subprocess.Popen(
             [python, "-m", _MODULES[info.kind], "-c", info.conf],
+            env=env,
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -337,7 +355,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         write_private(acl.path, acl.text())
         write_private(os.path.join(root, ADMIN_CREDENTIALS_FILE), acl.admin_text())
     procs = []
-    for info, text in planned:
+    for k, (info, text) in enumerate(planned):
+        if args.clock_skew and info.kind != "namesrv":
+            info.clock_skew = skew_for(k)
         write_private(info.conf, text)
         info.pid = start_process(info)
         procs.append(info)
@@ -438,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--wait", type=float, default=20.0, help="seconds to wait for leaders")
     up.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra properties for every node")
     up.add_argument("--json", action="store_true")
+    up.add_argument(
+        "--clock-skew",
+        action="store_true",
+        help="run each replica on a clock of its own (hours apart, drifting +-500 ppm): a test of the one-clock rule",
+    )
     up.add_argument("--no-acl", action="store_true",
                     help="run the broker cluster without ACL (every request allowed; not for shared hosts)")
     down = sub.add_parser("down", help="stop the processes recorded in DIR")

@@ -362,7 +362,7 @@ def parse_dledger_config(
             f"{heartbeat_ms} must be less than a third of dLegerElectionTimeoutMinMs ({election_min_ms}): "
             "followers would start elections between heartbeats",
         )
-    step_down_ms = r.integer("dLegerLeaderStepDownMs", 1500, 51, 600_000)
+    step_down_ms = r.integer("dLegerLeaderStepDownMs", 1000, 51, 600_000)
     if step_down_ms <= election_min_ms:
         raise r.error(
             "dLegerLeaderStepDownMs",

@@ -40,6 +40,7 @@ from dledger.entry_store import EntryStore
 from dledger.inproc import InProcNetwork, InProcTransport
 from dledger.log_store import LogStore
 from dledger.meta_store import FileMetaStore, MetaStore
+from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import (
     AppendFailedError,
     AppendTimeoutError,
@@ -123,7 +124,6 @@ class DLedgerNode:
             events=self,
             rng=rng,
             disk_used_ratio=disk_used_ratio,
-            peer_password=None if network is not None else settings.password,
         )
         self.journal = self.core.journal
         self._thread: threading.Thread | None = None
@@ -188,17 +188,23 @@ class DLedgerNode:
     def _make_transport(self, sync_obj: Any, self_node: Any, other_nodes: Any) -> Any:
         if self._network is not None:
             return InProcTransport(self._network, sync_obj, self_node, other_nodes, wake=self._wake)
-        from dledger.peer_tcp import DLedgerTransport
-
         s = self.settings
         view = s.view()
-        transport = DLedgerTransport(sync_obj, self_node, other_nodes)
-        transport.connect_via = {
-            addr: view[pid]
-            for pid, addr in s.peers.items()
-            if pid != s.self_id and view.get(pid, addr) != addr
-        }
-        return transport
+        return TcpPeerTransport(
+            sync_obj,
+            self_node,
+            other_nodes,
+            password=s.password,
+            group=s.group,
+            connect_via={
+                addr: view[pid]
+                for pid, addr in s.peers.items()
+                if pid != s.self_id and view.get(pid, addr) != addr
+            },
+            max_frame_bytes=s.max_entry_bytes + s.replication_batch_bytes + (4 << 20),
+            idle_timeout_s=s.connection_timeout_ms / 1000,
+            connect_retry_s=s.connection_retry_ms / 1000,
+        )
 
     async def start(self, timeout_s: float = 10.0) -> None:
         self._loop = asyncio.get_running_loop()
@@ -222,10 +228,6 @@ class DLedgerNode:
     def _run(self) -> None:
         dl_clock.use(self._clock)  # pysyncobj, on this thread, reads the node's clock
         try:
-            if self._network is None:
-                from dledger.peer_tcp import install_tcp_patches
-
-                install_tcp_patches()
             sync = self.core.open()
             sync._poller.subscribe(self._wake_r, self._on_wake, POLL_EVENT_TYPE.READ)
         except BaseException as exc:  # surfaced by start()

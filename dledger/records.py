@@ -71,7 +71,7 @@ class RaftSettings:
     election_min_ms: int = 300
     election_max_ms: int = 600
     heartbeat_ms: int = 50
-    stepdown_ms: int = 1500
+    stepdown_ms: int = 1000
     connection_timeout_ms: int = 1500
     connection_retry_ms: int = 300
     max_entry_bytes: int = (4 << 20) + (64 << 10)
@@ -132,6 +132,12 @@ class StateMachine(Protocol):
 
     def durable_applied_index(self) -> int:
         """Where applying resumes after a crash: retention never removes an entry above it."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Called on the tick thread before each retention check: a chance to make what is
+        applied durable when no new entries arrive (an idle state machine would otherwise hold
+        retention back for ever)."""
         ...
 
     def apply(self, entries: Sequence[CommittedEntry]) -> Sequence[Sequence[Any] | None] | None: ...

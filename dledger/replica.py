@@ -112,7 +112,6 @@ class ReplicaCore:
         rng: random.Random | None = None,
         disk_used_ratio: Callable[[str], float] | None = None,
         prevote: bool = True,
-        peer_password: str | None = None,
     ):
         if settings.self_id not in settings.peers:
             raise ValueError(f"self id {settings.self_id!r} is not among the peers")
@@ -126,7 +125,6 @@ class ReplicaCore:
         self._rng = rng or random.Random()
         self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
         self._prevote = prevote
-        self._peer_password = peer_password  # the TCP transport authenticates frames with it
         self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
         self._self_address = settings.peers[settings.self_id]
         self.sync: DLedgerSyncObj | None = None
@@ -154,7 +152,7 @@ class ReplicaCore:
     def open(self) -> DLedgerSyncObj:
         s = self.settings
         conf = SyncObjConf(
-            password=self._peer_password,
+            password=None,  # peers authenticate in the transport (peer_tcp), not in pysyncobj
             raftMinTimeout=s.election_min_ms / 1000,
             raftMaxTimeout=s.election_max_ms / 1000,
             appendEntriesPeriod=s.heartbeat_ms / 1000,
@@ -433,6 +431,7 @@ class ReplicaCore:
         self.counters["retention_checks"] += 1
         floor = self.applied_index
         if self._sm is not None:
+            self._sm.checkpoint()
             # Entries the state machine has applied but not made durable must stay: after a
             # crash it re-applies them from the log (found by the simulator: a restart resumed
             # past entries retention had removed, and skipped them).

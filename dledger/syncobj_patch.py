@@ -542,7 +542,7 @@ class DLedgerSyncObj(SyncObj):
             # Only the answer to dl_install moves it forward: the follower restarted its log there.
             hint = message["next_node_idx"]
             current = next_index.get(node, hint)
-            next_index[node] = hint if message["installed"] else min(current, hint)
+            next_index[node] = hint if message.get("installed") else min(current, hint)
             self.dl_probing.add(node)
             self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
             return

@@ -52,6 +52,9 @@ class SimStateMachine:
     def durable_applied_index(self) -> int:
         return self.durable_applied
 
+    def checkpoint(self) -> None:
+        self.durable_applied = self.applied
+
     def apply(self, entries: Sequence[CommittedEntry]) -> Sequence[Sequence[Any] | None] | None:
         out: list[Sequence[Any] | None] = []
         commit = self._commit_index()

@@ -329,7 +329,8 @@ class World:
     def run(self) -> SimResult:
         error: str | None = None
         try:
-            self._run_phases()
+            with dl_clock.restored():
+                self._run_phases()
         except Violation as exc:
             error = str(exc)
         elapsed = self.now
@@ -414,14 +415,16 @@ class World:
         """Start every replica and the client, without faults (then drive the world by hand)."""
         self._faults_on = False
         self._client_on = True
-        for node in self.replicas:
-            self._start(node)
+        with dl_clock.restored():
+            for node in self.replicas:
+                self._start(node)
         self.after(0.5, self._client)
 
     def run_for(self, seconds: float) -> None:
         end = self.now + seconds
-        while self._queue and self._queue[0][0] <= end:
-            self._run_one()
+        with dl_clock.restored():
+            while self._queue and self._queue[0][0] <= end:
+                self._run_one()
         self.now = max(self.now, end)
 
     def leader(self) -> SimReplica | None:

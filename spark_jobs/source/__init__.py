@@ -4,10 +4,13 @@ this broker, in batch and in Structured Streaming. See docs/SPARK.md.
     from spark_jobs.source import register
     register(spark)                      # also done on import when a SparkSession is active
     df = (spark.read.format("dledger-mq")
-          .option("namesrv", "127.0.0.1:9876").option("topic", "TopicTest").load())
+          .option("namesrv", "127.0.0.1:9876").option("topic", "TopicTest")
+          .option("credentialsFile", "run/admin-credentials.yml")   # brokers with ACL
+          .load())
 
 Modules:
-- ``options``    the options, parsed and checked (pure)
+- ``options``    the options, parsed and checked (credentials and TLS resolved on the driver)
+- ``security``   credentials and TLS as they travel to the tasks; refusals (401/403) explained
 - ``plan``       offsets and ranges from what the cluster said (pure)
 - ``schema``     the row schema and the pull answer → Arrow codec
 - ``cluster``    the driver's questions to the cluster (routes, queue offsets, offsets by time)

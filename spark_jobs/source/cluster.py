@@ -7,7 +7,8 @@ offsets by time. Thin I/O over the SDK (``NamesrvClient``, ``Transport``); the d
 - Each replica of each group is asked for the topic's status (``GET /v1/topics/{t}/status``):
   ``[min_offset, max_offset)`` per queue as that replica has applied it. A replica that does not
   answer (down, not ready, not yet aware of the topic) is left out; a group none of whose
-  replicas answered is listed as unreachable.
+  replicas answered is listed as unreachable — unless one of them refused the credentials (401,
+  403): that is final, and fails the planning with ``security.SourceAuthError`` at once.
 - Offsets by time (``GET /v1/offset/search``) are asked of the replica with the highest max offset
   (the newest view), falling back to the others.
 """
@@ -24,6 +25,7 @@ from broker.client.route_cache import subscribe_queues
 from broker.client.transport import BrokerData, ClientError, NamesrvClient, Transport
 from spark_jobs.source.options import SourceOptionError, SourceOptions
 from spark_jobs.source.plan import ClusterView, QueueView, ReplicaRange
+from spark_jobs.source.security import SourceSecurity, is_refusal, refusal
 
 CALL_TIMEOUT_S = 5.0
 SEARCHES_IN_FLIGHT_MAX = 16
@@ -40,10 +42,15 @@ async def fetch_view(opts: SourceOptions, transport: Transport) -> ClusterView:
         except ClientError as exc:
             if exc.code == "TOPIC_NOT_EXIST":
                 raise SourceOptionError(f"topic {topic!r} does not exist (no NameServer has a route for it)") from None
-            raise RuntimeError(f"no NameServer of {', '.join(opts.namesrv)} answered: {exc}") from None
+            if is_refusal(exc):  # open to anyone, but a bad signature is refused all the same
+                raise refusal(exc, opts.security, f"the route of topic {topic!r}") from None
+            hint = "" if opts.security.tls else " (if the cluster runs HTTPS: give tlsCaFile, or tls=true)"
+            raise RuntimeError(f"no NameServer of {', '.join(opts.namesrv)} answered: {exc}{hint}") from None
         readable = subscribe_queues(route)
         groups = sorted({mq.broker_name for mq in readable})
-        answers = await asyncio.gather(*(_group_status(transport, route.broker(g), topic) for g in groups))
+        answers = await asyncio.gather(
+            *(_group_status(transport, route.broker(g), topic, opts.security) for g in groups)
+        )
         for group, (replicas, why) in zip(groups, answers, strict=True):
             if why is not None:
                 unreachable.append((group, why))
@@ -54,9 +61,10 @@ async def fetch_view(opts: SourceOptions, transport: Transport) -> ClusterView:
 
 
 async def _group_status(
-    transport: Transport, bd: BrokerData | None, topic: str
+    transport: Transport, bd: BrokerData | None, topic: str, security: SourceSecurity
 ) -> tuple[dict[int, list[ReplicaRange]], str | None]:
-    """Per queue id, each answering replica's range; and why none answered (or None)."""
+    """Per queue id, each answering replica's range; and why none answered (or None). Raises
+    ``SourceAuthError`` when none answered and one refused the credentials."""
     if bd is None or not bd.broker_addrs:
         return {}, "the route names no replica"
     path = f"/v1/topics/{quote(topic, safe='')}/status"
@@ -71,9 +79,12 @@ async def _group_status(
     answers = await asyncio.gather(*(ask(addr) for _, addr in addrs))
     out: dict[int, list[ReplicaRange]] = {}
     errors: list[str] = []
+    refused: list[ClientError] = []
     for (bid, addr), ans in zip(addrs, answers, strict=True):
         if isinstance(ans, ClientError):
             errors.append(f"{addr} {ans.code}")
+            if is_refusal(ans):
+                refused.append(ans)
             continue
         if not isinstance(ans, dict) or ans.get("broker_name") != bd.broker_name:
             errors.append(f"{addr} answered for another group")
@@ -83,12 +94,17 @@ async def _group_status(
                 ReplicaRange(addr, bid == 0, int(q["min_offset"]), int(q["max_offset"]))
             )
     if len(errors) == len(addrs):
+        if refused:
+            raise refusal(refused[0], security, f"the status of topic {topic!r} at {bd.broker_name}")
         return {}, ", ".join(errors)
     return out, None
 
 
 async def offsets_by_time(
-    transport: Transport, queues: Mapping[MessageQueue, QueueView], queries: Mapping[MessageQueue, int]
+    transport: Transport,
+    queues: Mapping[MessageQueue, QueueView],
+    queries: Mapping[MessageQueue, int],
+    security: SourceSecurity,
 ) -> dict[MessageQueue, int]:
     """The first offset stored at or after each queried time (the max offset when none is)."""
     in_flight = asyncio.Semaphore(SEARCHES_IN_FLIGHT_MAX)
@@ -96,6 +112,7 @@ async def offsets_by_time(
     async def search(mq: MessageQueue, ts_ms: int) -> tuple[MessageQueue, int]:
         q = queues[mq]
         last: ClientError | None = None
+        refused: ClientError | None = None
         for r in sorted(q.replicas, key=lambda r: (-r.max_offset, not r.leader)):
             try:
                 async with in_flight:
@@ -109,6 +126,9 @@ async def offsets_by_time(
                 return mq, int(ans["offset"])
             except ClientError as exc:
                 last = exc
+                refused = refused or (exc if is_refusal(exc) else None)
+        if refused is not None:
+            raise refusal(refused, security, f"an offset search in {mq}")
         raise RuntimeError(f"no replica of {mq.broker_name} answered an offset search for {mq}: {last}")
 
     return dict(await asyncio.gather(*(search(mq, ts) for mq, ts in sorted(queries.items()))))
@@ -159,12 +179,12 @@ async def first_readable(
     return dict(await asyncio.gather(*(one(mq, t) for mq, t in sorted(targets.items()))))
 
 
-def run(coro_factory: Any) -> Any:
-    """Run ``coro_factory(transport)`` on a fresh loop with a transport closed afterwards (the
-    planner runs in a plain Python worker: no loop of its own)."""
+def run(opts: SourceOptions, coro_factory: Any) -> Any:
+    """Run ``coro_factory(transport)`` on a fresh loop with a transport (the options' credentials
+    and TLS) closed afterwards (the planner runs in a plain Python worker: no loop of its own)."""
 
     async def main() -> Any:
-        transport = Transport(CALL_TIMEOUT_S)
+        transport = opts.security.transport(CALL_TIMEOUT_S)
         try:
             return await coro_factory(transport)
         finally:

@@ -15,6 +15,10 @@ Where each method runs: ``DataSource``, ``reader()``/``streamReader()``, ``parti
 ``latestOffset``, ``initialOffset`` run in Python workers on the driver (the stream reader lives
 as long as the query, so it keeps the last ``ClusterView`` for ``partitions`` and
 ``reportLatestOffset``); ``read`` runs in executor workers and keeps no state between calls.
+
+Credentials and TLS are resolved with the options, in the driver's worker (``reader()`` /
+``streamReader()``: options, else the driver's environment), and travel inside the pickled reader
+to the executors; every transport of the planner and of the tasks is built from them.
 """
 
 from __future__ import annotations
@@ -88,14 +92,9 @@ class DledgerMQDataSource(DataSource):
 
 
 def _options(raw: Any, mode: Mode) -> SourceOptions:
-    opts = parse_options(raw, mode)
-    if opts.credentials is not None:
-        log.warning(
-            "dledger-mq: accessKey %s is carried but not sent: the SDK's transport takes no credentials "
-            "yet (brokers without ACLs need none)",
-            opts.credentials.access_key,
-        )
-    return opts
+    """Parsed here, in the driver's Python worker: credentials and TLS not given as options come
+    from the driver's environment, and travel with the reader to every task."""
+    return parse_options(raw, mode)
 
 
 def _check_schema(schema: StructType) -> None:
@@ -115,7 +114,7 @@ async def _resolve(
 ) -> dict[MessageQueue, int]:
     spec = opts.starting if which == "starting" else opts.ending
     queries = timestamp_queries(spec, queues)
-    by_time = await cluster.offsets_by_time(transport, queues, queries) if queries else {}
+    by_time = await cluster.offsets_by_time(transport, queues, queries, opts.security) if queries else {}
     return resolve(spec, queues, f"{which} offsets", by_time)
 
 
@@ -150,7 +149,7 @@ def plan_batch(opts: SourceOptions) -> list[ReadRange]:
             prefer_followers=opts.prefer_followers,
         )
 
-    ranges: list[ReadRange] = cluster.run(go)
+    ranges: list[ReadRange] = cluster.run(opts, go)
     return ranges
 
 
@@ -175,7 +174,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async def go(transport: Transport) -> ClusterView:
             return await cluster.fetch_view(self.opts, transport)
 
-        view: ClusterView = cluster.run(go)
+        view: ClusterView = cluster.run(self.opts, go)
         self._view = view
         return view
 
@@ -185,7 +184,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             asked = await _resolve(transport, self.opts, queues, "starting")
             return await _readable(transport, self.opts, queues, asked)
 
-        return offsets_to_json(cluster.run(go))
+        return offsets_to_json(cluster.run(self.opts, go))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_records_per_trigger

@@ -4,6 +4,10 @@
 ``h + 100 g + 10 i``, NameServers ``n + k``); the bases are drawn at random and kept only when
 every derived port can be bound on 127.0.0.1 right now, so concurrent clusters of other users of
 the machine are not hit. ``down()`` ends exactly the processes ``up`` recorded, by PID.
+
+ACL is on (``dledger-cluster up``'s default): ``up`` writes ROOT/admin-credentials.yml (0600), the
+account the benchmark and the tests use (``credentials``, and ``source_options()`` for the data
+source). Its generated ACL has no reader account, only the admin and one account per group.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import subprocess
 import sys
 from typing import Any
 
-from dledger.cluster import ProcessInfo, is_running, stop_process
+from broker.auth import Credentials, load_credentials
+from dledger.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 HOST = "127.0.0.1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,6 +73,19 @@ class LocalCluster:
     def namesrv_addr(self) -> str:
         return ";".join(f"{HOST}:{self.ns_base + k}" for k in range(self.namesrv_count))
 
+    @property
+    def credentials_file(self) -> str:
+        """The admin account ``up`` wrote (the cluster runs with ACL)."""
+        return os.path.join(self.root, ADMIN_CREDENTIALS_FILE)
+
+    @property
+    def credentials(self) -> Credentials:
+        return load_credentials(self.credentials_file)
+
+    def source_options(self) -> dict[str, str]:
+        """The ``dledger-mq`` options that reach this cluster: its NameServers and admin account."""
+        return {"namesrv": self.namesrv_addr, "credentialsFile": self.credentials_file}
+
     def up(self, timeout_s: float = 120.0) -> dict[str, Any]:
         args = [
             sys.executable, "-m", "dledger.cluster", "up", "--dir", self.root,
@@ -85,6 +103,9 @@ class LocalCluster:
         if r.returncode != 0:
             self.down()
             raise RuntimeError(f"dledger-cluster up failed ({r.returncode}): {r.stderr[-2000:]}")
+        if not os.path.exists(self.credentials_file):
+            self.down()
+            raise RuntimeError(f"dledger-cluster up wrote no {self.credentials_file}: is ACL off?")
         return dict(json.loads(r.stdout))
 
     def processes(self) -> list[ProcessInfo]:

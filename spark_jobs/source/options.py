@@ -1,7 +1,8 @@
 """The data source's options: parsed once, on the driver, into one frozen ``SourceOptions``.
 
-Pure functions over the option strings Spark hands over (keys are case-insensitive, values are
-strings). Every mistake is a ``SourceOptionError`` naming the option and what was expected: an
+Functions over the option strings Spark hands over (keys are case-insensitive, values are
+strings); the only I/O is reading the credentials and CA files and the environment named below.
+Every mistake is a ``SourceOptionError`` naming the option and what was expected: an
 unknown option (a typo such as ``startingOffset``) is an error too, never silently ignored.
 
 | option | default | meaning |
@@ -20,7 +21,16 @@ unknown option (a typo such as ``startingOffset``) is an error too, never silent
 | preferFollowers | true | read from followers first, the leader last |
 | pullBatchSize | 1024 | messages per pull request (1..1024) |
 | timeoutMs | 30000 | how long a range may go without any replica answering before the task fails |
-| accessKey, secretKey / credentialsFile | | ACL credentials (carried; see ``Credentials``) |
+| accessKey + secretKey, or credentialsFile | env, see below | ACL credentials: every request is signed with them |
+| tls | env ``DLEDGER_TLS``, else false | ``true``: HTTPS to NameServers and brokers, trusting the system's CAs |
+| tlsCaFile | env ``DLEDGER_TLS_CA_FILE`` | HTTPS, trusting this CA (PEM) only |
+
+Credentials and TLS (``security``): ``credentialsFile`` is RocketMQ's ``tools.yml`` shape
+(``accessKey:`` and ``secretKey:``), read with ``broker.auth.load_credentials`` (refused when
+group or others may read it). Without a credentials option the SDK's environment rules apply:
+``DLEDGER_ACCESS_KEY`` + ``DLEDGER_SECRET_KEY``, else ``DLEDGER_CREDENTIALS_FILE``; without a TLS
+option, ``DLEDGER_TLS_CA_FILE``, else ``DLEDGER_TLS``. All of it is resolved here, on the driver
+(the environment is the driver's), and carried to the tasks as ``SourceSecurity``.
 
 JSON offsets are keyed by topic, broker group and queue id; ``-2`` means earliest and ``-1``
 latest (Kafka's convention)::
@@ -33,12 +43,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import ssl
 from collections.abc import Mapping
 from typing import Literal
 
+from broker.auth import Credentials, CredentialsError, credentials_from_env, load_credentials
 from broker.client.message import MessageQueue, parse_tags_expression
-from broker.client.transport import ClientError, parse_addrs
+from broker.client.transport import ENV_TLS, ENV_TLS_CA_FILE, ClientError, parse_addrs
 from broker.names import is_topic
+from spark_jobs.source.security import SourceSecurity, ssl_context_from_pem
 
 EARLIEST = -2
 LATEST = -1
@@ -46,7 +59,7 @@ PULL_BATCH_MAX = 1024  # the broker's max_count
 MAX_RECORDS_PER_PARTITION_DEFAULT = 100_000
 TIMEOUT_MS_DEFAULT = 30_000
 OFFSET_MAX = 2**63 - 1
-CREDENTIALS_FILE_BYTES_MAX = 64 << 10
+CA_FILE_BYTES_MAX = 1 << 20  # a CA bundle (the system's is ~200 KiB)
 
 Mode = Literal["batch", "stream"]
 SpecKind = Literal["earliest", "latest", "offsets", "timestamp", "timestamps"]
@@ -74,6 +87,8 @@ KNOWN_OPTIONS = {
         "accessKey",
         "secretKey",
         "credentialsFile",
+        "tls",
+        "tlsCaFile",
     )
 }
 
@@ -101,17 +116,6 @@ class OffsetSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Credentials:
-    """ACL credentials for the brokers (RocketMQ's accessKey/secretKey).
-
-    The SDK's transport takes no credentials yet (ACLs are being added): they are parsed,
-    checked and carried to every reader, and ``credentials_note`` says they are not sent."""
-
-    access_key: str
-    secret_key: str = dataclasses.field(repr=False)
-
-
-@dataclasses.dataclass(frozen=True)
 class SourceOptions:
     mode: Mode
     namesrv: tuple[str, ...]
@@ -126,15 +130,16 @@ class SourceOptions:
     prefer_followers: bool
     pull_batch_size: int
     timeout_ms: int
-    credentials: Credentials | None
+    security: SourceSecurity
 
     @property
     def tags_expression(self) -> str:
         return "*" if self.tags is None else "||".join(sorted(self.tags))
 
 
-def parse_options(raw: Mapping[str, str], mode: Mode) -> SourceOptions:
-    """Every option checked; ``mode`` decides the defaults and which options are allowed."""
+def parse_options(raw: Mapping[str, str], mode: Mode, env: Mapping[str, str] | None = None) -> SourceOptions:
+    """Every option checked; ``mode`` decides the defaults and which options are allowed; ``env``
+    (default: ``os.environ``) is consulted for credentials and TLS the options do not give."""
     opts = {str(k).lower(): str(v) for k, v in raw.items()}
     unknown = sorted(set(opts) - set(KNOWN_OPTIONS))
     if unknown:
@@ -170,7 +175,7 @@ def parse_options(raw: Mapping[str, str], mode: Mode) -> SourceOptions:
         prefer_followers=_bool(opts, "preferFollowers", True),
         pull_batch_size=_int(opts, "pullBatchSize", PULL_BATCH_MAX, 1, PULL_BATCH_MAX),
         timeout_ms=_int(opts, "timeoutMs", TIMEOUT_MS_DEFAULT, 100, 3_600_000),
-        credentials=_credentials(opts),
+        security=parse_security(opts, os.environ if env is None else env),
     )
 
 
@@ -328,36 +333,61 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     raise SourceOptionError(f"{name}={raw!r}: expected true or false")
 
 
-def _credentials(opts: Mapping[str, str]) -> Credentials | None:
+def parse_security(opts: Mapping[str, str], env: Mapping[str, str]) -> SourceSecurity:
+    """Credentials and TLS from the (lower-cased) options, else from ``env`` (the SDK's rules)."""
+    return SourceSecurity(_credentials(opts, env), *_tls(opts, env))
+
+
+def _credentials(opts: Mapping[str, str], env: Mapping[str, str]) -> Credentials | None:
     access, secret, path = opts.get("accesskey"), opts.get("secretkey"), opts.get("credentialsfile")
     if path is not None and (access is not None or secret is not None):
         raise SourceOptionError("give accessKey/secretKey or credentialsFile, not both")
     if path is not None:
-        access, secret = read_credentials_file(path)
-    if access is None and secret is None:
-        return None
-    if not access or not secret:
-        raise SourceOptionError("accessKey and secretKey go together: both are needed")
-    return Credentials(access, secret)
-
-
-def read_credentials_file(path: str) -> tuple[str | None, str | None]:
-    """``accessKey=...`` / ``secretKey=...`` lines (``:`` works too, as in RocketMQ's tools.yml)."""
+        try:
+            return load_credentials(path)
+        except CredentialsError as exc:
+            raise SourceOptionError(f"credentialsFile {exc}") from None
+    if access is not None or secret is not None:
+        if not access or not secret:
+            raise SourceOptionError("accessKey and secretKey go together: both are needed")
+        try:
+            return Credentials(access, secret)
+        except ValueError as exc:
+            raise SourceOptionError(f"accessKey/secretKey: {exc}") from None
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(CREDENTIALS_FILE_BYTES_MAX + 1)
+        return credentials_from_env(env)
+    except CredentialsError as exc:
+        raise SourceOptionError(f"no credential option is given and the environment's cannot be used: {exc}") from None
+
+
+def _tls(opts: Mapping[str, str], env: Mapping[str, str]) -> tuple[bool, str | None, str | None]:
+    """(TLS on, CA file, its PEM text)."""
+    tls = _bool(opts, "tls", False) if "tls" in opts else None
+    ca_file = opts.get("tlscafile")
+    if ca_file is not None:
+        if tls is False:
+            raise SourceOptionError("tlsCaFile is for HTTPS: drop tls=false")
+        return True, ca_file, read_ca_file(ca_file, "tlsCaFile")
+    if tls is not None:
+        return tls, None, None  # explicit: true = the system's CAs, false = plain HTTP
+    env_ca = env.get(ENV_TLS_CA_FILE)
+    if env_ca:
+        return True, env_ca, read_ca_file(env_ca, ENV_TLS_CA_FILE)
+    return env.get(ENV_TLS, "").lower() in ("1", "true", "yes"), None, None
+
+
+def read_ca_file(path: str, name: str) -> str:
+    """A CA file's PEM text, checked by building the context a task will build from it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(CA_FILE_BYTES_MAX + 1)
     except OSError as exc:
-        raise SourceOptionError(f"credentialsFile {path!r}: {exc.strerror or exc}") from None
-    if len(text) > CREDENTIALS_FILE_BYTES_MAX:
-        raise SourceOptionError(f"credentialsFile {path!r} is larger than {CREDENTIALS_FILE_BYTES_MAX} bytes")
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=") if "=" in line else line.partition(":")
-        if sep and key.strip() in ("accessKey", "secretKey"):
-            found[key.strip()] = value.strip().strip("'\"")
-    if set(found) != {"accessKey", "secretKey"}:
-        raise SourceOptionError(f"credentialsFile {os.path.basename(path)!r} must hold accessKey and secretKey")
-    return found["accessKey"], found["secretKey"]
+        raise SourceOptionError(f"{name} {path}: {exc.strerror or exc}") from None
+    if len(raw) > CA_FILE_BYTES_MAX:
+        raise SourceOptionError(f"{name} {path}: larger than {CA_FILE_BYTES_MAX} bytes")
+    try:
+        pem = raw.decode("ascii")
+        ssl_context_from_pem(pem)
+    except (UnicodeDecodeError, ssl.SSLError) as exc:
+        raise SourceOptionError(f"{name} {path}: not a PEM CA file ({exc})") from None
+    return pem

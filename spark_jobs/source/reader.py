@@ -18,8 +18,9 @@ A lost range fails the task (``DataLossError``) when ``failOnDataLoss`` is true;
 skipped, logged as a warning and, with ``dataLossLog``, appended to that file as one JSON line.
 Every wait is bounded: a range whose replicas all stay silent, lagging or unreachable for
 ``timeoutMs`` fails the task with the last error seen. A refusal (4xx: topic unknown, not
-readable) fails it at once when every replica that answered refused; one lagging follower that
-does not know a new topic yet is just skipped.
+readable, credentials missing or refused) fails it at once when every replica that answered
+refused; one lagging follower that does not know a new topic yet is just skipped. The task's
+``Transport`` carries the credentials and TLS the driver resolved (``SourceOptions.security``).
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from broker.client.message import MessageQueue
-from broker.client.transport import ClientError, NamesrvClient, Transport
+from broker.client.transport import ClientError, NamesrvClient
 from spark_jobs.source.options import SourceOptions
 from spark_jobs.source.plan import DataLossError, ReadRange
 from spark_jobs.source.schema import to_record_batch
+from spark_jobs.source.security import is_refusal, refusal
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S_MAX = 10.0
 PULL_BYTES_MAX = 64 << 20  # the broker's limit of one pull answer's bodies (bounds a task's memory)
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
-FINAL_STATUSES = (400, 403, 404)  # refusals; final when every replica that answers refuses
+FINAL_STATUSES = (400, 401, 403, 404)  # refusals; final when every replica that answers refuses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +158,7 @@ class RangeReader:
         self.opts = opts
         self.rng = rng
         self.addrs = list(rng.addrs)
-        self.transport = Transport(CALL_TIMEOUT_S_MAX)
+        self.transport = opts.security.transport(CALL_TIMEOUT_S_MAX)  # the driver's credentials and TLS
 
     def batches(self) -> Iterator[Any]:
         """Arrow record batches of the range, in offset order."""
@@ -221,6 +223,9 @@ class RangeReader:
                     later.append(dict(ans))
                 last = f"{addr}: {status} (holds {ans.get('min_offset')}..{ans.get('max_offset')})"
             if refused and len(refused) == answered:
+                denied = [e for e in refused if is_refusal(e)]
+                if denied:
+                    raise refusal(denied[0], self.opts.security, f"the pull of {self.rng.mq} at {offset}")
                 raise RuntimeError(f"every replica refused the pull of {self.rng.mq} at {offset}: {refused[0]}")
             best = best_of_round(offset, later, answered - len(refused), filtered)
             if best is not None:

@@ -18,7 +18,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class ProcCluster:
-    def __init__(self, root: str, *, namesrv: int = 1, extra: dict[str, str] | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        root: str,
+        *,
+        namesrv: int = 1,
+        extra: dict[str, str] | None = None,
+        seed: int | None = None,
+        clock_skew: bool = False,
+    ):
         self.root = root
         rng = random.Random(seed)
         # bases whose derived ports are very likely free (ephemeral range starts at 32768)
@@ -27,6 +35,7 @@ class ProcCluster:
         self.ns_base = rng.randrange(26100, 29000)
         self.namesrv_count = namesrv
         self.extra = extra or {}
+        self.clock_skew = clock_skew
 
     def up(self, timeout_s: float = 90) -> dict[str, Any]:
         args = [
@@ -36,6 +45,8 @@ class ProcCluster:
         ]
         for k, v in self.extra.items():
             args += ["--set", f"{k}={v}"]
+        if self.clock_skew:
+            args.append("--clock-skew")
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
         if r.returncode != 0:
             raise AssertionError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{self.logs_tail()}")

@@ -129,7 +129,7 @@ def test_defaults_follow_rocketmq() -> None:
     assert cfg.segment_bytes == 1 << 30
     assert (cfg.election_timeout_min_ms, cfg.election_timeout_max_ms) == (300, 600)
     assert cfg.heartbeat_interval_ms == 50
-    assert cfg.leader_step_down_ms == 1500
+    assert cfg.leader_step_down_ms == 1000
     assert (cfg.connection_timeout_ms, cfg.connection_retry_ms) == (1500, 300)
     assert cfg.preferred_leader_id is None
     assert cfg.file_reserved_hours == 72

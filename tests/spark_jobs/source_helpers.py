@@ -1,17 +1,24 @@
 """Helpers of the dledger-mq data source's live tests: a cluster's answers, sending and recording
-what was sent, reading rows back and comparing them. Waits poll conditions against deadlines."""
+what was sent, reading rows back and comparing them, accounts in the cluster's ACL. Waits poll
+conditions against deadlines. The clusters run with ACL: every call here is signed with the
+cluster's admin account (``LocalCluster.credentials``)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from typing import Any
 from urllib.parse import quote
 
+import yaml
+
+from broker.auth import Credentials
 from broker.client import Message, Producer
 from broker.client.admin import Admin
 from broker.client.transport import ClientError, Transport
+from dledger.cluster import ACL_FILE, write_private
 from spark_jobs.source.localcluster import LocalCluster
 
 Key = tuple[str, int, int]  # (broker, queue id, queue offset)
@@ -32,26 +39,54 @@ def wait_for(cond: Any, timeout_s: float, what: str, step_s: float = 0.05) -> An
         time.sleep(step_s)
 
 
-async def _call(addr: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
-    t = Transport(5.0)
+async def _call(
+    creds: Credentials | None, addr: str, method: str, path: str, body: Any = None, params: Any = None
+) -> Any:
+    t = Transport(5.0, credentials=creds, tls=None)
     try:
         return await t.call(addr, method, path, body, params=params)
     finally:
         await t.close()
 
 
-def call(addr: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
-    return asyncio.run(_call(addr, method, path, body, params))
+def call(c: LocalCluster, addr: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
+    """One request to ``addr``, signed with the cluster's admin account."""
+    return asyncio.run(_call(c.credentials, addr, method, path, body, params))
 
 
-def queue_ranges(addr: str, topic: str) -> dict[int, tuple[int, int]]:
+def call_as(creds: Credentials | None, addr: str, method: str, path: str, params: Any = None) -> Any:
+    return asyncio.run(_call(creds, addr, method, path, None, params))
+
+
+def queue_ranges(c: LocalCluster, addr: str, topic: str) -> dict[int, tuple[int, int]]:
     """What one replica holds of each queue: [min offset, max offset)."""
-    st = call(addr, "GET", f"/v1/topics/{quote(topic, safe='')}/status")
+    st = call(c, addr, "GET", f"/v1/topics/{quote(topic, safe='')}/status")
     return {int(q["queue_id"]): (int(q["min_offset"]), int(q["max_offset"])) for q in st["queues"]}
 
 
-def queue_maxes(addr: str, topic: str) -> dict[int, int]:
-    return {q: hi for q, (_, hi) in queue_ranges(addr, topic).items()}
+def queue_maxes(c: LocalCluster, addr: str, topic: str) -> dict[int, int]:
+    return {q: hi for q, (_, hi) in queue_ranges(c, addr, topic).items()}
+
+
+def add_account(c: LocalCluster, creds: Credentials, topic_perms: list[str], wait_topic: str) -> None:
+    """Add a plain (non-admin) account to the cluster's ACL file; returns once every broker
+    accepts it (they reload the file within a second): it may read ``wait_topic``'s status."""
+    path = os.path.join(c.root, ACL_FILE)
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    doc["accounts"].append({
+        "accessKey": creds.access_key, "secretKey": creds.secret_key, "admin": False,
+        "defaultTopicPerm": "DENY", "defaultGroupPerm": "DENY", "topicPerms": topic_perms,
+    })  # fmt: skip
+    write_private(path, yaml.safe_dump(doc, sort_keys=False))
+    status = f"/v1/topics/{quote(wait_topic, safe='')}/status"
+
+    def accepted() -> bool:
+        for p in c.brokers():
+            call_as(creds, c.addr(p), "GET", status)  # SIGNATURE_INVALID until reloaded
+        return True
+
+    wait_for(accepted, 30, f"every broker to accept accessKey {creds.access_key}", step_s=0.2)
 
 
 class Sent:
@@ -92,9 +127,9 @@ def make_messages(topic: str, rng: random.Random, n: int, tag_choices: tuple[str
     return out
 
 
-async def send_waves(namesrv: str, topic: str, sent: Sent, seed: int, batches: int, per_batch: int) -> None:
+async def send_waves(c: LocalCluster, topic: str, sent: Sent, seed: int, batches: int, per_batch: int) -> None:
     rng = random.Random(seed)
-    async with Producer("src_test_pg", namesrv) as producer:
+    async with Producer("src_test_pg", c.namesrv_addr, credentials=c.credentials, tls=None) as producer:
         for _ in range(batches):
             msgs = make_messages(topic, rng, per_batch, ("TagA", "TagB", ""))
             lo = time.time_ns() // 1_000_000
@@ -102,9 +137,9 @@ async def send_waves(namesrv: str, topic: str, sent: Sent, seed: int, batches: i
             sent.add(result, msgs, lo, time.time_ns() // 1_000_000)
 
 
-async def create_topic(namesrv: str, topic: str, queues: int, groups: int = 2) -> None:
+async def create_topic(c: LocalCluster, topic: str, queues: int, groups: int = 2) -> None:
     """Create ``topic`` on every group of the cluster and wait until its route lists them all."""
-    async with Admin(namesrv) as admin:
+    async with Admin(c.namesrv_addr, credentials=c.credentials, tls=None) as admin:
         await admin.update_topic(topic, cluster="DefaultCluster", read_queue_nums=queues, write_queue_nums=queues)
         deadline = time.monotonic() + 30
         while True:
@@ -124,7 +159,7 @@ def wait_replicated(c: LocalCluster, topic: str, sent: Sent) -> None:
 
     def caught_up() -> bool:
         for p in c.brokers():
-            maxes = queue_maxes(c.addr(p), topic)
+            maxes = queue_maxes(c, c.addr(p), topic)
             for (b, q), hi in want.items():
                 if b == p.group and maxes.get(q, 0) != hi:
                     return False

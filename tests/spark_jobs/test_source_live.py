@@ -1,7 +1,9 @@
 """The dledger-mq data source against a live local cluster (a NameServer and two 3-replica broker
 groups as processes on free ports) in Spark local mode: batch reads equal what was sent, offset
 ranges, JSON offsets, timestamps, tag filters, follower reads, a dead follower, streaming with a
-restart from the checkpoint, and a batch read on a standalone Spark master with one worker."""
+restart from the checkpoint, and a batch read on a standalone Spark master with one worker. ACL is
+on: reads carry the cluster's admin account (``credentialsFile``), a reader account with SUB only,
+or none (a clear NO_CREDENTIALS error)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from broker.auth import Credentials
 from broker.client.message import MessageQueue
 from dledger.cluster import is_running
 from spark_jobs.source import FORMAT, register
@@ -27,9 +30,11 @@ from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
 from spark_jobs.source.options import parse_options
 from spark_jobs.source.plan import ReadRange
 from spark_jobs.source.reader import RangeReader
+from spark_jobs.source.security import SourceAuthError
 from tests.spark_jobs.source_helpers import (
     Key,
     Sent,
+    add_account,
     assert_rows_equal,
     call,
     create_topic,
@@ -62,10 +67,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def sent(cluster: LocalCluster) -> Sent:
     s = Sent()
-    asyncio.run(create_topic(cluster.namesrv_addr, TOPIC, 4))
+    asyncio.run(create_topic(cluster, TOPIC, 4))
     seed = random.Random().randrange(1 << 30)
     print(f"message seed {seed}")
-    asyncio.run(send_waves(cluster.namesrv_addr, TOPIC, s, seed, batches=24, per_batch=17))
+    asyncio.run(send_waves(cluster, TOPIC, s, seed, batches=24, per_batch=17))
     assert {b for b, _, _ in s.rows} == {"RaftNode00", "RaftNode01"}, "both groups got messages"
     wait_replicated(cluster, TOPIC, s)
     return s
@@ -78,10 +83,56 @@ def ss(spark: Any) -> Any:
 
 
 def reader(ss: Any, cluster: LocalCluster, **options: str) -> Any:
-    r = ss.read.format(FORMAT).option("namesrv", cluster.namesrv_addr)
-    for k, v in options.items():
+    """A batch read with the cluster's NameServers and admin account (``credentialsFile``)."""
+    r = ss.read.format(FORMAT)
+    for k, v in {**cluster.source_options(), **options}.items():
         r = r.option(k, v)
     return r.load()
+
+
+# -- credentials ---------------------------------------------------------------------------------------
+CREDENTIAL_ENV = ("DLEDGER_ACCESS_KEY", "DLEDGER_SECRET_KEY", "DLEDGER_CREDENTIALS_FILE")
+
+
+def test_a_read_without_credentials_fails_naming_them(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    """ACL is on: a batch read and a stream without credentials fail at planning with the
+    broker's code and what would give credentials; neither waits for a timeout."""
+    assert not [k for k in CREDENTIAL_ENV if os.environ.get(k)], "the test needs an environment without credentials"
+    hint = r"the brokers run with ACL and the data source has no credentials: give the options accessKey and " \
+           r"secretKey, or credentialsFile"
+    with pytest.raises(Exception, match=rf"NO_CREDENTIALS: the status of topic 'SrcA' at RaftNode0[01] was "
+                                        rf"refused: this request must be signed .*; {hint}"):
+        ss.read.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", TOPIC).load().count()
+    stream = ss.readStream.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", TOPIC).load()
+    query = stream.writeStream.format("noop").start()
+    try:
+        with pytest.raises(Exception, match=f"NO_CREDENTIALS: .*{hint}"):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+
+
+def test_a_reader_account_needs_only_sub_on_its_topics(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
+    """A plain account with SUB on one topic reads it (accessKey/secretKey options); another
+    topic is refused naming the permission; a wrong secret is refused naming the key."""
+    other = "SrcP"
+    asyncio.run(create_topic(cluster, other, 2))
+    asyncio.run(send_waves(cluster, other, Sent(), 9, batches=2, per_batch=5))
+    creds = Credentials("spark-reader", "reader-secret-0001")
+    add_account(cluster, creds, [f"{TOPIC}=SUB"], TOPIC)
+    as_reader = {"namesrv": cluster.namesrv_addr, "accessKey": creds.access_key, "secretKey": creds.secret_key}
+
+    def read(topic: str, **extra: str) -> Any:
+        return ss.read.format(FORMAT).options(**as_reader).option("topic", topic).options(**extra).load()
+
+    assert_rows_equal(rows_of(read(TOPIC, pullBatchSize="50")), sent.rows, TOPIC)
+    assert len(rows_of(read(TOPIC, startingTimestamp="0"))) == len(sent.rows)  # offset searches need SUB
+    with pytest.raises(Exception, match=r"NO_PERMISSION: the pull of SrcP@RaftNode0[01]:[01] at 0 was refused: .*"
+                                        r"accessKey 'spark-reader' may not read this: the data source needs SUB"):
+        read(other).count()
+    with pytest.raises(Exception, match=r"SIGNATURE_INVALID: .*the cluster does not know accessKey 'spark-reader', "
+                                        r"or its secretKey is wrong"):
+        read(TOPIC, secretKey="not-the-secret").count()
 
 
 # -- batch ---------------------------------------------------------------------------------------------
@@ -137,12 +188,12 @@ def test_tag_filter(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
 
 def test_timestamps_select_by_store_time(ss: Any, cluster: LocalCluster) -> None:
     topic = "SrcT"
-    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    asyncio.run(create_topic(cluster, topic, 2))
     first, second = Sent(), Sent()
-    asyncio.run(send_waves(cluster.namesrv_addr, topic, first, 1, batches=4, per_batch=5))
+    asyncio.run(send_waves(cluster, topic, first, 1, batches=4, per_batch=5))
     boundary = max(r["store_ms"] for r in first.rows.values()) + 1
     wait_for(lambda: time.time_ns() // 1_000_000 > boundary, 5, "the clock to pass the first wave")
-    asyncio.run(send_waves(cluster.namesrv_addr, topic, second, 2, batches=4, per_batch=5))
+    asyncio.run(send_waves(cluster, topic, second, 2, batches=4, per_batch=5))
     both = Sent()
     both.rows = {**first.rows, **second.rows}
     wait_replicated(cluster, topic, both)
@@ -158,7 +209,7 @@ def test_timestamps_select_by_store_time(ss: Any, cluster: LocalCluster) -> None
 def pull_counters(cluster: LocalCluster) -> dict[str, tuple[bool, int]]:
     out = {}
     for p in cluster.brokers():
-        st = call(cluster.addr(p), "GET", "/v1/status")
+        st = call(cluster, cluster.addr(p), "GET", "/v1/status")
         out[p.name] = (bool(st["writable"]), int(st["send"].get("pulls", 0)))  # absent before a first pull
     return out
 
@@ -189,7 +240,7 @@ def test_reads_go_to_followers_and_spare_the_leader(ss: Any, cluster: LocalClust
 
 def test_a_dead_follower_does_not_stop_a_read(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
     follower = next(
-        p for p in cluster.brokers("RaftNode00") if not call(cluster.addr(p), "GET", "/v1/status")["writable"]
+        p for p in cluster.brokers("RaftNode00") if not call(cluster, cluster.addr(p), "GET", "/v1/status")["writable"]
     )
     os.kill(follower.pid, signal.SIGKILL)
     wait_for(lambda: not is_running(follower), 10, "the follower to die")
@@ -197,16 +248,17 @@ def test_a_dead_follower_does_not_stop_a_read(ss: Any, cluster: LocalCluster, se
         assert_rows_equal(rows_of(reader(ss, cluster, topic=TOPIC, pullBatchSize="7")), sent.rows, TOPIC)
     finally:
         again = cluster.start(follower)
-        wait_for(lambda: queue_maxes(cluster.addr(again), TOPIC) == {
+        wait_for(lambda: queue_maxes(cluster, cluster.addr(again), TOPIC) == {
             q: hi for (b, q), hi in sent.maxes().items() if b == "RaftNode00"
         }, 60, "the restarted follower to catch up")
 
 
 def test_range_reader_falls_over_to_live_replicas_and_bounds_its_waits(cluster: LocalCluster, sent: Sent) -> None:
     """The executor's loop alone (no Spark): a dead planned replica, no planned replica at all
-    (the route is asked), and a range nobody can serve (a bounded wait, then a clear error)."""
-    o = parse_options({"namesrv": cluster.namesrv_addr, "topic": TOPIC, "timeoutMs": "800", "pullBatchSize": "9"},
-                      "batch")
+    (the route is asked), a range nobody can serve (a bounded wait, then a clear error), a topic
+    every replica refuses, and pulls without credentials (refused at once, not retried)."""
+    o = parse_options({**cluster.source_options(), "topic": TOPIC, "timeoutMs": "800", "pullBatchSize": "9"},
+                      "batch", env={})
     queue = MessageQueue(TOPIC, "RaftNode00", 0)
     hi = sent.maxes()[("RaftNode00", 0)]
     dead = f"127.0.0.1:{free_port(random.Random())}"
@@ -220,12 +272,18 @@ def test_range_reader_falls_over_to_live_replicas_and_bounds_its_waits(cluster: 
     gone = MessageQueue("NoSuchTopic", "RaftNode00", 0)
     with pytest.raises(RuntimeError, match=r"every replica refused the pull of NoSuchTopic@RaftNode00:0.*TOPIC_NOT"):
         list(RangeReader(o, ReadRange(gone, 0, 5, replicas)).batches())
+    bare = parse_options({"namesrv": cluster.namesrv_addr, "topic": TOPIC, "timeoutMs": "600000"}, "batch", env={})
+    assert bare.security.credentials is None
+    with pytest.raises(SourceAuthError, match=r"NO_CREDENTIALS: the pull of SrcA@RaftNode00:0 at 0 was refused"
+                       r".*give the options accessKey and secretKey, or credentialsFile"):
+        list(RangeReader(bare, ReadRange(queue, 0, hi, replicas)).batches())
 
 
 def test_bench_command_against_the_cluster(cluster: LocalCluster) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "spark_jobs.source.bench", "--namesrv", cluster.namesrv_addr, "--messages", "3000",
-         "--queues", "3", "--repeat", "1", "--master", "local[2]", "--json"],
+         "--queues", "3", "--repeat", "1", "--master", "local[2]", "--json",
+         "--credentials", cluster.credentials_file],
         capture_output=True, text=True, timeout=240, cwd=REPO,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -243,15 +301,15 @@ def test_stream_restarted_from_its_checkpoint_neither_skips_nor_repeats(
     ss: Any, cluster: LocalCluster, tmp_path: Any
 ) -> None:
     topic = "SrcS"
-    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    asyncio.run(create_topic(cluster, topic, 2))
     sent = Sent()
-    asyncio.run(send_waves(cluster.namesrv_addr, topic, sent, 3, batches=10, per_batch=30))
+    asyncio.run(send_waves(cluster, topic, sent, 3, batches=10, per_batch=30))
     wait_replicated(cluster, topic, sent)
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
 
     def start(trigger: dict[str, Any]) -> Any:
         stream = (
-            ss.readStream.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", topic)
+            ss.readStream.format(FORMAT).options(**cluster.source_options()).option("topic", topic)
             .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "10").load()
         )  # fmt: skip
         return (
@@ -268,7 +326,7 @@ def test_stream_restarted_from_its_checkpoint_neither_skips_nor_repeats(
     first_run = committed_batches(ckpt)
     assert first_run * 10 < len(sent.rows), "the first run stopped mid-way"
     more = Sent()
-    asyncio.run(send_waves(cluster.namesrv_addr, topic, more, 4, batches=5, per_batch=20))
+    asyncio.run(send_waves(cluster, topic, more, 4, batches=5, per_batch=20))
     sent.rows.update(more.rows)
     wait_replicated(cluster, topic, sent)
     query = start({"availableNow": True})
@@ -301,9 +359,9 @@ def test_a_failed_micro_batch_is_replayed_with_exactly_its_logged_range(
     ss: Any, cluster: LocalCluster, tmp_path: Any
 ) -> None:
     topic = "SrcF"
-    asyncio.run(create_topic(cluster.namesrv_addr, topic, 2))
+    asyncio.run(create_topic(cluster, topic, 2))
     sent = Sent()
-    asyncio.run(send_waves(cluster.namesrv_addr, topic, sent, 5, batches=6, per_batch=25))
+    asyncio.run(send_waves(cluster, topic, sent, 5, batches=6, per_batch=25))
     wait_replicated(cluster, topic, sent)
     out, ckpt, marker = tmp_path / "out", str(tmp_path / "ckpt"), tmp_path / "fail-once"
     marker.write_text("x")
@@ -316,7 +374,7 @@ def test_a_failed_micro_batch_is_replayed_with_exactly_its_logged_range(
 
     def start(trigger: dict[str, Any]) -> Any:
         stream = (
-            ss.readStream.format(FORMAT).option("namesrv", cluster.namesrv_addr).option("topic", topic)
+            ss.readStream.format(FORMAT).options(**cluster.source_options()).option("topic", topic)
             .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "15").load()
         )  # fmt: skip
         return (
@@ -385,13 +443,16 @@ def master_json(ui_port: int) -> dict[str, Any]:
 
 
 def test_batch_read_on_a_standalone_master_and_worker(cluster: LocalCluster, sent: Sent, tmp_path: Any) -> None:
+    """The driver gives no credential option: it has DLEDGER_CREDENTIALS_FILE in its environment
+    (the SDK's rule), the master and the worker have no credentials at all — the executors use
+    what the driver resolved."""
     import pyspark
 
     spark_home = os.path.dirname(pyspark.__file__)
     rng = random.Random()
     master_port, master_ui, worker_port, worker_ui = (free_port(rng) for _ in range(4))
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV},
         "SPARK_HOME": spark_home,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_WORKER_DIR": str(tmp_path / "work"),
@@ -423,7 +484,8 @@ def test_batch_read_on_a_standalone_master_and_worker(cluster: LocalCluster, sen
         out = tmp_path / "rows.json"
         r = subprocess.run(
             [sys.executable, str(script), master_url, cluster.namesrv_addr, TOPIC, str(out)],
-            env={**env, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=240,
+            env={**env, "PYTHONPATH": REPO, "DLEDGER_CREDENTIALS_FILE": cluster.credentials_file},
+            capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         result = json.loads(out.read_text())

@@ -48,7 +48,7 @@ def mq(q: int, broker: str = G0, topic: str = T) -> MessageQueue:
 
 def opts(mode: str = "batch", **kv: str) -> Any:
     raw = {"namesrv": "127.0.0.1:19876", "topic": T, **kv}
-    return parse_options(raw, mode)  # type: ignore[arg-type]
+    return parse_options(raw, mode, env={})  # type: ignore[arg-type]
 
 
 def view_of(ranges: dict[MessageQueue, tuple[int, int]]) -> dict[MessageQueue, QueueView]:
@@ -69,7 +69,7 @@ def test_defaults_depend_on_the_mode() -> None:
     assert b.starting == OffsetSpec("earliest") and b.ending == OffsetSpec("latest")
     assert b.tags is None and b.tags_expression == "*"
     assert b.fail_on_data_loss and b.prefer_followers and b.pull_batch_size == 1024
-    assert b.max_records_per_trigger is None and b.credentials is None
+    assert b.max_records_per_trigger is None and b.security.credentials is None and not b.security.tls
     s = opts("stream")
     assert s.starting == OffsetSpec("latest")
 
@@ -117,7 +117,7 @@ def test_option_names_are_case_insensitive_and_typos_are_refused() -> None:
 )
 def test_bad_options_get_clear_errors(raw: dict[str, str], message: str) -> None:
     with pytest.raises(SourceOptionError, match=message):
-        parse_options(raw, "batch")
+        parse_options(raw, "batch", env={})
 
 
 def test_stream_refuses_ending_offsets() -> None:
@@ -152,23 +152,6 @@ def test_offsets_json_round_trip_is_sorted_and_stable() -> None:
     assert json.dumps(offsets_to_json(shuffled)) == json.dumps(doc)
     with pytest.raises(SourceOptionError):
         offsets_from_json({T: {G0: {"0": -1}}})
-
-
-def test_credentials(tmp_path: Any) -> None:
-    c = opts(accessKey="ak", secretKey="s3cret").credentials
-    assert c is not None and c.access_key == "ak" and c.secret_key == "s3cret"
-    assert "s3cret" not in repr(c)
-    f = tmp_path / "tools.yml"
-    f.write_text("# ACL\naccessKey: RocketMQ\nsecretKey: '12345678'\n")
-    c = opts(credentialsFile=str(f)).credentials
-    assert c is not None and (c.access_key, c.secret_key) == ("RocketMQ", "12345678")
-    f.write_text("accessKey=only\n")
-    with pytest.raises(SourceOptionError, match="must hold accessKey and secretKey"):
-        opts(credentialsFile=str(f))
-    with pytest.raises(SourceOptionError, match="not both"):
-        opts(credentialsFile=str(f), accessKey="a", secretKey="b")
-    with pytest.raises(SourceOptionError, match="credentialsFile"):
-        opts(credentialsFile=str(tmp_path / "missing"))
 
 
 # -- resolving -------------------------------------------------------------------------------------
