@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 import threading
@@ -370,12 +371,17 @@ class Group:
         return await wait_until(found, WAIT_S, f"a leader of {self.name}" + (f" ({nid})" if nid else ""))
 
     async def transfer(self, nid: str, *, registered: bool = True) -> Replica:
-        """Hand leadership to ``nid`` (from the current ready leader) and wait until it leads."""
-        current = self.leader()
-        if current is None or current.nid != nid:
-            current = current or await self.wait_leader(registered=False)
+        """Hand leadership to ``nid`` (from the current ready leader) and wait until it leads. A
+        transfer the leader refuses (``nid`` not caught up yet, e.g. right after an election) is
+        asked again until the deadline."""
+
+        async def moved() -> bool:
+            current = self.leader() or await self.wait_leader(registered=False)
             if current.nid != nid:
-                await current.broker.node.transfer_leadership(nid, timeout_s=WAIT_S)
+                await current.broker.node.transfer_leadership(nid, timeout_s=3.0)  # raises when refused
+            return True
+
+        await wait_until(moved, WAIT_S, f"leadership of {self.name} handed to {nid}", step_s=0.05)
         return await self.wait_leader(nid, registered=registered)
 
     async def wait_replicated(self) -> None:
@@ -498,19 +504,28 @@ class InProcBrokerCluster:
 
     @classmethod
     async def start(cls, root: str, **kwargs: Any) -> InProcBrokerCluster:
-        cluster = cls(root, **kwargs)
-        try:
-            for ns in cluster.namesrvs:
-                await ns.start()
-            for g in cluster.groups:
-                for r in g.replicas:
-                    await g.start(r.nid)
-            for g in cluster.groups:
-                await g.transfer("n0")
-        except BaseException:
-            await cluster.stop()
-            raise
-        return cluster
+        """Start everything; a port taken between ``free_ports`` and the bind (other processes share
+        the machine) makes a second attempt on fresh ports."""
+        for attempt in range(3):
+            cluster = cls(root if attempt == 0 else f"{root}-retry{attempt}", **kwargs)
+            try:
+                for ns in cluster.namesrvs:
+                    await ns.start()
+                for g in cluster.groups:
+                    for r in g.replicas:
+                        await g.start(r.nid)
+                for g in cluster.groups:
+                    await g.transfer("n0")
+            except OSError as exc:
+                await cluster.stop()
+                if exc.errno != errno.EADDRINUSE or attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                await cluster.stop()
+                raise
+            return cluster
+        raise AssertionError("unreachable")
 
     async def stop(self) -> None:
         for tap in [r.tap for g in self.groups for r in g.replicas] + [ns.tap for ns in self.namesrvs]:
