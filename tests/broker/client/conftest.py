@@ -12,7 +12,7 @@ import pytest
 from tests.broker.inproc_cluster import InProcBrokerCluster, fail_on_thread_exceptions
 
 ClusterFactory = Callable[..., Awaitable[InProcBrokerCluster]]
-GROUP_NAMES = ("RaftNode00", "RaftNode01", "RaftNode02")
+GROUP_NAMES = ("RaftNode00", "RaftNode01")  # the groups tests/acl_fixtures.py has accounts for
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
