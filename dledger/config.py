@@ -48,6 +48,7 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "dLegerConnectionTimeoutMs",
         "dLegerConnectionRetryMs",
         "dLegerPeerPassword",
+        "dLegerPeerPasswordPrevious",
         "preferredLeaderId",
         "fileReservedTime",
         "diskMaxUsedSpaceRatio",
@@ -149,6 +150,9 @@ class DLedgerConfig:
     # a Toxiproxy proxy per link in chaos runs). Peers identify each other by their dLegerPeers
     # address whatever path the connection takes.
     peer_connect_addrs: dict[str, str] = field(default_factory=dict)
+    # During a rolling change of the peer password: the old one, still accepted from peers that
+    # have not switched yet (connections this node opens use peer_password).
+    peer_password_previous: str | None = field(default=None, repr=False)
 
     @property
     def node_dir(self) -> str:
@@ -178,7 +182,6 @@ class DLedgerConfig:
     def delete_when_hours(self) -> tuple[int, ...]:
         """The hours of day of ``deleteWhen`` ("04;16" -> (4, 16))."""
         return tuple(int(h) for h in self.delete_when.split(";"))
-
 
 # -- the properties file -----------------------------------------------------------------------
 def parse_properties(text: str, source: str = "<text>") -> dict[str, str]:
@@ -381,6 +384,12 @@ def parse_dledger_config(
             "is a sample password shipped in conf/ and everybody knows it: set your own (samples are accepted "
             "only when every peer is on loopback)",
         )
+    previous = r.optional("dLegerPeerPasswordPrevious")
+    if previous is not None and (len(previous) < PASSWORD_CHARS_MIN or previous == password):
+        raise r.error(
+            "dLegerPeerPasswordPrevious",
+            f"must be at least {PASSWORD_CHARS_MIN} characters and differ from dLegerPeerPassword",
+        )
     preferred = r.optional("preferredLeaderId")
     if preferred is not None and preferred not in peer_ids:
         raise r.error("preferredLeaderId", f"{preferred!r} is not one of the peers ({', '.join(peer_ids)})")
@@ -439,6 +448,7 @@ def parse_dledger_config(
         connection_timeout_ms=r.integer("dLegerConnectionTimeoutMs", 1500, 1, 60_000),
         connection_retry_ms=r.integer("dLegerConnectionRetryMs", 300, 1, 60_000),
         peer_password=password,
+        peer_password_previous=previous,
         preferred_leader_id=preferred,
         # 0 keeps nothing beyond what replication and the consume queues still need.
         file_reserved_hours=r.integer("fileReservedTime", 72, 0, 24 * 3650),

@@ -68,6 +68,7 @@ def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
         peers={p.id: p.address for p in cfg.peers},
         data_dir=cfg.node_dir,
         password=cfg.peer_password,
+        password_previous=cfg.peer_password_previous,
         flush_policy=cfg.flush_policy,
         flush_interval_ms=cfg.flush_interval_ms,
         segment_bytes=cfg.segment_bytes,

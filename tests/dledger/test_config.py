@@ -65,6 +65,7 @@ FULL_CONF = (
     "dLegerConnectionTimeoutMs=2500\n"
     "dLegerConnectionRetryMs=500\n"
     "dLegerPeerPassword=p@ss=word:with#chars\n"
+    "dLegerPeerPasswordPrevious=the-old-peer-password\n"
     "preferredLeaderId=a_1\n"
     "fileReservedTime=48\n"
     "diskMaxUsedSpaceRatio=80\n"
