@@ -24,10 +24,8 @@ Invariants:
 - The log segments are the truth; index records are derived and rebuilt from them on open.
 - RAM does not grow with the bytes stored: no mmap and no per-entry state; memory holds one
   small record per segment and per index file plus the last entry's (index, term, chain_crc).
-- Recovery fully scans only the last segment. Earlier segments are checked at their boundaries
-  (first header, last index record and header, file end) and scanned only when these disagree.
-  A torn tail of the last segment (an incomplete or bad record with no valid header after it)
-  is cut off with a WARNING; any other damage raises CorruptStoreError naming file and offset.
+- Recovery on open (``store_recovery``) cuts a torn tail of the last segment and refuses any
+  other damage with CorruptStoreError naming file and offset. File helpers: ``segment_files``.
 
 Threads: one writer (the Raft tick thread) calls every mutating method; ``read``, ``read_range``,
 ``term_at``, ``chain_crc_at``, ``position_at``, ``read_at_position`` and ``segments`` may be called
