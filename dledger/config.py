@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dledger.records import RaftSettings
+
 # Every key this module reads. A broker config adds its own through ``extra_known_keys``.
 DLEDGER_KEYS: frozenset[str] = frozenset(
     {
@@ -473,3 +475,34 @@ def load_dledger_config(
     props = load_properties(path)
     props.update(overrides or {})
     return parse_dledger_config(props, source=os.fspath(path), extra_known_keys=extra_known_keys)
+
+
+def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
+    """The replicated log's settings from a node or broker config."""
+    return RaftSettings(
+        group=cfg.group,
+        self_id=cfg.self_id,
+        peers={p.id: p.address for p in cfg.peers},
+        data_dir=cfg.node_dir,
+        password=cfg.peer_password,
+        password_previous=cfg.peer_password_previous,
+        flush_policy=cfg.flush_policy,
+        flush_interval_ms=cfg.flush_interval_ms,
+        segment_bytes=cfg.segment_bytes,
+        election_min_ms=cfg.election_timeout_min_ms,
+        election_max_ms=cfg.election_timeout_max_ms,
+        heartbeat_ms=cfg.heartbeat_interval_ms,
+        stepdown_ms=cfg.leader_step_down_ms,
+        connection_timeout_ms=cfg.connection_timeout_ms,
+        connection_retry_ms=cfg.connection_retry_ms,
+        max_entry_bytes=cfg.max_entry_body_bytes,
+        retention_hours=cfg.file_reserved_hours,
+        disk_max_used_ratio=cfg.disk_max_used_space_ratio / 100,
+        disk_warning_ratio=cfg.disk_space_warning_level_ratio / 100,
+        retention_check_ms=cfg.retention_check_interval_ms,
+        raft_addresses=(
+            {p.id: cfg.peer_connect_addrs.get(p.id, p.address) for p in cfg.peers}
+            if cfg.peer_connect_addrs
+            else None
+        ),
+    )
