@@ -25,12 +25,12 @@ from typing import Any
 
 from broker.auth import load_credentials
 from broker.client.transport import FROM_ENV, ClientError, Transport
-from dledger.cluster import ADMIN_CREDENTIALS_FILE
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
 def _cluster(args: argparse.Namespace, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dledger.cluster", *cmd, "--dir", args.dir],
+        [sys.executable, "-m", "dledger.apps.cluster", *cmd, "--dir", args.dir],
         capture_output=True, text=True, timeout=120,
     )
 

@@ -35,6 +35,8 @@ from broker.message import encode_command
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
+from dledger.apps.node_server import settings_from_config
+from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError
 from dledger.durable import private_dir
@@ -42,8 +44,6 @@ from dledger.inproc import InProcNetwork
 from dledger.log_store import LogStore
 from dledger.meta_store import MetaStore
 from dledger.node import DLedgerNode, RoleChange
-from dledger.process_main import run_until_signalled, setup_logging
-from dledger.server import settings_from_config
 
 log = logging.getLogger("broker.server")
 

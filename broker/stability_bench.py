@@ -24,7 +24,7 @@ from typing import Any
 from broker.auth import load_credentials
 from broker.client.transport import ClientError, Transport
 from broker.failover_bench import _cluster, _processes
-from dledger.cluster import ADMIN_CREDENTIALS_FILE
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
 async def _sample(t: Transport, brokers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -237,7 +237,7 @@ class DrillError(Exception):
 
 
 def _cluster_cmd(cluster_dir: str, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dledger.cluster", *args, "--dir", cluster_dir],
+    return subprocess.run([sys.executable, "-m", "dledger.apps.cluster", *args, "--dir", cluster_dir],
                           capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from broker.client.transport import ClientError, Transport, cluster_credentials
 from chaos.layout import ProxySpec, data_dir
 from chaos.unsynced import LossReport, lose_unsynced
-from dledger.cluster import STATE_FILE, ProcessInfo, is_running
+from dledger.apps.cluster import STATE_FILE, ProcessInfo, is_running
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUS_TIMEOUT_S = 1.0
@@ -181,7 +181,7 @@ class LocalTarget:
         if self.restart_mode == "cluster":
             r = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.dir, m.name],
+                [sys.executable, "-m", "dledger.apps.cluster", "start", "--dir", self.dir, m.name],
                 capture_output=True, text=True, timeout=60, cwd=REPO,
             )
             if r.returncode != 0:

@@ -195,6 +195,7 @@ class DLedgerNode:
             self_node,
             other_nodes,
             password=s.password,
+            previous_password=s.password_previous,
             group=s.group,
             connect_via={
                 addr: view[pid]

@@ -8,6 +8,7 @@ listener for good when ``accept`` failed with EMFILE.
 Handshake (initiator I = the peer whose address is greater, as in pysyncobj; acceptor A)::
 
     I -> A  HELLO    "DLH1" | group | I's id | I's ephemeral X25519 key | nonce_I (16 random bytes)
+                     | key id (4 bytes: which password I uses; see below)
     A -> I  ACCEPT   "DLA1" | A's id | A's ephemeral X25519 key | nonce_A | mac_A
     I -> A  CONFIRM  "DLC1" | mac_I
 
@@ -16,6 +17,10 @@ Handshake (initiator I = the peer whose address is greater, as in pysyncobj; acc
                         info = "dledger-peer-v1" || SHA-256(HELLO || ACCEPT without its mac))
             -> k_mac | k_I->A | k_A->I
     mac_A = HMAC(k_mac, "A" || transcript), mac_I = HMAC(k_mac, "I" || transcript || mac_A)
+
+Rolling password change: a node may hold a previous password besides its current one. It opens
+connections with the current one and accepts both (the key id, the first 4 bytes of
+SHA-256(psk), says which); so replicas switch one at a time without losing a link.
 
 Both sides prove they hold the password; each learns that the other is the configured peer it
 claims to be (ids are the addresses in dLegerPeers; an unknown id is refused); fresh nonces and
@@ -102,6 +107,10 @@ def _session_keys(psk: bytes, shared: bytes, nonce_i: bytes, nonce_a: bytes, tra
     return HKDF(hashes.SHA256(), 96, nonce_i + nonce_a, info).derive(psk + shared)
 
 
+def _key_id(psk: bytes) -> bytes:
+    return hashlib.sha256(psk).digest()[:4]
+
+
 def _raw_public(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
@@ -159,6 +168,7 @@ class TcpPeerTransport(Transport):
         *,
         password: str,
         group: str,
+        previous_password: str | None = None,
         connect_via: dict[str, str] | None = None,
         max_frame_bytes: int = 8 << 20,
         max_connections: int = 16,
@@ -175,6 +185,10 @@ class TcpPeerTransport(Transport):
         self._nodes = {n.address: n for n in other_nodes}
         self._group = group
         self._psk = pre_shared_key(password, group)
+        self._psks = {_key_id(self._psk): self._psk}
+        if previous_password:
+            old = pre_shared_key(previous_password, group)
+            self._psks[_key_id(old)] = old
         self.connect_via = dict(connect_via or {})
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
@@ -428,6 +442,7 @@ class TcpPeerTransport(Transport):
             + ident
             + _raw_public(conn.eph)
             + conn.nonce
+            + _key_id(self._psk)
         )
         conn.state = "accept"
         self._queue_raw(conn, conn.hello)
@@ -442,16 +457,19 @@ class TcpPeerTransport(Transport):
         peer = self._nodes.get(ident.decode(errors="replace"))
         if peer is None:
             raise HandshakeError(f"unknown peer {ident[:64]!r}")
-        if len(hello) != at + 48:
+        if len(hello) != at + 52:
             raise HandshakeError("malformed hello")
-        peer_pub, nonce_i = hello[at : at + 32], hello[at + 32 :]
+        peer_pub, nonce_i, key_id = hello[at : at + 32], hello[at + 32 : at + 48], hello[at + 48 :]
+        psk = self._psks.get(key_id)
+        if psk is None:
+            raise HandshakeError("the peer uses a password this node does not hold")
         eph = X25519PrivateKey.generate()
         shared = eph.exchange(X25519PublicKey.from_public_bytes(peer_pub))
         nonce_a = os.urandom(16)
         ident_a = self._self.address.encode()
         accept_body = _ACCEPT + bytes([len(ident_a)]) + ident_a + _raw_public(eph) + nonce_a
         transcript = hello + accept_body
-        keys = _session_keys(self._psk, shared, nonce_i, nonce_a, transcript)
+        keys = _session_keys(psk, shared, nonce_i, nonce_a, transcript)
         mac_a = hmac.new(keys[:32], b"A" + transcript, "sha256").digest()
         conn.peer = peer
         conn.hello, conn.accept_body = hello, accept_body + mac_a

@@ -82,6 +82,7 @@ class RaftSettings:
     disk_warning_ratio: float = 0.90
     retention_check_ms: int = 10_000
     live_follower_s: float = 10.0
+    password_previous: str | None = None  # also accepted from peers (rolling password change)
     replication_batch_bytes: int = 1 << 20  # entries per AppendEntries message, by body bytes
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).

@@ -50,9 +50,9 @@ from broker.http_edge import (
     start_server,
 )
 from broker.security import Security
+from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
-from dledger.process_main import run_until_signalled, setup_logging
 from namesrv import wire
 from namesrv.config import NamesrvConfig, load_namesrv_config
 from namesrv.route_table import (

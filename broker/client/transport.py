@@ -77,7 +77,7 @@ def tls_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
 def cluster_credentials(root: str) -> Credentials | _FromEnv:
     """The admin account ``dledger-cluster up --dir ROOT`` wrote (ROOT/admin-credentials.yml), or
     ``FROM_ENV`` for a cluster without one (ACL off, or a compose/remote cluster)."""
-    path = os.path.join(root, "admin-credentials.yml")  # dledger.cluster.ADMIN_CREDENTIALS_FILE
+    path = os.path.join(root, "admin-credentials.yml")  # dledger.apps.cluster.ADMIN_CREDENTIALS_FILE
     return load_credentials(path) if os.path.exists(path) else FROM_ENV
 
 

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from broker.auth import Credentials, load_credentials
-from dledger.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 HOST = "127.0.0.1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,7 +88,7 @@ class LocalCluster:
 
     def up(self, timeout_s: float = 120.0) -> dict[str, Any]:
         args = [
-            sys.executable, "-m", "dledger.cluster", "up", "--dir", self.root,
+            sys.executable, "-m", "dledger.apps.cluster", "up", "--dir", self.root,
             "--groups", str(self.groups), "--namesrv", str(self.namesrv_count),
             "--raft-port", str(self.raft_base), "--http-port", str(self.http_base),
             "--namesrv-port", str(self.ns_base), "--flush", self.flush, "--wait", str(min(timeout_s, 60.0)), "--json",
@@ -125,7 +125,7 @@ class LocalCluster:
     def start(self, p: ProcessInfo) -> ProcessInfo:
         """``dledger-cluster start``: restart a recorded process that is not running."""
         r = subprocess.run(
-            [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.root, p.name],
+            [sys.executable, "-m", "dledger.apps.cluster", "start", "--dir", self.root, p.name],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )  # fmt: skip
         if r.returncode != 0:

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from broker.auth import Credentials, load_credentials
-from dledger.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,7 +39,7 @@ class ProcCluster:
 
     def up(self, timeout_s: float = 90) -> dict[str, Any]:
         args = [
-            sys.executable, "-m", "dledger.cluster", "up", "--dir", self.root,
+            sys.executable, "-m", "dledger.apps.cluster", "up", "--dir", self.root,
             "--raft-port", str(self.raft_base), "--http-port", str(self.http_base),
             "--namesrv", str(self.namesrv_count), "--namesrv-port", str(self.ns_base), "--json",
         ]
@@ -83,7 +83,7 @@ class ProcCluster:
     def restart(self, p: ProcessInfo) -> ProcessInfo:
         """``dledger-cluster start --dir ROOT NAME``: what an operator runs after a drill."""
         r = subprocess.run(
-            [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.root, p.name],
+            [sys.executable, "-m", "dledger.apps.cluster", "start", "--dir", self.root, p.name],
             capture_output=True, text=True, timeout=30, cwd=REPO,
         )
         assert r.returncode == 0, r.stderr

@@ -22,7 +22,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from dledger import peer_codec
-from dledger.peer_tcp import _ACCEPT, _CONFIRM, _HELLO, _raw_public, _session_keys, pre_shared_key
+from dledger.peer_tcp import _ACCEPT, _CONFIRM, _HELLO, _key_id, _raw_public, _session_keys, pre_shared_key
 from tests.dledger.harness import PASSWORD, InProcCluster, wait_until
 
 
@@ -81,6 +81,7 @@ class Initiator:
             + self.ident
             + _raw_public(self.eph)
             + self.nonce
+            + _key_id(self.psk)
         )
 
     def handshake(self) -> tuple[bytes | None, bytes | None]:
@@ -349,3 +350,45 @@ async def test_a_300_mib_flood_at_the_leaders_peer_port_costs_nothing(group: InP
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert rss_after - rss_before < 64 << 10, (rss_before, rss_after)  # KiB: nothing buffered
     await _still_leading(group, leader, term)
+
+
+async def test_the_peer_password_changes_one_replica_at_a_time(tmp_path: Path) -> None:
+    """Rolling change: step 1 every replica accepts the new password (current old, previous new);
+    step 2 replicas switch one at a time (current new, previous old); links hold throughout."""
+    old, new = PASSWORD, "the-new-peer-password-456"
+    cluster = InProcCluster(str(tmp_path))
+    cluster.per_node = {
+        "n0": {"password": new, "password_previous": old},  # already switched
+        "n1": {"password": old, "password_previous": new},  # step 1 only
+        "n2": {"password": old, "password_previous": new},
+    }
+    await cluster.start()
+    try:
+        leader = await cluster.leader()
+        await leader.append([b"mixed passwords"])
+        for n in cluster.nodes.values():
+            st = await n.status()
+            if n is leader:
+                assert all(p["connected"] for p in st["peers"].values()), st["peers"]
+    finally:
+        await cluster.stop()
+
+
+async def test_a_replica_without_the_password_never_joins(tmp_path: Path) -> None:
+    cluster = InProcCluster(str(tmp_path))
+    cluster.per_node = {"n2": {"password": "a-password-nobody-else-has"}}
+    await cluster.start()
+    try:
+        def two_agree() -> Any:
+            leaders = [n for n in cluster.nodes.values() if n.role == "LEADER"]
+            return leaders[0] if len(leaders) == 1 else None
+
+        leader = await wait_until(two_agree, 10, "a leader of the two that share the password")
+        assert leader.settings.self_id != "n2"
+        await leader.append([b"two of three"])
+        st = await cluster.nodes["n2"].status()
+        assert not any(p["connected"] for p in st["peers"].values())
+        failed = sum(n._sync.dl_transport.counters["handshake_failed"] for n in cluster.nodes.values())
+        assert failed > 0
+    finally:
+        await cluster.stop()

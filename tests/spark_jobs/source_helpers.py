@@ -18,7 +18,7 @@ from broker.auth import Credentials
 from broker.client import Message, Producer
 from broker.client.admin import Admin
 from broker.client.transport import ClientError, Transport
-from dledger.cluster import ACL_FILE, write_private
+from dledger.apps.cluster import ACL_FILE, write_private
 from spark_jobs.source.localcluster import LocalCluster
 
 Key = tuple[str, int, int]  # (broker, queue id, queue offset)

@@ -24,7 +24,7 @@ import pytest
 
 from broker.auth import Credentials
 from broker.client.message import MessageQueue
-from dledger.cluster import is_running
+from dledger.apps.cluster import is_running
 from spark_jobs.source import FORMAT, register
 from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
 from spark_jobs.source.options import parse_options

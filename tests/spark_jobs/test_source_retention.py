@@ -27,7 +27,7 @@ import pytest
 
 from broker.client import Message, Producer
 from broker.client.transport import ClientError
-from dledger.cluster import stop_process
+from dledger.apps.cluster import stop_process
 from spark_jobs.source import FORMAT, register
 from spark_jobs.source.localcluster import LocalCluster
 from tests.spark_jobs.source_helpers import call, create_topic, queue_ranges, wait_for

@@ -247,7 +247,7 @@ def is_running(proc: ProcessInfo) -> bool:
     return state != "Z" and proc.conf.encode() in cmdline
 
 
-_MODULES = {"node": "dledger.server", "broker": "broker.server", "namesrv": "namesrv.server"}
+_MODULES = {"node": "dledger.apps.node_server", "broker": "broker.server", "namesrv": "namesrv.server"}
 
 
 def start_process(info: ProcessInfo, python: str = sys.executable) -> int:

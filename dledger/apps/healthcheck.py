@@ -1,4 +1,4 @@
-"""Container health check: ``python3 -m dledger.healthcheck`` exits 0 when ``$HEALTH_URL`` (the
+"""Container health check: ``python3 -m dledger.apps.healthcheck`` exits 0 when ``$HEALTH_URL`` (the
 process's own ``/v1/status``) answers 200 within 2 s, else 1 with a one-line reason. An https URL
 is verified against ``$HEALTH_CA_FILE`` when set (the compose cluster's private CA)."""
 
