@@ -528,15 +528,26 @@ class InProcBrokerCluster:
         raise AssertionError("unreachable")
 
     async def stop(self) -> None:
+        """Stop everything; a part whose stop fails does not keep the others running (the first
+        failure is raised once all were stopped)."""
         for tap in [r.tap for g in self.groups for r in g.replicas] + [ns.tap for ns in self.namesrvs]:
             tap.release()
+        failures: list[BaseException] = []
         for g in self.groups:
             for r in g.replicas:
                 if r.alive:
-                    await g.kill(r.nid)  # the NameServers stop too: nobody to unregister from
+                    try:
+                        await g.kill(r.nid)  # the NameServers stop too: nobody to unregister from
+                    except Exception as exc:
+                        failures.append(exc)
         for ns in self.namesrvs:
-            await ns.stop()
+            try:
+                await ns.stop()
+            except Exception as exc:
+                failures.append(exc)
         await self.transport.close()
+        if failures:
+            raise failures[0]
 
     @staticmethod
     def baseline() -> tuple[set[asyncio.Task[Any]], set[threading.Thread]]:
