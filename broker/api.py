@@ -315,7 +315,7 @@ class BrokerApi:
                 return self._pull_answer(request, "OFFSET_OVERFLOW", hi, lo, hi, [])
             if offset == hi or cq is None:
                 remaining = deadline - self.s.clock.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self.s.stopping:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue

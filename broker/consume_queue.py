@@ -153,7 +153,10 @@ def finish_flush(pending: PendingSync) -> None:
             os.close(fd)
         pending.fds = []
     if pending.dir_path is not None:
-        fsync_dir(pending.dir_path)
+        try:
+            fsync_dir(pending.dir_path)
+        except FileNotFoundError:
+            pass  # the queue was destroyed since begin_flush (topic deleted, queue reset): nothing to keep
 
 
 

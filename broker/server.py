@@ -40,6 +40,9 @@ from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError
 from dledger.durable import private_dir
+from dledger.inproc import InProcNetwork
+from dledger.log_store import LogStore
+from dledger.meta_store import MetaStore
 from dledger.node import DLedgerNode, RoleChange
 
 log = logging.getLogger("broker.server")
@@ -49,21 +52,36 @@ AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknow
 
 class BrokerServer:
     def __init__(
-        self, cfg: BrokerConfig, *, raft_overrides: dict[str, Any] | None = None, clock: Clock | None = None
+        self,
+        cfg: BrokerConfig,
+        *,
+        raft_overrides: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        network: InProcNetwork | None = None,
+        log_store: LogStore | None = None,
+        meta: MetaStore | None = None,
     ):
+        """``network``: the group's Raft traffic stays inside this process (every replica of the
+        group runs here on that ``InProcNetwork``) instead of TCP. ``log_store`` / ``meta``: the
+        Raft log and term/vote (e.g. ``MemoryLogStore`` / ``MemoryMetaStore``) instead of files
+        under the node directory; consume queues, index and snapshots stay under ``store_dir``.
+        All three are for tests and in-process clusters; a broker process uses none of them."""
         self.cfg = cfg
         self.clock: Clock = clock if clock is not None else process_clock()
         self.store = MessageStore(
             cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
-        self.node = DLedgerNode(settings, self.store, clock=self.clock)
+        self.node = DLedgerNode(
+            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
+        )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
@@ -131,7 +149,14 @@ class BrokerServer:
             ";".join(self.cfg.namesrv_addrs),
         )
 
-    async def stop(self) -> None:
+    async def stop(self, *, unregister: bool = True) -> None:
+        """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
+        the broker's registration expires)."""
+        self.stopping = True
+        for waiters in self._waiters.values():  # long polls answer now, not after their hold
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
         for t in self._tasks:
             t.cancel()
         if self._tasks:  # bounded: a task that ignores its cancellation must not hang shutdown
@@ -139,9 +164,10 @@ class BrokerServer:
             for t in pending:
                 log.error("task %s did not stop within 5 s of its cancellation", t.get_name())
         try:
-            await asyncio.wait_for(
-                self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
-            )
+            if unregister:
+                await asyncio.wait_for(
+                    self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
+                )
         except TimeoutError:
             log.warning("unregistering timed out")
         await self.registrar.close()
