@@ -173,8 +173,8 @@ class BrokerServer:
         await self.registrar.close()
         if self._runner is not None:
             await self._runner.cleanup()
-        await self.node.stop()
-        self.store.close()
+        # The store's last snapshot runs on the tick thread after its last apply, with the log open.
+        await self.node.stop(before_log_close=self.store.close)
 
     # -- roles ----------------------------------------------------------------------------------
     async def _watch_roles(self) -> None:

@@ -143,6 +143,8 @@ class DLedgerNode:
         # Outcomes gathered during one tick, handed to each loop in one call (tick thread only).
         self._outbox: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         self._fatal: BaseException | None = None
+        self._before_log_close: Callable[[], None] | None = None
+        self._closed_by_tick_thread = False
 
     # -- published state (written by the tick thread; plain values) --------------------------
     @property
@@ -219,12 +221,17 @@ class DLedgerNode:
         if not ok:
             raise DLedgerError("the tick thread did not start in time")
 
-    async def stop(self) -> None:
+    async def stop(self, before_log_close: Callable[[], None] | None = None) -> None:
+        """Stop the tick thread; ``before_log_close`` runs on it after the last tick, while the log
+        is still open (a state machine's final snapshot)."""
+        self._before_log_close = before_log_close
         self._stopping.set()
         self._wake()
         if self._thread is not None:
             assert self._loop is not None
             await self._loop.run_in_executor(None, self._thread.join, 10.0)
+        if before_log_close is not None and not self._closed_by_tick_thread:
+            before_log_close()  # the tick thread never ran its loop (start failed): no one else will
 
     def _run(self) -> None:
         dl_clock.use(self._clock)  # pysyncobj, on this thread, reads the node's clock
@@ -245,7 +252,8 @@ class DLedgerNode:
             raise
         finally:
             try:
-                self.core.close()
+                self._closed_by_tick_thread = True
+                self.core.close(self._before_log_close)
                 self._deliver_outbox()
             finally:
                 os.close(self._wake_r)

@@ -187,8 +187,10 @@ class ReplicaCore:
         assert self.sync is not None
         self.sync.doTick(wait_s)
 
-    def close(self) -> None:
-        """Stop: appends still waiting get "outcome unknown"; the log is flushed; SyncObj destroyed."""
+    def close(self, before_log_close: Callable[[], None] | None = None) -> None:
+        """Stop: appends still waiting get "outcome unknown"; the log is flushed; SyncObj destroyed;
+        ``before_log_close`` runs (the state machine's last snapshot may still read the log); then
+        the log closes."""
         self.fail_queue(DLedgerError("node stopped"))
         self._fail_waiting(
             AppendTimeoutError("node stopped before the entry committed: the outcome is unknown")
@@ -198,6 +200,8 @@ class ReplicaCore:
                 self.store.flush()
             if self.sync is not None:
                 self.sync._doDestroy()
+            if before_log_close is not None:
+                before_log_close()
         finally:
             self.journal.close()
 
