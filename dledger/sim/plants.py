@@ -16,6 +16,7 @@ out again; the simulator runs in one thread, so the patch affects only the run i
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -97,5 +98,7 @@ def plant(name: str | None) -> contextlib.AbstractContextManager[None]:
 def run_job(job: tuple[int, SimOptions, str | None]) -> SimResult:
     """One seed, with a plant or without (a module-level function: worker processes import it)."""
     seed, options, planted = job
+    if not logging.getLogger().handlers:  # a worker process: the replicas' logs are noise here
+        logging.getLogger("dledger").setLevel(logging.CRITICAL)
     with plant(planted):
         return run_seed(seed, options)
