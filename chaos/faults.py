@@ -486,7 +486,7 @@ class CompositeFault:
         self.name, self.parts = name, parts
 
     async def apply(self, ctx: FaultContext) -> None:
-        ctx.taken, ctx.composite = set(), self.name
+        ctx.composite = self.name
         try:
             for part in self.parts:
                 await part.apply(ctx)
@@ -499,7 +499,7 @@ class CompositeFault:
             for part in reversed(self.parts):
                 await part.heal(ctx)
         finally:
-            ctx.composite, ctx.taken = None, set()
+            ctx.composite = None
 
 
 def _ms_since(t0: float) -> float:

@@ -14,8 +14,10 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
     offset-regress            broker  a consumer offset lower than the stored one is accepted
-    sdk-last-attempt-outcome  client  the SDK answers "definitely failed" for sends an earlier
-                                      attempt may have stored (only the last attempt's code counts)
+    sdk-definite-on-lost-connection
+                              client  the SDK answers "definitely failed" for sends that may be
+                                      stored: a connection lost after the request went out is a
+                                      failure, and only the last attempt counts
 
 Each plant patches names through ``_patch``, which remembers the original: ``unplant_all()``
 restores every one (tests that plant inside their own process use it).
@@ -145,15 +147,17 @@ def offset_regress() -> None:
 
 
 # -- client plants ---------------------------------------------------------------------------------
-OLD_UNKNOWN_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST"})
+OLD_UNKNOWN_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT"})
 
 
-def sdk_last_attempt_outcome() -> None:
-    """The SDK before it kept ``outcome_unknown`` across retries (commit c58266e) and before
-    APPEND_FAILED and 5xx answers counted as unknown: a send is "definitely failed" unless its
-    *last* attempt timed out or lost its connection. A send whose first attempt reached a leader
-    that then lost its leadership, and whose retry was refused, is reported as not stored although
-    it may be. Patches ``broker.client.producer.send_outcome_unknown``."""
+def sdk_lost_connection_is_failure() -> None:
+    """The SDK before it kept ``outcome_unknown`` across retries (commit c58266e), and calling a
+    connection lost after the request went out (``CONNECTION_LOST``) a definite failure: a send is
+    "definitely failed" unless its *last* attempt timed out. A send whose request reached a leader
+    that died before answering is reported as not stored, although the entry may be on the
+    followers, which commit it. (The exact old code set — CONNECTION_LOST unknown too — yields no
+    definite failure at all behind Toxiproxy's client proxies: a dead broker behind a proxy is a
+    lost connection, never a refused one.) Patches ``broker.client.producer.send_outcome_unknown``."""
     from broker.client import producer
 
     def send_outcome_unknown(earlier_unknown: bool, exc: Any) -> bool:
@@ -186,8 +190,9 @@ PLANTS: dict[str, Plant] = {
               "followers truncate entries that do not conflict (stock pysyncobj), with the stock leader rewind"),
         Plant("offset-regress", "broker", offset_regress,
               "the broker accepts a consumer offset lower than the stored one"),
-        Plant("sdk-last-attempt-outcome", "client", sdk_last_attempt_outcome,
-              "the SDK answers 'definitely failed' for sends that were stored"),
+        Plant("sdk-definite-on-lost-connection", "client", sdk_lost_connection_is_failure,
+              "the SDK answers 'definitely failed' for sends that were stored (a lost connection is called a "
+              "failure; only the last attempt counts)"),
     )
 }
 

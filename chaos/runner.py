@@ -81,7 +81,7 @@ def git_commit() -> str | None:
 def progress_line(elapsed_s: float, fault: str | None, window: Window | None, rate: float,
                   counts: dict[str, Any], leaders: dict[str, str | None]) -> str:
     where = f"{fault} ({max(0.0, window.end_s - elapsed_s):.0f}s left)" if fault and window else "no fault"
-    lead = " ".join(f"{g}={(n or '-').rsplit('-', 1)[-1]}" for g, n in sorted(leaders.items()))
+    lead = " ".join(f"{g}={n.rsplit('-', 1)[-1] if n else '-'}" for g, n in sorted(leaders.items()))
     return (f"[{elapsed_s:6.0f}s] {where:<32} | sends/s {rate:6.1f} | acks {counts['ok']} | "
             f"fail {counts['fail']} | unknown {counts['unknown']} | receipts {counts['receipts']} | leader {lead}")
 
@@ -192,6 +192,7 @@ class Run:
                 if w.fault is not None:
                     active = make_fault(w.fault)
                     self.current = (w.fault, w)
+                    ctx.taken = set()  # nodes hit within this window (a composite's later parts avoid them)
                     await active.apply(ctx)
                     await _sleep_until(t0 + w.end_s)
                     await active.heal(ctx)

@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 CONSUMER_GROUP = "chaos_consumer"
 PULL_BATCH = 1024
 ZOMBIE_STALE_S = 5.0  # the zombie commits values at least this old
+# Consumers commit their offsets every 5 s (RocketMQ's persistConsumerOffsetInterval): a stored offset
+# that a broker wrongly let move back stays back until the next commit, long enough for the sampler.
+COMMIT_INTERVAL_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +204,7 @@ class ConsumerWorker:
         consumer = PushConsumer(
             CONSUMER_GROUP, self.namesrv, consume_from="FIRST", orderly=True,
             client_id=f"chaos-{self.name}-{os.getpid()}-{self.incarnation}",
-            commit_interval_s=1.0, rebalance_interval_s=5.0, heartbeat_interval_s=2.0, suspend_ms=2000,
+            commit_interval_s=COMMIT_INTERVAL_S, rebalance_interval_s=5.0, heartbeat_interval_s=2.0, suspend_ms=2000,
             route_refresh_interval_s=5.0,
         )
         consumer.subscribe(self.cfg.topic, "*")

@@ -80,11 +80,11 @@ def append_message(sync: DLedgerSyncObj, prev: int, upto: int, commit: int) -> d
 def test_registry_names_every_plant_and_builds_the_broker_environment() -> None:
     assert set(plants.PLANTS) == {
         "ack-before-majority", "fdatasync-noop", "cq-drops-last-unit", "stock-truncation", "offset-regress",
-        "sdk-last-attempt-outcome",
+        "sdk-definite-on-lost-connection",
     }
-    chosen = plants.lookup(["stock-truncation", "sdk-last-attempt-outcome"])
+    chosen = plants.lookup(["stock-truncation", "sdk-definite-on-lost-connection"])
     assert plants.broker_env(chosen) == {PLANT_ENV: "chaos.plants:stock_truncation"}
-    assert plants.broker_env(plants.lookup(["sdk-last-attempt-outcome"])) == {}
+    assert plants.broker_env(plants.lookup(["sdk-definite-on-lost-connection"])) == {}
     with pytest.raises(ValueError, match="unknown plant 'nope'"):
         plants.lookup(["nope"])
 
@@ -187,7 +187,11 @@ def test_offset_regress_applies_a_lower_commit() -> None:
     assert md.group_offsets("g", "T") == {0: 2}
 
 
-async def test_sdk_last_attempt_outcome_calls_a_maybe_stored_send_failed() -> None:
+async def test_sdk_plant_calls_a_maybe_stored_send_failed() -> None:
+    from broker.client import producer
+
+    lost = ClientError("CONNECTION_LOST", "the server closed the connection")
+    assert producer.send_outcome_unknown(False, lost)
     cluster = await FakeCluster.start(n_groups=1, topics={"T": 4})
     leader = cluster.groups[0].replicas[0]
     outcomes = []
@@ -195,7 +199,7 @@ async def test_sdk_last_attempt_outcome_calls_a_maybe_stored_send_failed() -> No
         async with Producer("pg", cluster.namesrv_addr, retry_times=1) as p:
             for plant in (False, True):
                 if plant:
-                    plants.sdk_last_attempt_outcome()
+                    plants.sdk_lost_connection_is_failure()
                 leader.fail_next("/v1/send", "SEND_TIMEOUT", 504)  # the first attempt may have stored it
                 leader.fail_next("/v1/send", "NO_PERMISSION", 403)  # the retry is refused
                 with pytest.raises(ClientError) as e:
@@ -204,3 +208,4 @@ async def test_sdk_last_attempt_outcome_calls_a_maybe_stored_send_failed() -> No
     finally:
         await cluster.close()
     assert outcomes == [("NO_PERMISSION", True), ("NO_PERMISSION", False)]
+    assert not producer.send_outcome_unknown(False, lost)  # planted: the request went out, yet "failed"
