@@ -13,7 +13,11 @@ schedules and failover drills (docs/CHAOS.md).
 - ``local``     the local cluster of a run: NameServer, brokers and the Toxiproxy server, started
                 and stopped by PID
 - ``faults``    fault objects (apply / heal, logged to faults.jsonl)
-- ``workload``  producers and consumers driving the SDK, writing the history; the final drain
+- ``workload``  producers, orderly consumers (sessions) and a zombie offset client driving the SDK,
+                writing the history; the final drain
+- ``sampler``   every replica's commit index, term, chain CRC at the commit index and stored
+                consumer offsets, every few hundred ms
+- ``plants``    deliberate defects for the audit's sensitivity tests (``--plant``; test-only)
 - ``runner``    ``chaos run``: cluster, workload, schedule, recovery, drain, run.json, audit
 - ``drill``     ``chaos drill``: kill the leader N rounds, time route change and first ack
 - ``cli``       the ``chaos`` command
