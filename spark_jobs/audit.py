@@ -451,6 +451,7 @@ class Audit:
         }
 
     def summary(self, stats: HistoryStats) -> dict[str, Any]:
+        self.findings = {k: self.findings[k] for k in CHECKS if k in self.findings}  # failing ones first
         failed = verdict({k: v["count"] for k, v in self.findings.items()}, self.fail_on)
         return {
             "version": 1,

@@ -106,10 +106,16 @@ def refs(check: str, row: Mapping[str, Any]) -> list[Ref]:
         out = _line("sample", SAMPLES, r.get("line"))
         if r.get("later_line") is not None:
             return out + _line("later sample", SAMPLES, r.get("later_line"))
-        final = (
-            f"the final log of {r.get('replica')} ends at {r.get('later_last_index')}, "
-            f"chain CRC there {r.get('later_chain_crc')}"
-        )
+        if r.get("kind") == "shrank":
+            final = (
+                f"the final log of {r.get('replica')} ends at {r.get('later_last_index')}, before the committed "
+                f"index {r.get('commit_index')} the sample reported"
+            )
+        else:
+            final = (
+                f"the final log of {r.get('replica')} holds chain CRC {r.get('later_chain_crc')} at index "
+                f"{r.get('commit_index')}, where the sample reported {r.get('chain_crc')}"
+            )
         return [*out, Ref("final log", text=final)]
     if check == "commit_crc_mismatch":
         return [ref for rep in r.get("reports") or [] for ref in _line("sample", SAMPLES, rep.get("line"))]
