@@ -12,7 +12,8 @@ schedules and failover drills (docs/CHAOS.md).
 - ``target``    the small interface faults and drills act on, and its local-process implementation
 - ``local``     the local cluster of a run: NameServer, brokers and the Toxiproxy server, started
                 and stopped by PID
-- ``faults``    fault objects (apply / heal, logged to faults.jsonl)
+- ``faults``    fault objects (apply / heal, logged to faults.jsonl); composites; the standard mix
+- ``damage``    the bitflip and truncate faults: damaged segments, refused, repaired or served?
 - ``workload``  producers, orderly consumers (sessions) and a zombie offset client driving the SDK,
                 writing the history; the final drain
 - ``sampler``   every replica's commit index, term, chain CRC at the commit index and stored

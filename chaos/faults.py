@@ -37,15 +37,12 @@ during an election that outlasts ``leader_wait_s``) logs the apply with no targe
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 import random
 import time
-import zlib
 from typing import Any, Protocol
 
-from broker.client.transport import ClientError, Transport
+from chaos.damage import DAMAGE_KINDS, DamageFault
 from chaos.history import FaultRecord, JsonlWriter, now_us
 from chaos.layout import ProxySpec
 from chaos.selection import (
@@ -62,13 +59,10 @@ from chaos.target import Member, Network, Target, find_leader, groups_of, wait_f
 from chaos.toxi import TOXIC_DEFAULTS
 
 NODE_ACTIONS = ("kill", "suspend", "crash")
-DAMAGE_KINDS = ("bitflip", "truncate")
 TOXICS = ("latency", "bandwidth", "timeout", "reset-peer", "slicer")
 CONSUMER_FAULTS = ("consumer-restart", "consumer-join")
 SKEW_DEFAULT = (600.0, 50_000.0)  # offset_s, drift_ppm: the largest magnitudes a skew fault picks
 SKEW_ENV = "DLEDGER_CLOCK_SKEW"  # dledger.clock.process_clock() reads it
-TRUNCATE_MAX_BYTES = 2048
-START_WAIT_S = 15.0  # a damaged replica either answers or exits within this
 
 
 class ConsumerControl(Protocol):
@@ -158,7 +152,7 @@ class NodeFault:
             detail["lost_unsynced"] = losses
         if skipped:
             detail["skipped"] = skipped
-        detail["took_ms"] = _ms_since(t0)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "apply", [m.name for m in self.victims], detail, at_us)
 
     async def heal(self, ctx: FaultContext) -> None:
@@ -168,7 +162,7 @@ class NodeFault:
                 await ctx.target.resume(m)
             else:
                 await ctx.target.start(m)
-        detail = {"took_ms": _ms_since(t0)}
+        detail = {"took_ms": ms_since(t0)}
         ctx.record(self.name, "heal", [m.name for m in self.victims], detail, at_us)
         self.victims = []
 
@@ -199,13 +193,13 @@ class PartitionFault:
         await net.cut(self.links)
         if skipped:
             detail["skipped"] = skipped
-        detail["took_ms"] = _ms_since(t0)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "apply", [x.link for x in self.links], detail, at_us)
 
     async def heal(self, ctx: FaultContext) -> None:
         at_us, t0 = now_us(), time.monotonic()
         await ctx.network().restore(self.links)
-        ctx.record(self.name, "heal", [x.link for x in self.links], {"took_ms": _ms_since(t0)}, at_us)
+        ctx.record(self.name, "heal", [x.link for x in self.links], {"took_ms": ms_since(t0)}, at_us)
         self.links = []
 
 
@@ -229,7 +223,7 @@ class ToxicFault:
         at_us, t0 = now_us(), time.monotonic()
         await net.add_toxic(self.links, self.toxic, attrs)
         detail: dict[str, Any] = {"toxic": self.toxic, "attributes": attrs, "streams": ["upstream", "downstream"],
-                                  "leaders": leaders, "took_ms": _ms_since(t0)}
+                                  "leaders": leaders, "took_ms": ms_since(t0)}
         if skipped:
             detail["skipped"] = skipped
         ctx.record(self.name, "apply", [x.link for x in self.links], detail, at_us)
@@ -237,7 +231,7 @@ class ToxicFault:
     async def heal(self, ctx: FaultContext) -> None:
         at_us, t0 = now_us(), time.monotonic()
         await ctx.network().remove_toxics(self.links)
-        ctx.record(self.name, "heal", [x.link for x in self.links], {"toxic": self.toxic, "took_ms": _ms_since(t0)},
+        ctx.record(self.name, "heal", [x.link for x in self.links], {"toxic": self.toxic, "took_ms": ms_since(t0)},
                    at_us)
         self.links = []
 
@@ -262,7 +256,7 @@ class SkewFault:
         self.victims: list[Member] = []
 
     async def apply(self, ctx: FaultContext) -> None:
-        self.victims, leaders, skipped = await _victims(ctx, self.selector)
+        self.victims, leaders, skipped = await pick_victims(ctx, self.selector)
         at_us, t0 = now_us(), time.monotonic()
         max_offset, max_drift = ctx.skew
         skews = {}
@@ -273,7 +267,7 @@ class SkewFault:
             await ctx.target.kill(m)
             ctx.target.set_env(m, {SKEW_ENV: skews[m.name]})
             await ctx.target.start(m)
-        detail: dict[str, Any] = {"leaders": leaders, "skew": skews, "took_ms": _ms_since(t0)}
+        detail: dict[str, Any] = {"leaders": leaders, "skew": skews, "took_ms": ms_since(t0)}
         if skipped:
             detail["skipped"] = skipped
         ctx.record(self.name, "apply", [m.name for m in self.victims], detail, at_us)
@@ -284,11 +278,11 @@ class SkewFault:
             await ctx.target.kill(m)
             ctx.target.set_env(m, None)
             await ctx.target.start(m)
-        ctx.record(self.name, "heal", [m.name for m in self.victims], {"took_ms": _ms_since(t0)}, at_us)
+        ctx.record(self.name, "heal", [m.name for m in self.victims], {"took_ms": ms_since(t0)}, at_us)
         self.victims = []
 
 
-async def _victims(ctx: FaultContext, selector: str) -> tuple[list[Member], dict[str, str | None], list[str]]:
+async def pick_victims(ctx: FaultContext, selector: str) -> tuple[list[Member], dict[str, str | None], list[str]]:
     """The members ``selector`` picks in every group (avoiding ``ctx.taken``), marked taken."""
     victims: list[Member] = []
     leaders: dict[str, str | None] = {}
@@ -305,143 +299,6 @@ async def _victims(ctx: FaultContext, selector: str) -> tuple[list[Member], dict
         victims += [m for m in members if m.name in names]
     ctx.taken.update(m.name for m in victims)
     return victims, leaders, skipped
-
-
-class DamageFault:
-    """Damage a stopped replica's log on disk, start it, see whether it serves the damage."""
-
-    def __init__(self, name: str, kind: str, selector: str):
-        assert kind in DAMAGE_KINDS and selector in NODE_SELECTORS
-        self.name, self.kind, self.selector = name, kind, selector
-        self.victims: list[Member] = []
-        self.probes: dict[str, dict[str, Any]] = {}
-
-    async def apply(self, ctx: FaultContext) -> None:
-        self.victims, leaders, skipped = await _victims(ctx, self.selector)
-        at_us, t0 = now_us(), time.monotonic()
-        damage: dict[str, Any] = {}
-        for m in self.victims:
-            await ctx.target.kill(m)
-            store = os.path.join(ctx.target.data_path(m), "store")
-            if self.kind == "bitflip":
-                done = await asyncio.to_thread(flip_a_message_bit, store, ctx.rng, m.group)
-            else:
-                done = await asyncio.to_thread(cut_newest_segment, store, ctx.rng)
-            damage[m.name] = done
-            await ctx.target.start(m)
-        for m in self.victims:
-            damage[m.name]["started"] = await _started(ctx.target, m)
-            if self.kind == "bitflip" and damage[m.name].get("msg_id"):
-                self.probes[m.name] = damage[m.name]
-                damage[m.name]["probe"] = await probe(m, damage[m.name])
-        detail: dict[str, Any] = {"leaders": leaders, "damage": damage, "took_ms": _ms_since(t0)}
-        if skipped:
-            detail["skipped"] = skipped
-        ctx.record(self.name, "apply", [m.name for m in self.victims], detail, at_us)
-
-    async def heal(self, ctx: FaultContext) -> None:
-        at_us, t0 = now_us(), time.monotonic()
-        outcome: dict[str, Any] = {}
-        for m in self.victims:
-            if ctx.target.is_running(m):
-                outcome[m.name] = {"running": True}
-                if m.name in self.probes:
-                    outcome[m.name]["probe"] = await probe(m, self.probes[m.name])
-                continue
-            dest = os.path.join(ctx.damaged_dir or os.path.join(ctx.target.data_path(m), os.pardir, "damaged"),
-                                f"{m.name}-{at_us}")
-            await ctx.target.set_aside(m, dest)
-            await ctx.target.start(m)
-            outcome[m.name] = {"running": False, "set_aside": dest}
-        ctx.record(self.name, "heal", [m.name for m in self.victims], {"replicas": outcome,
-                                                                       "took_ms": _ms_since(t0)}, at_us)
-        self.victims, self.probes = [], {}
-
-
-async def _started(target: Target, m: Member) -> str:
-    """"answering" once the replica answers its status, "exited" when its process ends first."""
-    deadline = time.monotonic() + START_WAIT_S
-    while time.monotonic() < deadline:
-        if not target.is_running(m):
-            return "exited"
-        if await target.status(m) is not None:
-            return "answering"
-        await asyncio.sleep(0.1)
-    return "no answer"
-
-
-async def probe(m: Member, damage: dict[str, Any]) -> str:
-    """Read the damaged message back from the replica: "intact" (the original body: repaired),
-    "corrupt" (the damaged body: served!), "refused <code>" (an error: not served) or "no answer"."""
-    t = Transport(timeout_s=2.0)
-    try:
-        got = await t.call(m.control_addr, "GET", f"/v1/msg/id/{damage['msg_id']}")
-    except ClientError as exc:
-        return "no answer" if exc.status == 0 else f"refused {exc.code}"
-    finally:
-        await t.close()
-    body = got.get("body") if isinstance(got, dict) else None
-    if not isinstance(body, bytes):
-        return "refused BAD_ANSWER"
-    return "intact" if zlib.crc32(body) == damage["body_crc"] else "corrupt"
-
-
-def flip_a_message_bit(store_dir: str, rng: random.Random, group: str) -> dict[str, Any]:
-    """Flip one bit in the body of a random committed message of a stopped replica's log (up to its
-    commit-index hint); the detail says where, and the CRC-32 of the body before the flip."""
-    from broker.message import decode_header
-    from dledger.entry_codec import HEADER_SIZE
-    from spark_jobs.replica_reader import LogReader, MessageRecord, decode_records, read_commit_hint
-
-    commit = read_commit_hint(os.path.join(os.path.dirname(store_dir), "meta")) or 0
-    reader = LogReader(store_dir)
-    candidates = []
-    for e in reader.entries():
-        if e.index > commit:
-            break
-        candidates.append(e)
-    rng.shuffle(candidates)
-    for e in candidates[:100]:
-        records = [r for r in decode_records(e)[0] if isinstance(r, MessageRecord)]
-        if records:
-            r = rng.choice(records)
-            break
-    else:
-        return {"kind": "bitflip", "skipped": f"no committed message up to index {commit}"}
-    at = r.position - e.position - HEADER_SIZE  # the record inside the entry's body
-    record = e.body[at : at + r.size]
-    _, body_start = decode_header(record)
-    body = record[body_start:]
-    if not body:
-        return {"kind": "bitflip", "skipped": f"message {r.unique_id} has an empty body"}
-    body_at = r.position + body_start  # global log position of the body's first byte
-    start = max(s for s, _ in reader.segments if s <= body_at)
-    path = os.path.join(store_dir, "log", f"{start:020d}")
-    offset = body_at - start + rng.randrange(len(body))
-    bit = rng.randrange(8)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        original = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([original ^ (1 << bit)]))
-    return {"kind": "bitflip", "file": os.path.relpath(path, os.path.dirname(os.path.dirname(store_dir))),
-            "offset": offset, "bit": bit, "index": e.index, "commit_hint": commit,
-            "newest_segment": start == reader.segments[-1][0], "msg_id": f"{group}:{r.position:016X}",
-            "unique_id": r.unique_id, "body_crc": zlib.crc32(body)}
-
-
-def cut_newest_segment(store_dir: str, rng: random.Random) -> dict[str, Any]:
-    """Cut the newest log segment of a stopped replica short by 1..2 KiB (a torn write)."""
-    log_dir = os.path.join(store_dir, "log")
-    names = sorted(n for n in os.listdir(log_dir) if n.isdigit())
-    if not names:
-        return {"kind": "truncate", "skipped": "no segment"}
-    path = os.path.join(log_dir, names[-1])
-    size = os.path.getsize(path)
-    cut = min(size, rng.randrange(1, TRUNCATE_MAX_BYTES + 1))
-    os.truncate(path, size - cut)
-    return {"kind": "truncate", "file": os.path.relpath(path, os.path.dirname(os.path.dirname(store_dir))),
-            "size": size, "cut_bytes": cut}
 
 
 class ConsumerFault:
@@ -464,7 +321,7 @@ class ConsumerFault:
                 detail["skipped"] = "fewer than two consumers running"
         else:
             self.consumer = await ctx.workload.join()
-        detail["took_ms"] = _ms_since(t0)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "apply", [f"consumer:{self.consumer}"] if self.consumer else [], detail, at_us)
 
     async def heal(self, ctx: FaultContext) -> None:
@@ -475,7 +332,7 @@ class ConsumerFault:
                 await ctx.workload.rejoin(self.consumer)
             else:
                 await ctx.workload.part(self.consumer)
-        ctx.record(self.name, "heal", targets, {"took_ms": _ms_since(t0)}, at_us)
+        ctx.record(self.name, "heal", targets, {"took_ms": ms_since(t0)}, at_us)
         self.consumer = None
 
 
@@ -502,7 +359,7 @@ class CompositeFault:
             ctx.composite = None
 
 
-def _ms_since(t0: float) -> float:
+def ms_since(t0: float) -> float:
     return round((time.monotonic() - t0) * 1000, 1)
 
 
