@@ -26,7 +26,6 @@ __all__ = [
 ]
 
 _QUEUE = ["broker", "topic", "queue_id"]
-CLAIMS_SHOWN = 12  # per inconsistent offset: the claims kept for the report (ids, sources, lines)
 
 
 def unit_ids(
@@ -71,26 +70,28 @@ def _claims(sends: DataFrame, receipts: DataFrame, drain: DataFrame, units: Data
     return out
 
 
-def inconsistent_offsets(
-    sends: DataFrame, receipts: DataFrame, drain: DataFrame, units: DataFrame
-) -> DataFrame:
+def inconsistent_offsets(sends: DataFrame, receipts: DataFrame, drain: DataFrame, units: DataFrame) -> DataFrame:
     """(broker, topic, queue_id, offset) named with two or more unique ids by acks, receipts, the
-    drain or a replica's consume queue: ``unique_ids`` and up to CLAIMS_SHOWN ``claims`` (source,
-    unique id, file, line) for the report."""
+    drain or a replica's consume queue. One aggregate over every claim, no second pass: per offset
+    the claims with the lowest and the highest 64-bit hash of the unique id (they differ exactly
+    when two ids are named, short of a 2^-64 collision) — ``unique_ids`` are those two ids, and
+    ``claims`` (source, unique id, file, line) show where each was named."""
     key = [*_QUEUE, "offset"]
-    claims = _claims(sends, receipts, drain, units)
-    ids = claims.groupBy(*key).agg(F.array_sort(F.collect_set("unique_id")).alias("unique_ids"))
-    bad = ids.where(F.size("unique_ids") > 1)
-    shown = (
-        claims.join(bad.select(*key), key, "left_semi")
+    claim = F.struct(F.xxhash64("unique_id").alias("h"), "unique_id", "source", "file", "line")
+    return (
+        _claims(sends, receipts, drain, units)
         .groupBy(*key)
-        .agg(
-            F.slice(
-                F.array_sort(F.collect_set(F.struct("unique_id", "source", "file", "line"))), 1, CLAIMS_SHOWN
-            ).alias("claims")
+        .agg(F.min(claim).alias("lo"), F.max(claim).alias("hi"))
+        .where(F.col("lo.h") != F.col("hi.h"))
+        .select(
+            *key,
+            F.array_sort(F.array(F.col("lo.unique_id"), F.col("hi.unique_id"))).alias("unique_ids"),
+            F.array(
+                *(F.struct(*(F.col(f"{side}.{c}").alias(c) for c in ("unique_id", "source", "file", "line")))
+                  for side in ("lo", "hi"))
+            ).alias("claims"),
         )
     )
-    return bad.join(shown, key)
 
 
 def ack_offset_mismatch(sends: DataFrame, units: DataFrame) -> DataFrame:

@@ -356,10 +356,12 @@ def test_spark_offsets_equal_the_rules(planted_run: AuditedRun) -> None:
     ]
     claims += [((g, t, q), o, u, f"replica {g}-{rep}") for g, rep, u, t, q, o in units]
     want = rules.inconsistent_offsets(claims)
-    assert {
+    got = {
         ((r["broker"], r["topic"], r["queue_id"]), r["offset"]): set(r["unique_ids"])
         for r in planted_run.details("inconsistent_offsets")
-    } == want
+    }
+    assert got.keys() == want.keys()
+    assert all(len(ids) == 2 and ids <= want[k] for k, ids in got.items())  # two of the ids named there
 
 
 def _samples(run: AuditedRun) -> list[rules.Sample]:
