@@ -435,7 +435,9 @@ class _Builder:
     def _plant_unseen(self, per_queue: PerQueue, ok: dict[str, Send]) -> set[str]:
         """The last message of a queue, ok and in the log, that nobody reads."""
         out: set[str] = set()
-        for q in self.rng.sample(sorted(per_queue), self.cfg.plants.get("unseen", 0)):
+        # not a queue the unexpected plant reads past its end (then reads would go past this one)
+        free = sorted(per_queue)[self.cfg.plants.get("unexpected", 0) :]
+        for q in self.rng.sample(free, self.cfg.plants.get("unseen", 0)):
             m = per_queue[q][-1]
             if m.uid not in ok or m.uid in self.used:
                 raise ValueError(f"could not plant unseen in {q}: its last message is taken")
