@@ -35,5 +35,5 @@ VOLUME ["/var/lib/dledger"]
 EXPOSE 9876 10911 40911
 # HEALTH_URL: the process's own /v1/status (compose sets it per service).
 ENV HEALTH_URL=http://127.0.0.1:9876/v1/status
-HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 CMD ["python3", "-m", "dledger.healthcheck"]
+HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 CMD ["python3", "-m", "dledger.apps.healthcheck"]
 CMD ["dledger-namesrv", "-c", "conf/compose/namesrv.conf"]

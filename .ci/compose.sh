@@ -5,6 +5,7 @@
 #   bash .ci/compose.sh status    # containers and roles (mqadmin clusterList)
 #   bash .ci/compose.sh down      # `compose down -v` (containers, network and volumes)
 #   bash .ci/compose.sh build     # only the image (prints how long the docker build took)
+#   bash .ci/compose.sh secrets   # only docker/run/: a private CA + certificate, the ACL, the configs
 #   bash .ci/compose.sh engine    # only make sure a Docker engine answers
 #
 # No image can be pulled and containers cannot reach PyPI on the development machines, so:
@@ -13,6 +14,9 @@
 #   built from Debian packages with debootstrap and `docker import` (dledger-mq-base:bookworm);
 # - the project and its dependencies are built into wheels on the host (docker/wheels/) and the
 #   image installs them with --no-index. The Dockerfile is the same online and offline.
+# TLS and ACL are on (docs/SECURITY.md): docker/run/ (never committed, removed by `down`) holds the
+# certificates, plain_acl.yml, the rendered configs (a fresh peer password) and the admin credentials
+# host tools use: DLEDGER_TLS_CA_FILE=docker/run/tls/ca.pem DLEDGER_CREDENTIALS_FILE=docker/run/admin-credentials.yml
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +26,9 @@ LOCAL_BASE="dledger-mq-base:bookworm"
 WHEELS="$REPO/docker/wheels"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PROJECT="${COMPOSE_PROJECT_NAME:-dledgermq}"
+RUN_DIR="$REPO/docker/run"
+IMAGE_UID=10001  # the image's dledger user (Dockerfile)
+export DLEDGER_TLS_CA_FILE="$RUN_DIR/tls/ca.pem" DLEDGER_CREDENTIALS_FILE="$RUN_DIR/admin-credentials.yml"
 
 log() { printf 'compose: %s\n' "$*" >&2; }
 die() { printf 'compose: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -116,6 +123,13 @@ build() {
     log "image $IMAGE built in $(( $(date +%s) - started )) s"
 }
 
+# docker/run/: certificates, ACL, configs (handed to the containers' user, so it needs root).
+secrets() {
+    [ -x "$REPO/.venv/bin/python" ] || bash "$REPO/.ci/setup.sh" >&2
+    [ "$(id -u)" -eq 0 ] || die "making docker/run needs root (its files go to the containers' uid $IMAGE_UID)"
+    "$REPO/.venv/bin/python" "$REPO/docker/make_secrets.py" "$RUN_DIR" --owner "$IMAGE_UID" >&2
+}
+
 wait_healthy() {
     local deadline=$(( $(date +%s) + ${1:-120} )) svc state all
     while :; do
@@ -130,12 +144,13 @@ wait_healthy() {
     done
     # and a writable leader registered at the NameServer
     NAMESRV_ADDR=127.0.0.1:9876 "$REPO/.venv/bin/python" - <<'EOF' || die "no writable leader in time"
-import json, time, urllib.request
+import json, os, ssl, time, urllib.request
+ctx = ssl.create_default_context(cafile=os.environ["DLEDGER_TLS_CA_FILE"])
 deadline = time.time() + 60
 while time.time() < deadline:
     for port in (10911, 10921, 10931):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=1) as r:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/v1/status", timeout=1, context=ctx) as r:
                 if json.load(r).get("writable"):
                     raise SystemExit(0)
         except OSError:
@@ -150,13 +165,16 @@ main() {
     case "$cmd" in
         engine) ensure_engine ;;
         build) build ;;
+        secrets) secrets ;;
         up)
+            secrets
             build
             find_compose
             log "${COMPOSE[*]} up -d"
             "${COMPOSE[@]}" up -d --no-build >&2
             wait_healthy 180
             NAMESRV_ADDR=127.0.0.1:9876 "$REPO/.venv/bin/mqadmin" clusterList
+            log "host tools: export NAMESRV_ADDR=127.0.0.1:9876 DLEDGER_TLS_CA_FILE=$DLEDGER_TLS_CA_FILE DLEDGER_CREDENTIALS_FILE=$DLEDGER_CREDENTIALS_FILE"
             ;;
         status)
             ensure_engine; find_compose
@@ -166,8 +184,9 @@ main() {
         down)
             ensure_engine; find_compose
             "${COMPOSE[@]}" down -v --remove-orphans >&2
+            rm -rf "$RUN_DIR"  # the secrets go with the cluster
             ;;
-        *) die "usage: compose.sh up|status|down|build|engine" ;;
+        *) die "usage: compose.sh up|status|down|build|secrets|engine" ;;
     esac
 }
 

@@ -1,5 +1,11 @@
 """The broker's HTTP API v1 handlers (docs/API.md). Thin: validate, then call the store,
-the dledger node or the long-poll registry owned by ``BrokerServer``."""
+the dledger node or the long-poll registry owned by ``BrokerServer``.
+
+ACL (docs/SECURITY.md): the security middleware authenticates every request but ``GET /v1/status``;
+each handler asks ``self.sec.require(...)`` for what it touches before it acts — PUB on the topic to
+send; SUB on the topic (and group) to pull, query messages or read/commit offsets; SUB on the group
+to heartbeat, list its consumers or its progress; admin for topic/group create/delete, offset
+reset and leadership transfer; a consumer may unregister only its own client id (admin: any)."""
 
 from __future__ import annotations
 
@@ -10,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from broker.acl import Perm
+from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
+from broker.consumers import MembershipError
+from broker.http_edge import ClientGone, EdgeError, guarded_app
 from broker.message import (
-    CLIENT_ID_RE,
     InvalidInput,
     StoredMessage,
     build_messages,
@@ -22,6 +31,7 @@ from broker.message import (
     check_keys,
     check_topic,
     check_unique_id,
+    encodable,
     encode_command,
     encode_message,
     message_view,
@@ -29,6 +39,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
+from broker.names import is_client_id, is_decimal
 from broker.store import MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -83,8 +94,8 @@ def _tag_filter(expr: Any) -> tuple[set[int], set[str]] | None:
     """None = every message; else (tag hashes, tags)."""
     if expr is None or expr in ("", "*"):
         return None
-    if not isinstance(expr, str) or len(expr) > 4096:
-        raise ApiError(400, "INVALID_TAGS", "tags must be '*' or 'a||b' (at most 4096 chars)")
+    if not isinstance(expr, str) or len(expr) > 4096 or not encodable(expr):
+        raise ApiError(400, "INVALID_TAGS", "tags must be '*' or 'a||b' (at most 4096 UTF-8 chars)")
     tags = {t.strip() for t in expr.split("||") if t.strip()}
     if not tags:
         return None
@@ -98,9 +109,10 @@ def _offsets_answer(offsets: dict[int, int]) -> dict[str, int]:
 class BrokerApi:
     def __init__(self, server: BrokerServer):
         self.s = server
+        self.sec = server.security
 
-    def app(self, client_max_size: int) -> web.Application:
-        app = web.Application(client_max_size=client_max_size, middlewares=[self._errors])
+    def app(self) -> web.Application:
+        app = guarded_app(self.s.guard, [self._errors, self.sec.middleware])
         r = app.router
         r.add_post("/v1/send", self.send)
         r.add_post("/v1/pull", self.pull)
@@ -136,6 +148,12 @@ class BrokerApi:
             return await handler(request)
         except ApiError as exc:
             return error(request, exc.status, exc.code, exc.message, **exc.extra)
+        except AuthError as exc:
+            return error(request, exc.status, exc.code, exc.message)
+        except MembershipError as exc:
+            return error(request, exc.status, exc.code, exc.message)
+        except (EdgeError, ClientGone):
+            raise  # answered by the edge guard's middleware
         except InvalidInput as exc:
             return error(request, exc.status, exc.code, exc.message)
         except NotLeaderError:
@@ -211,6 +229,7 @@ class BrokerApi:
         body = await read_body(request, binary=True)
         check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}), ("topic", "messages"))
         topic = check_topic(body["topic"])
+        self.sec.require(request, topics={topic: Perm.PUB})
         if body.get("producer_group") is not None:
             check_group(body["producer_group"])
         self._require_writable()
@@ -268,9 +287,11 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
         topic = check_topic(body["topic"])
+        group = check_group(body["consumer_group"]) if body.get("consumer_group") is not None else None
+        self.sec.require(request, topics={topic: Perm.SUB}, groups={group: Perm.SUB} if group else None)
         self._require_state()
-        if body.get("consumer_group") is not None:
-            gc = self.s.store.group(check_group(body["consumer_group"]))
+        if group is not None:
+            gc = self.s.store.group(group)
             if gc is not None and not gc.consume_enable:
                 raise ApiError(403, "NO_PERMISSION", f"group {gc.group!r} has consume_enable=false")
         tc = self._topic(topic)
@@ -294,7 +315,7 @@ class BrokerApi:
                 return self._pull_answer(request, "OFFSET_OVERFLOW", hi, lo, hi, [])
             if offset == hi or cq is None:
                 remaining = deadline - self.s.clock.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self.s.stopping:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
@@ -381,10 +402,13 @@ class BrokerApi:
         if name != self.s.cfg.broker_name:
             raise ApiError(404, "MESSAGE_NOT_FOUND", f"msg id belongs to broker group {name!r}, this is "
                            f"{self.s.cfg.broker_name!r}")
-        return answer(request, self._message_at(position))
+        view = self._message_at(position)
+        self.sec.require(request, topics={view["topic"]: Perm.SUB})
+        return answer(request, view)
 
     def _by_index(self, request: web.Request, key: str, *, unique: bool) -> list[dict[str, Any]]:
         topic = check_topic(request.query.get("topic"))
+        self.sec.require(request, topics={topic: Perm.SUB})
         max_n = _int_query(request, "max", 64, 1, MAX_QUERY)
         begin = _int_query(request, "begin_ts", 0, 0, INT64_MAX)
         end = _int_query(request, "end_ts", INT64_MAX, 0, INT64_MAX)
@@ -420,6 +444,7 @@ class BrokerApi:
     async def msg_by_offset(self, request: web.Request) -> web.Response:
         self._require_state()
         topic = check_topic(request.query.get("topic"))
+        self.sec.require(request, topics={topic: Perm.SUB})
         tc = self._topic(topic)
         qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
         offset = _int_query(request, "offset", None, 0, INT64_MAX)
@@ -436,6 +461,7 @@ class BrokerApi:
     async def offset_search(self, request: web.Request) -> web.Response:
         self._require_state()
         topic = check_topic(request.query.get("topic"))
+        self.sec.require(request, topics={topic: Perm.SUB})
         tc = self._topic(topic)
         qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
         ts = _int_query(request, "ts", None, 0, INT64_MAX)
@@ -449,6 +475,7 @@ class BrokerApi:
             body, frozenset({"topic", "read_queue_nums", "write_queue_nums", "perm", "order"}), ("topic",)
         )
         topic = check_topic(body["topic"])
+        self.sec.require(request, admin=True)
         cmd = {
             "op": "topic.put",
             "topic": topic,
@@ -465,22 +492,26 @@ class BrokerApi:
         return answer(request, result.get("topic", {}))
 
     async def topic_list(self, request: web.Request) -> web.Response:
+        self.sec.require_signed(request)
         self._require_state()
         md = self.s.store.metadata_view()
         return answer(request, {"topics": [tc.to_dict() for _, tc in sorted(md.topics.items())]})
 
     async def topic_get(self, request: web.Request) -> web.Response:
+        self.sec.require_signed(request)
         self._require_state()
         topic = check_topic(request.match_info["topic"])
         return answer(request, self._topic(topic).to_dict())
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         topic = check_topic(request.match_info["topic"])
+        self.sec.require(request, admin=True)
         self._topic(topic)
         await self._command({"op": "topic.delete", "topic": topic})
         return answer(request, {"topic": topic, "deleted": True})
 
     async def topic_status(self, request: web.Request) -> web.Response:
+        self.sec.require_signed(request)
         self._require_state()
         topic = check_topic(request.match_info["topic"])
         tc = self._topic(topic)
@@ -505,6 +536,7 @@ class BrokerApi:
             body, frozenset({"group", "consume_enable", "consume_broadcast_enable", "retry_max_times"}), ("group",)
         )
         cmd: dict[str, Any] = {"op": "group.put", "group": check_group(body["group"])}
+        self.sec.require(request, admin=True)
         for flag in ("consume_enable", "consume_broadcast_enable"):
             value = body.get(flag, True)
             if not isinstance(value, bool):
@@ -515,12 +547,14 @@ class BrokerApi:
         return answer(request, result.get("group", {}))
 
     async def group_list(self, request: web.Request) -> web.Response:
+        self.sec.require_signed(request)
         self._require_state()
         md = self.s.store.metadata_view()
         return answer(request, {"groups": [g.to_dict() for _, g in sorted(md.groups.items())]})
 
     async def group_delete(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])
+        self.sec.require(request, admin=True)
         result = await self._command({"op": "group.delete", "group": group})
         return answer(request, {"group": group, "deleted": bool(result.get("deleted"))})
 
@@ -529,7 +563,7 @@ class BrokerApi:
             raise ApiError(400, "BAD_REQUEST", "offsets must be a map of queue id -> offset (≤ 1024 entries)")
         out = {}
         for k, v in raw.items():
-            if isinstance(k, bool) or not (isinstance(k, int) or (isinstance(k, str) and k.isdigit() and len(k) < 8)):
+            if isinstance(k, bool) or not (isinstance(k, int) or (is_decimal(k) and len(k) < 8)):
                 raise ApiError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer")
             qid = int(k)
             check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
@@ -542,6 +576,7 @@ class BrokerApi:
             body, frozenset({"group", "topic", "offsets", "reset_generation"}), ("group", "topic", "offsets")
         )
         group, topic = check_group(body["group"]), check_topic(body["topic"])
+        self.sec.require(request, topics={topic: Perm.SUB}, groups={group: Perm.SUB})
         offsets = self._offsets_map(body["offsets"], self._topic(topic))
         cmd: dict[str, Any] = {"op": "offset.commit", "group": group, "topic": topic, "offsets": offsets}
         fence: int | None = None
@@ -576,6 +611,7 @@ class BrokerApi:
     async def offsets_get(self, request: web.Request) -> web.Response:
         group = check_group(request.query.get("group"))
         topic = check_topic(request.query.get("topic"))
+        self.sec.require(request, topics={topic: Perm.SUB}, groups={group: Perm.SUB})
         self._require_state()
         md = self.s.store.metadata_view()
         return answer(
@@ -590,6 +626,7 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, frozenset({"group", "topic", "ts", "offsets"}), ("group", "topic"))
         group, topic = check_group(body["group"]), check_topic(body["topic"])
+        self.sec.require(request, admin=True)
         tc = self._topic(topic)
         if ("ts" in body) == ("offsets" in body):
             raise ApiError(400, "BAD_REQUEST", "give exactly one of ts or offsets")
@@ -609,6 +646,7 @@ class BrokerApi:
 
     async def group_progress(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])
+        self.sec.require(request, groups={group: Perm.SUB})
         self._require_state()
         only = request.query.get("topic")
         md = self.s.store.metadata_view()
@@ -651,7 +689,7 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id", "groups"}), ("client_id", "groups"))
         cid = body["client_id"]
-        if not isinstance(cid, str) or not CLIENT_ID_RE.match(cid):
+        if not is_client_id(cid):
             raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
         groups = body["groups"]
         if not isinstance(groups, list) or len(groups) > 64:
@@ -668,19 +706,32 @@ class BrokerApi:
             if not isinstance(topics, list) or len(topics) > 1024:
                 raise ApiError(400, "BAD_REQUEST", f"groups[{i}].topics must be a list (≤ 1024)")
             parsed.append((check_group(g["group"]), model, tuple(check_topic(t) for t in topics)))
-        if not self.s.consumers.heartbeat(cid, parsed, self.s.monotonic_ms()):
+        self.sec.require(
+            request,
+            topics={t: Perm.SUB for _g, _m, ts in parsed for t in ts},
+            groups={g: Perm.SUB for g, _m, _ts in parsed},
+        )
+        principal = self.sec.principal(request)
+        if not self.s.consumers.heartbeat(
+            cid, parsed, self.s.monotonic_ms(), principal.name, admin=self.sec.is_admin(request)
+        ):
             raise ApiError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
         return answer(request, {"ok": True})
 
     async def unregister(self, request: web.Request) -> web.Response:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id"}), ("client_id",))
-        if not isinstance(body["client_id"], str) or not CLIENT_ID_RE.match(body["client_id"]):
+        if not is_client_id(body["client_id"]):
             raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
-        return answer(request, {"removed": self.s.consumers.unregister(body["client_id"])})
+        self.sec.require_signed(request)
+        removed = self.s.consumers.unregister(
+            body["client_id"], self.sec.principal(request).name, admin=self.sec.is_admin(request)
+        )
+        return answer(request, {"removed": removed})
 
     async def group_consumers(self, request: web.Request) -> web.Response:
         group = check_group(request.match_info["group"])
+        self.sec.require(request, groups={group: Perm.SUB})
         members = self.s.consumers.members(group, self.s.monotonic_ms())
         return answer(
             request,
@@ -696,8 +747,9 @@ class BrokerApi:
         return answer(request, await self.s.status())
 
     async def transfer(self, request: web.Request) -> web.Response:
+        self.sec.require(request, admin=True)
         target = None
-        if request.can_read_body:
+        if request.body_exists:  # (not can_read_body: the ACL check may have read it already)
             body = await read_body(request)
             check_fields(body, frozenset({"target"}))
             target = body.get("target")

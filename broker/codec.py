@@ -13,6 +13,7 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
+from broker.http_edge import request_body
 from broker.message import InvalidInput
 
 MSGPACK_TYPES = ("application/x-msgpack", "application/msgpack", "application/vnd.msgpack")
@@ -36,7 +37,7 @@ def wants_msgpack(request: web.Request) -> bool:
 
 async def read_body(request: web.Request, *, binary: bool = False) -> dict[str, Any]:
     """The request's map; ``binary`` endpoints (send) take msgpack only."""
-    raw = await request.read()
+    raw = await request_body(request)
     ctype = request.content_type
     if ctype in MSGPACK_TYPES:
         try:

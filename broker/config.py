@@ -17,15 +17,27 @@
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
+| aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
+| aclFile | (none) | the plain_acl.yml (required with aclEnable; reloaded when it changes) |
+| brokerAccessKey, brokerSecretKey | (none) | the group's account at the NameServers (its `brokerNames`) |
+| tlsEnable | false | true: serve HTTPS with tlsServerCertPath / tlsServerKeyPath |
+| tlsClientTrustCertPath | (none) | CA file to verify HTTPS NameServers with (system CAs when unset) |
+| namesrvTlsEnable | = tlsEnable | register with the NameServers over HTTPS |
+| serverConnectionsMax | 1024 | client connections at most |
+| serverHeaderTimeoutMs | 10000 | time a connection has to send a complete request head |
+| serverIdleTimeoutMs | 60000 | an idle keep-alive connection is closed after this |
+| serverBodyTimeoutMs | 30000 | time a request body has to arrive |
+| serverBodyBytesInFlightMax | 268435456 | request bodies being read or handled, all together (503 BUSY beyond) |
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 
+from broker.auth import Credentials
+from broker.names import is_decimal, is_name
 from dledger.config import (
     ConfigError,
     DLedgerConfig,
@@ -34,8 +46,6 @@ from dledger.config import (
     load_properties,
     parse_dledger_config,
 )
-
-CLUSTER_RE = re.compile(r"^[a-zA-Z0-9_-]{1,127}$")
 
 BROKER_KEYS = frozenset(
     {
@@ -55,8 +65,39 @@ BROKER_KEYS = frozenset(
         "brokerPeerClientAddrs",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
+        "aclEnable",
+        "aclFile",
+        "brokerAccessKey",
+        "brokerSecretKey",
+        "tlsEnable",
+        "tlsServerCertPath",
+        "tlsServerKeyPath",
+        "tlsClientTrustCertPath",
+        "namesrvTlsEnable",
+        "serverConnectionsMax",
+        "serverHeaderTimeoutMs",
+        "serverIdleTimeoutMs",
+        "serverBodyTimeoutMs",
+        "serverBodyBytesInFlightMax",
     }
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class SecurityConfig:
+    """ACL, the group's NameServer credentials, TLS and the HTTP edge's limits."""
+
+    acl_file: str | None = None  # None: ACL off
+    broker_credentials: Credentials | None = dataclasses.field(default=None, repr=False)
+    tls_cert_file: str | None = None  # None: plain HTTP
+    tls_key_file: str | None = None
+    namesrv_tls: bool = False
+    namesrv_ca_file: str | None = None
+    connections_max: int = 1024
+    header_timeout_ms: int = 10_000
+    idle_timeout_ms: int = 60_000
+    body_timeout_ms: int = 30_000
+    body_bytes_in_flight_max: int = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +117,7 @@ class BrokerConfig:
     state_entry_interval_ms: int = 60_000
     bind_address: str = ""
     advertised_port: int = 0
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
 
     @property
     def address(self) -> str:
@@ -104,7 +146,7 @@ def parse_broker_config(
     dl = parse_dledger_config(props, source=source, extra_known_keys=BROKER_KEYS)
     r = _Reader(props, source)
     cluster = r.optional("brokerClusterName") or "DefaultCluster"
-    if not CLUSTER_RE.match(cluster):
+    if not is_name(cluster):
         raise r.error("brokerClusterName", f"{cluster!r} must be 1..127 characters of [a-zA-Z0-9_-]")
     name = r.optional("brokerName") or dl.group
     if name != dl.group:
@@ -141,6 +183,43 @@ def parse_broker_config(
         state_entry_interval_ms=r.integer("stateEntryIntervalMs", 60_000, 100, 86_400_000),
         bind_address=_bind_address(r),
         advertised_port=r.integer("brokerAdvertisedPort", dl.listen_port, 1, 65535),
+        security=_security(r),
+    )
+
+
+def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:
+    if not r.boolean(flag, False):
+        return None
+    path = r.optional(key)
+    if path is None:
+        raise r.error(key, f"is required when {flag}=true")
+    return path
+
+
+def _security(r: _Reader) -> SecurityConfig:
+    ak, sk = r.optional("brokerAccessKey"), r.optional("brokerSecretKey")
+    creds = None
+    if ak or sk:
+        if not (ak and sk):
+            missing = "brokerSecretKey" if ak else "brokerAccessKey"
+            raise r.error(missing, "set brokerAccessKey and brokerSecretKey together")
+        try:
+            creds = Credentials(ak, sk)
+        except ValueError as exc:
+            raise r.error("brokerAccessKey", str(exc)) from None
+    tls_enable = r.boolean("tlsEnable", False)
+    return SecurityConfig(
+        acl_file=_enabled_path(r, "aclEnable", "aclFile"),
+        broker_credentials=creds,
+        tls_cert_file=_enabled_path(r, "tlsEnable", "tlsServerCertPath"),
+        tls_key_file=_enabled_path(r, "tlsEnable", "tlsServerKeyPath"),
+        namesrv_tls=r.boolean("namesrvTlsEnable", tls_enable),
+        namesrv_ca_file=r.optional("tlsClientTrustCertPath"),
+        connections_max=r.integer("serverConnectionsMax", 1024, 1, 1_000_000),
+        header_timeout_ms=r.integer("serverHeaderTimeoutMs", 10_000, 100, 600_000),
+        idle_timeout_ms=r.integer("serverIdleTimeoutMs", 60_000, 100, 3_600_000),
+        body_timeout_ms=r.integer("serverBodyTimeoutMs", 30_000, 100, 600_000),
+        body_bytes_in_flight_max=r.integer("serverBodyBytesInFlightMax", 256 << 20, 1 << 20, 1 << 40),
     )
 
 
@@ -153,7 +232,7 @@ def _bind_address(r: _Reader) -> str:
 
 def _is_host_port(value: str) -> bool:
     host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    return bool(sep and host and is_decimal(port) and 0 < int(port) < 65536)
 
 
 def load_broker_config(

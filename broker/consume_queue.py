@@ -55,7 +55,6 @@ import collections
 import itertools
 import logging
 import os
-import re
 import shutil
 import struct
 import threading
@@ -63,6 +62,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.names import is_decimal, is_topic
 from dledger.durable import fsync_dir
 
 __all__ = [
@@ -92,9 +92,6 @@ BUFFER_UNITS_MAX = 4096
 FD_CACHE_MAX = 3
 _READ_ATTEMPTS = 3
 _SCAN_CHUNK_UNITS = 4096
-# Same rule as broker.message.TOPIC_RE (kept local so this module stands alone); every such name is
-# a safe directory name.
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 
 
 class ConsumeQueueDamaged(Exception):
@@ -156,7 +153,10 @@ def finish_flush(pending: PendingSync) -> None:
             os.close(fd)
         pending.fds = []
     if pending.dir_path is not None:
-        fsync_dir(pending.dir_path)
+        try:
+            fsync_dir(pending.dir_path)
+        except FileNotFoundError:
+            pass  # the queue was destroyed since begin_flush (topic deleted, queue reset): nothing to keep
 
 
 
@@ -620,11 +620,11 @@ class ConsumeQueueStore:
     def _discover(self) -> None:
         for topic in sorted(os.listdir(self._root)):
             topic_dir = os.path.join(self._root, topic)
-            if not os.path.isdir(topic_dir) or not TOPIC_RE.match(topic):
+            if not os.path.isdir(topic_dir) or not is_topic(topic):
                 log.warning("ignoring %s: not a topic directory", topic_dir)
                 continue
             for name in sorted(os.listdir(topic_dir)):
-                if not name.isdigit() or not os.path.isdir(os.path.join(topic_dir, name)):
+                if not is_decimal(name) or not os.path.isdir(os.path.join(topic_dir, name)):
                     log.warning("ignoring %s: not a queue directory", os.path.join(topic_dir, name))
                     continue
                 try:
@@ -636,7 +636,7 @@ class ConsumeQueueStore:
                     self.damaged.append((topic, int(name), e.reason))
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
-        if not TOPIC_RE.match(topic) or queue_id < 0:
+        if not is_topic(topic) or queue_id < 0:
             raise ValueError(f"bad queue {topic!r}/{queue_id}")
         return os.path.join(self._root, topic, str(queue_id))
 
@@ -682,7 +682,7 @@ class ConsumeQueueStore:
             for key in [k for k in self._queues if k[0] == topic]:
                 self._queues.pop(key).destroy()
             self.damaged = [d for d in self.damaged if d[0] != topic]
-        if TOPIC_RE.match(topic):
+        if is_topic(topic):
             shutil.rmtree(os.path.join(self._root, topic), ignore_errors=True)
 
     def write_out_all(self) -> None:

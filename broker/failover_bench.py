@@ -23,12 +23,14 @@ import tempfile
 import time
 from typing import Any
 
-from broker.client.transport import ClientError, Transport
+from broker.auth import load_credentials
+from broker.client.transport import FROM_ENV, ClientError, Transport
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
 def _cluster(args: argparse.Namespace, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dledger.cluster", *cmd, "--dir", args.dir],
+        [sys.executable, "-m", "dledger.apps.cluster", *cmd, "--dir", args.dir],
         capture_output=True, text=True, timeout=120,
     )
 
@@ -76,8 +78,11 @@ async def run_failover(args: argparse.Namespace) -> int:
         _cluster(args, "down")
         return 1
     namesrv = f"127.0.0.1:{args.namesrv_port}"
-    t = Transport(timeout_s=2.0)
-    producers = [Producer(f"failover_pg{i}", namesrv) for i in range(args.producers)]
+    # The cluster's ACL admin account (dledger-cluster up writes it); the environment's otherwise.
+    creds_file = os.path.join(args.dir, ADMIN_CREDENTIALS_FILE)
+    creds: Any = load_credentials(creds_file) if os.path.exists(creds_file) else FROM_ENV
+    t = Transport(timeout_s=2.0, credentials=creds)
+    producers = [Producer(f"failover_pg{i}", namesrv, credentials=creds) for i in range(args.producers)]
     acked: dict[bytes, float] = {}
     stored_ms: dict[bytes, int] = {}  # the broker's store time: tells old-leader acks from new ones
     errors: dict[str, int] = {}

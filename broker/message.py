@@ -26,18 +26,24 @@ from typing import Any
 
 import msgpack
 
+from broker.names import (
+    GROUP_RULE,
+    PROPERTY_NAME_RULE,
+    TOPIC_RULE,
+    UNIQUE_ID_RULE,
+    is_group,
+    is_hex16,
+    is_property_name,
+    is_topic,
+    is_unique_id,
+)
+
 MESSAGE_MAGIC = b"M"
 COMMAND_MAGIC = b"C"
 _HLEN = struct.Struct("<I")
 
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-GROUP_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
-UNIQUE_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
-PROPERTY_NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WS_RE = re.compile(r"\s")
-_HEX16_RE = re.compile(r"^[0-9A-Fa-f]{16}$")
-CLIENT_ID_RE = re.compile(r"^[!-~]{1,255}$")  # printable ASCII, no spaces
 
 # topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len
 _HEADER_TYPES = (str, int, int, str, list, dict, int, str, int, str, int)
@@ -157,7 +163,7 @@ def make_msg_id(broker_name: str, position: int) -> str:
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
     name, sep, hexpos = msg_id.rpartition(":")
-    if not sep or not GROUP_RE.match(name) or len(hexpos) != 16 or not _HEX16_RE.match(hexpos):
+    if not sep or not is_group(name) or not is_hex16(hexpos):
         raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>")
     try:
         return name, int(hexpos, 16)
@@ -167,14 +173,14 @@ def parse_msg_id(msg_id: str) -> tuple[str, int]:
 
 # -- validation ---------------------------------------------------------------------------------
 def check_topic(topic: Any) -> str:
-    if not isinstance(topic, str) or not TOPIC_RE.match(topic):
-        raise InvalidInput("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
+    if not is_topic(topic):
+        raise InvalidInput("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}")
     return topic
 
 
 def check_group(group: Any) -> str:
-    if not isinstance(group, str) or not GROUP_RE.match(group):
-        raise InvalidInput("INVALID_GROUP", f"group {str(group)[:270]!r} must match [%|a-zA-Z0-9_-]{{1,255}}")
+    if not is_group(group):
+        raise InvalidInput("INVALID_GROUP", f"group {str(group)[:270]!r} must match {GROUP_RULE}")
     return group
 
 
@@ -184,10 +190,25 @@ def check_int(value: Any, name: str, lo: int, hi: int, code: str = "BAD_REQUEST"
     return value
 
 
+def encodable(text: str) -> bool:
+    """False for a string UTF-8 cannot encode (a lone surrogate, which JSON's ``"\\ud800"`` yields)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_tags(tags: Any) -> str:
     if tags is None:
         return ""
-    if not isinstance(tags, str) or len(tags) > MAX_TAGS_CHARS or _CONTROL_RE.search(tags) or "||" in tags:
+    if (
+        not isinstance(tags, str)
+        or len(tags) > MAX_TAGS_CHARS
+        or _CONTROL_RE.search(tags)
+        or "||" in tags
+        or not encodable(tags)
+    ):
         raise InvalidInput(
             "INVALID_TAGS", f"tags must be a string of at most {MAX_TAGS_CHARS} chars without '||' or control chars"
         )
@@ -202,7 +223,7 @@ def check_keys(keys: Any) -> tuple[str, ...]:
     if not isinstance(keys, (list, tuple)) or len(keys) > MAX_KEYS:
         raise InvalidInput("INVALID_KEYS", f"keys must be a list of at most {MAX_KEYS} strings")
     for k in keys:
-        if not isinstance(k, str) or not 1 <= len(k) <= MAX_KEY_CHARS or _WS_RE.search(k):
+        if not isinstance(k, str) or not 1 <= len(k) <= MAX_KEY_CHARS or _WS_RE.search(k) or not encodable(k):
             raise InvalidInput(
                 "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{MAX_KEY_CHARS} chars without whitespace"
             )
@@ -216,10 +237,10 @@ def check_properties(props: Any) -> dict[str, str]:
         raise InvalidInput("INVALID_PROPERTIES", f"properties must be a map of at most {MAX_PROPERTIES} entries")
     total = 0
     for k, v in props.items():
-        if not isinstance(k, str) or not PROPERTY_NAME_RE.match(k):
-            raise InvalidInput("INVALID_PROPERTIES", f"property name {str(k)[:70]!r} must match [a-zA-Z0-9_.-]{{1,64}}")
-        if not isinstance(v, str):
-            raise InvalidInput("INVALID_PROPERTIES", f"property {k!r} must have a string value")
+        if not is_property_name(k):
+            raise InvalidInput("INVALID_PROPERTIES", f"property name {str(k)[:70]!r} must match {PROPERTY_NAME_RULE}")
+        if not isinstance(v, str) or not encodable(v):
+            raise InvalidInput("INVALID_PROPERTIES", f"property {k!r} must have a UTF-8 string value")
         total += len(v.encode("utf-8"))
     if total > MAX_PROPERTY_BYTES:
         raise InvalidInput("INVALID_PROPERTIES", f"property values exceed {MAX_PROPERTY_BYTES} bytes together")
@@ -227,8 +248,8 @@ def check_properties(props: Any) -> dict[str, str]:
 
 
 def check_unique_id(value: Any) -> str:
-    if not isinstance(value, str) or not UNIQUE_ID_RE.match(value):
-        raise InvalidInput("INVALID_UNIQUE_ID", f"unique_id {str(value)[:70]!r} must match [0-9A-Za-z_-]{{1,64}}")
+    if not is_unique_id(value):
+        raise InvalidInput("INVALID_UNIQUE_ID", f"unique_id {str(value)[:70]!r} must match {UNIQUE_ID_RULE}")
     return value
 
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from broker.auth import CredentialsError
 from broker.client.admin import (
     Admin,
     BrokerMember,
@@ -35,7 +36,13 @@ from broker.client.admin import (
     Outcome,
     check_topic,
 )
-from broker.client.transport import DEFAULT_NAMESRV, ClientError, TopicRoute
+from broker.client.transport import (
+    DEFAULT_NAMESRV,
+    ClientError,
+    TopicRoute,
+    add_security_arguments,
+    security_kwargs,
+)
 
 PROG = "mqadmin"
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)
@@ -435,7 +442,13 @@ async def run_send_message(admin: Admin, args: argparse.Namespace) -> Output:
     except ImportError as exc:
         raise ClientError("SDK_UNAVAILABLE", f"the producer SDK cannot be imported: {exc}") from None
     msg = Message(args.topic, args.body.encode("utf-8"), tags=args.tags or "", keys=(args.keys or "").split())
-    producer = Producer("mqadmin_producer", admin.namesrv.addrs, send_timeout_s=args.timeout)
+    producer = Producer(
+        "mqadmin_producer",
+        admin.namesrv.addrs,
+        send_timeout_s=args.timeout,
+        credentials=admin.transport.credentials,
+        tls=admin.transport.ssl_context,
+    )
     await producer.start()
     try:
         if args.broker_name is not None:
@@ -512,6 +525,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--timeout", type=positive_float, default=3.0, help="seconds per request (default 3)")
+    add_security_arguments(p)
 
 
 def _target(p: argparse.ArgumentParser) -> None:
@@ -646,9 +660,11 @@ def _fail(args: argparse.Namespace, exc: ClientError, code: int) -> int:
 
 async def run(args: argparse.Namespace) -> int:
     try:
-        admin = Admin(args.namesrv, timeout_s=args.timeout)
+        admin = Admin(args.namesrv, timeout_s=args.timeout, **security_kwargs(args))
     except InvalidArgument as exc:
         return _fail(args, exc, 2)
+    except CredentialsError as exc:
+        return _fail(args, ClientError("BAD_CREDENTIALS", str(exc)), 2)
     try:
         out = await args.runner(admin, args)
     except InvalidArgument as exc:

@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TextIO
 
+from broker.auth import CredentialsError
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
-from broker.client.transport import ClientError, parse_addrs
+from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 
 MAX_MESSAGE_BYTES = 4 << 20
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
@@ -322,12 +323,13 @@ async def run_produce(
     err = err or sys.stderr
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
-    admin = Admin(args.namesrv)
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
     try:
         await preflight(admin, args.topic, err)
     finally:
         await admin.close()
-    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout)
+    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
     await producer.start()
     stats = Stats()
     stop = asyncio.Event()
@@ -426,7 +428,8 @@ async def run_consume(
             stats.record_consumed(*end_to_end_us(m, now_ns))
         return "CONSUME_SUCCESS"
 
-    admin = Admin(args.namesrv)
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
     try:
         await preflight(admin, args.topic, err)
     finally:
@@ -437,6 +440,7 @@ async def run_consume(
         message_model=args.model,
         consume_from=args.from_,
         consume_batch_max=CONSUME_BATCH_MAX,
+        **security,
     )
     consumer.subscribe(args.topic, "*")
     consumer.register_listener(listener)
@@ -499,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -519,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="seconds between report lines (default 5)",
         )
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout; reports on stderr")
+        add_security_arguments(p)
 
     p = sub.add_parser("produce", help="send messages as fast as allowed; report TPS and RT")
     common(p)
@@ -546,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)
+    from broker.stability_bench import add_parser as add_stability
+
+    add_stability(sub, _positive)
     return parser
 
 
@@ -567,6 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "stability":
+        from broker.stability_bench import run_stability
+
+        return run_loop(run_stability(args))
     if args.command == "failover":
         from broker.failover_bench import run_failover
 
@@ -584,6 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_addrs(args.namesrv)
         except ValueError as exc:
             raise InvalidArgument("INVALID_ADDRESS", str(exc)) from None
+        try:
+            security_kwargs(args)
+        except CredentialsError as exc:
+            raise InvalidArgument("BAD_CREDENTIALS", str(exc)) from None
     except InvalidArgument as exc:
         print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -25,17 +25,25 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.acl import AclError, AclWatcher
 from broker.api import BrokerApi
+from broker.client.transport import Transport, client_ssl_context
 from broker.config import BrokerConfig, load_broker_config
 from broker.consumers import ConsumerManager
+from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.registration import Registrar
+from broker.security import Security
 from broker.store import MessageStore
+from dledger.apps.node_server import settings_from_config
+from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError
+from dledger.durable import private_dir
+from dledger.inproc import InProcNetwork
+from dledger.log_store import LogStore
+from dledger.meta_store import MetaStore
 from dledger.node import DLedgerNode, RoleChange
-from dledger.process_main import run_until_signalled, setup_logging
-from dledger.server import settings_from_config
 
 log = logging.getLogger("broker.server")
 
@@ -44,27 +52,65 @@ AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknow
 
 class BrokerServer:
     def __init__(
-        self, cfg: BrokerConfig, *, raft_overrides: dict[str, Any] | None = None, clock: Clock | None = None
+        self,
+        cfg: BrokerConfig,
+        *,
+        raft_overrides: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        network: InProcNetwork | None = None,
+        log_store: LogStore | None = None,
+        meta: MetaStore | None = None,
     ):
+        """``network``: the group's Raft traffic stays inside this process (every replica of the
+        group runs here on that ``InProcNetwork``) instead of TCP. ``log_store`` / ``meta``: the
+        Raft log and term/vote (e.g. ``MemoryLogStore`` / ``MemoryMetaStore``) instead of files
+        under the node directory; consume queues, index and snapshots stay under ``store_dir``.
+        All three are for tests and in-process clusters; a broker process uses none of them."""
         self.cfg = cfg
         self.clock: Clock = clock if clock is not None else process_clock()
         self.store = MessageStore(
             cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
-        self.node = DLedgerNode(settings, self.store, clock=self.clock)
+        self.node = DLedgerNode(
+            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
+        )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
         self._ready_task: asyncio.Task[None] | None = None
+        sec = cfg.security
+        self.guard = Guard(
+            Limits(
+                connections_max=sec.connections_max,
+                header_timeout_s=sec.header_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+                body_timeout_s=sec.body_timeout_ms / 1000,
+                body_bytes_in_flight_max=sec.body_bytes_in_flight_max,
+                client_max_size=cfg.max_message_size + (8 << 20),
+            ),
+            lambda code, message: {"code": code, "message": message},
+        )
+        # Every replica enforces the same ACL file (followers serve pulls too).
+        self.security = Security(
+            sec.acl_file, self.wall_ms, self.guard,
+            anonymous=lambda request: request.method == "GET" and request.path == "/v1/status",
+        )
+        ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
-            cfg.namesrv_addrs, self.registration_record, period_ms=cfg.register_period_ms, clock=self.clock
+            cfg.namesrv_addrs,
+            self.registration_record,
+            period_ms=cfg.register_period_ms,
+            clock=self.clock,
+            # The group's own account only (never a client's from the environment).
+            transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
@@ -81,15 +127,17 @@ class BrokerServer:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        private_dir(self.cfg.dledger.node_dir)
         self.store.open(self.node.store)
         self.store.listener = self
         await self.node.start()
-        app = self.api.app(client_max_size=self.cfg.max_message_size + (8 << 20))
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.dledger.listen_port, reuse_address=True)
-        await site.start()
+        sec = self.cfg.security
+        ssl_ctx = server_ssl_context(sec.tls_cert_file, sec.tls_key_file or "") if sec.tls_cert_file else None
+        self._runner, _site = await start_server(
+            self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
+        )
         self._tasks = [
+            self.loop.create_task(self.security.run(), name="acl"),
             self.loop.create_task(self._watch_roles(), name="roles"),
             self.loop.create_task(self.registrar.run(), name="registrar"),
             self.loop.create_task(self._expire_clients(), name="clients"),
@@ -101,7 +149,14 @@ class BrokerServer:
             ";".join(self.cfg.namesrv_addrs),
         )
 
-    async def stop(self) -> None:
+    async def stop(self, *, unregister: bool = True) -> None:
+        """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
+        the broker's registration expires)."""
+        self.stopping = True
+        for waiters in self._waiters.values():  # long polls answer now, not after their hold
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
         for t in self._tasks:
             t.cancel()
         if self._tasks:  # bounded: a task that ignores its cancellation must not hang shutdown
@@ -109,16 +164,17 @@ class BrokerServer:
             for t in pending:
                 log.error("task %s did not stop within 5 s of its cancellation", t.get_name())
         try:
-            await asyncio.wait_for(
-                self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
-            )
+            if unregister:
+                await asyncio.wait_for(
+                    self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
+                )
         except TimeoutError:
             log.warning("unregistering timed out")
         await self.registrar.close()
         if self._runner is not None:
             await self._runner.cleanup()
-        await self.node.stop()
-        self.store.close()
+        # The store's last snapshot runs on the tick thread after its last apply, with the log open.
+        await self.node.stop(before_log_close=self.store.close)
 
     # -- roles ----------------------------------------------------------------------------------
     async def _watch_roles(self) -> None:
@@ -260,12 +316,31 @@ class BrokerServer:
             "dispatch": dict(self.store.counters),
             "send": dict(self.counters),
             "commit_latency_ms": node["commit_latency_ms"],
+            "raft": {
+                "elections": node["counters"].get("elections", 0),
+                "prevotes_started": node["counters"].get("prevotes_started", 0),
+                "became_leader": node["counters"].get("became_leader", 0),
+                "stepdowns": node["counters"].get("stepdowns_check_quorum", 0)
+                + node["counters"].get("stepdowns_stale_term", 0),
+                "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
+                "max_append_gap_ms": node["max_append_gap_ms"],
+                "live_followers": node["live_followers"],
+                "retention_floor": node["retention_floor"],
+            },
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),
                 "last_role": list(self.registrar.last_registered_role or ()),
             },
             "consumer_groups": self.consumers.groups(),
+            "security": {
+                "acl": self.security.enabled,
+                "tls": self.cfg.security.tls_cert_file is not None,
+                "refused": dict(self.security.refused),
+                "edge": self.guard.stats(),
+                "clients": self.consumers.client_count(),
+                "subscriptions": self.consumers.subscriptions,
+            },
             "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
             "pid": os.getpid(),
         }
@@ -319,9 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     if os.environ.get("BROKER_GIL_SWITCH_MS"):
         sys.setswitchinterval(float(os.environ["BROKER_GIL_SWITCH_MS"]) / 1000)
+    os.umask(0o077)  # data, snapshots and logs this process creates are its own (0600 files, 0700 dirs)
     try:
         cfg = load_broker_config(args.config)
-    except (ConfigError, OSError) as exc:
+        if cfg.security.acl_file:
+            AclWatcher(cfg.security.acl_file)  # a broken ACL file stops the start, with its reason
+    except (ConfigError, OSError, AclError) as exc:
         print(f"dledger-broker: {exc}", file=sys.stderr)
         return 2
     run_until_signalled(lambda stop: serve(cfg, stop))

@@ -56,7 +56,7 @@ from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
-    from dledger.entry_store import EntryStore
+    from dledger.log_store import LogStore
     from dledger.node import CommittedEntry
 
 log = logging.getLogger("broker.store")
@@ -95,12 +95,13 @@ class MessageStore:
         self._snapshot_interval_s = snapshot_interval_ms / 1000
         self._last_snapshot = clock.monotonic()
         self._applied = 0
+        self._durable_applied = 0  # applied_index of the last snapshot on disk (set by the sync thread)
         self.applied_end_position = 0  # end of the last applied record: readers stay below it
         self._queue_cache: dict[tuple[str, int], ConsumeQueue] = {}
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._sync_job: concurrent.futures.Future[None] | None = None
         self._units_since_write_out = 0
-        self._log: EntryStore | None = None
+        self._log: LogStore | None = None
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         # The leader's send path reads what applying its records produced (queue offsets, command
@@ -114,7 +115,7 @@ class MessageStore:
         self.needs_state_after: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def open(self, log_store: EntryStore) -> None:
+    def open(self, log_store: LogStore) -> None:
         """Recover against the node's log (before the node starts applying)."""
         self._log = log_store
         self._log_first_index = log_store.first_index
@@ -122,6 +123,7 @@ class MessageStore:
         expected: dict[tuple[str, int], int] = {}
         if snap is not None:
             self._applied = int(snap["applied_index"])
+            self._durable_applied = self._applied
             self.applied_end_position = int(snap["end_position"])
             self.metadata = Metadata.from_snapshot(snap["metadata"])
             expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
@@ -165,6 +167,17 @@ class MessageStore:
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:
         return self._applied
+
+    def durable_applied_index(self) -> int:
+        """The last snapshot on disk: recovery re-applies the log from there."""
+        return self._durable_applied
+
+    def checkpoint(self) -> None:
+        """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        if self._applied > self._durable_applied and (
+            self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
+        ):
+            self.snapshot()
 
     def apply(self, entries: Sequence[CommittedEntry]) -> None:
         touched: set[tuple[str, int]] = set()
@@ -304,7 +317,7 @@ class MessageStore:
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.needs_state_after = None
         assert self._log is not None
-        from dledger.node import _to_committed
+        from dledger.records import to_committed
 
         index = as_of + 1
         while index < state_index:
@@ -314,7 +327,7 @@ class MessageStore:
             for entry in raw:
                 if entry.index >= state_index:
                     break
-                committed = _to_committed(entry, self._log)
+                committed = to_committed(entry, self._log)
                 for position, body in committed.bodies:
                     if body[:1] == MESSAGE_MAGIC:
                         self._dispatch(position, body, touched)
@@ -368,6 +381,7 @@ class MessageStore:
                 finish_flush(p)
             self.index.flush()
             _write_snapshot(self._snapshot_path(), snap)
+            self._durable_applied = int(snap["applied_index"])  # one int store: read by the tick thread
         except Exception:
             log.exception("store snapshot failed (recovery replays from the previous one)")
             raise
@@ -392,7 +406,7 @@ class MessageStore:
     def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
         """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
         assert self._log is not None
-        from dledger.node import _to_committed
+        from dledger.records import to_committed
 
         index = self._log.first_index
         last = min(until_index, self._log.last_index)
@@ -401,7 +415,7 @@ class MessageStore:
             if not raw:
                 break
             for entry in raw:
-                for position, body in _to_committed(entry, self._log).bodies:
+                for position, body in to_committed(entry, self._log).bodies:
                     if body[:1] in (MESSAGE_MAGIC, COMMAND_MAGIC):
                         yield position, body
             index = raw[-1].index + 1

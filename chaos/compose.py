@@ -59,6 +59,14 @@ def _run(cmd: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess[
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, check=False)
 
 
+def use_compose_secrets() -> None:
+    """The compose cluster runs TLS and ACL (docker/run/, made by compose.sh): every client of this
+    process (workload, drill, target) trusts its CA and signs with its admin account."""
+    run = os.path.join(REPO, "docker", "run")
+    os.environ.setdefault("DLEDGER_TLS_CA_FILE", os.path.join(run, "tls", "ca.pem"))
+    os.environ.setdefault("DLEDGER_CREDENTIALS_FILE", os.path.join(run, "admin-credentials.yml"))
+
+
 class ComposeTarget:
     """The compose cluster's brokers as a ``chaos.target.Target``: containers killed, started,
     paused with docker; page-cache loss is not supported (the volumes live in the engine)."""
@@ -181,6 +189,7 @@ class ComposeDrill:
                 await asyncio.to_thread(_run, ["bash", COMPOSE_SH, "down"], 300)
             raise RuntimeError(f"compose up failed: {up.stderr.strip()[-1500:]}")
         self.say("compose cluster up:\n" + up.stdout.strip())
+        use_compose_secrets()
         target = ComposeTarget()
         faults = JsonlWriter(os.path.join(self.dir, "faults.jsonl"))
         workload: Workload | None = None

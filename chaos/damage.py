@@ -17,7 +17,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from broker.client.transport import ClientError, Transport
+from broker.client.transport import FROM_ENV, ClientError, Transport
 from chaos.history import now_us
 from chaos.selection import NODE_SELECTORS
 from chaos.target import Member, Target
@@ -58,7 +58,7 @@ class DamageFault:
             damage[m.name]["started"] = await _started(ctx.target, m)
             if self.kind == "bitflip" and damage[m.name].get("msg_id"):
                 self.probes[m.name] = damage[m.name]
-                damage[m.name]["probe"] = await probe(m, damage[m.name])
+                damage[m.name]["probe"] = await probe(m, damage[m.name], _credentials(ctx.target))
         detail: dict[str, Any] = {"leaders": leaders, "damage": damage, "took_ms": ms_since(t0)}
         if skipped:
             detail["skipped"] = skipped
@@ -73,7 +73,7 @@ class DamageFault:
             if ctx.target.is_running(m):
                 outcome[m.name] = {"running": True}
                 if m.name in self.probes:
-                    outcome[m.name]["probe"] = await probe(m, self.probes[m.name])
+                    outcome[m.name]["probe"] = await probe(m, self.probes[m.name], _credentials(ctx.target))
                 continue
             dest = os.path.join(ctx.damaged_dir or os.path.join(ctx.target.data_path(m), os.pardir, "damaged"),
                                 f"{m.name}-{at_us}")
@@ -97,10 +97,10 @@ async def _started(target: Target, m: Member) -> str:
     return "no answer"
 
 
-async def probe(m: Member, damage: dict[str, Any]) -> str:
+async def probe(m: Member, damage: dict[str, Any], credentials: Any = FROM_ENV) -> str:
     """Read the damaged message back from the replica: "intact" (the original body: repaired),
     "corrupt" (the damaged body: served!), "refused <code>" (an error: not served) or "no answer"."""
-    t = Transport(timeout_s=2.0)
+    t = Transport(timeout_s=2.0, credentials=credentials)
     try:
         got = await t.call(m.control_addr, "GET", f"/v1/msg/id/{damage['msg_id']}")
     except ClientError as exc:
@@ -169,3 +169,8 @@ def cut_newest_segment(store_dir: str, rng: random.Random) -> dict[str, Any]:
     os.truncate(path, size - cut)
     return {"kind": "truncate", "file": os.path.relpath(path, os.path.dirname(os.path.dirname(store_dir))),
             "size": size, "cut_bytes": cut}
+
+
+def _credentials(target: Target) -> Any:
+    """The cluster's admin account when ACL is on (a LocalTarget knows it)."""
+    return getattr(target, "credentials", FROM_ENV)

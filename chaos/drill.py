@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from broker.client import ClientError, Message, Producer
-from broker.client.transport import NamesrvClient, Transport
+from broker.client.transport import FROM_ENV, NamesrvClient, Transport
 from chaos.layout import Ports
 from chaos.target import REPO, LocalTarget, Member, Target, find_leader, groups_of, wait_for
 from chaos.workload import create_topic, read_queue, writable_leader
@@ -102,14 +102,15 @@ class Drill:
         self.members = groups[self.group]
         self.acks = Acks()
         self.stop = asyncio.Event()
-        self.transport = Transport(timeout_s=5.0)
+        self.credentials = getattr(target, "credentials", FROM_ENV)  # a local cluster's admin account
+        self.transport = Transport(timeout_s=5.0, credentials=self.credentials)
 
     def say(self, text: str) -> None:
         if not self.as_json:
             print(text, file=self.out, flush=True)
 
     async def produce(self, i: int) -> None:
-        p = Producer(f"chaos_drill_p{i}", self.target.namesrv_addr)
+        p = Producer(f"chaos_drill_p{i}", self.target.namesrv_addr, credentials=self.credentials)
         await p.start()
         n = 0
         try:
@@ -236,7 +237,7 @@ class DrillError(Exception):
 
 
 def _cluster_cmd(cluster_dir: str, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dledger.cluster", *args, "--dir", cluster_dir],
+    return subprocess.run([sys.executable, "-m", "dledger.apps.cluster", *args, "--dir", cluster_dir],
                           capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
 

@@ -3,7 +3,7 @@ server process, e.g. ``broker.server -c FILE``) with the synced-size hook of ``c
 installed, so that a crash fault can later cut its files back to what it had fsynced.
 
 Only chaos runs start brokers this way; nothing in the broker knows about it. The config path
-stays on the command line, so ``dledger.cluster.is_running`` recognises the process.
+stays on the command line, so ``dledger.apps.cluster.is_running`` recognises the process.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 from chaos.unsynced import SyncedSizeTable, install_hook
 
-ALLOWED_MODULES = ("broker.server", "dledger.server")
+ALLOWED_MODULES = ("broker.server", "dledger.apps.node_server")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The cluster of a chaos run, planned as plain data (no I/O): processes, ports, config texts and
 one Toxiproxy proxy per link.
 
-Processes come from ``dledger.cluster.plan`` (the same config files ``dledger-cluster up``
+Processes come from ``dledger.apps.cluster.plan`` (the same config files ``dledger-cluster up``
 writes); each broker's text then gets three per-node keys so that all its traffic crosses a proxy:
 
     dLegerPeerConnectAddrs  n<j>-host:<proxy i->j> for every peer j: node i reaches peer j through
@@ -28,7 +28,7 @@ import dataclasses
 import os
 from typing import Any, Literal
 
-from dledger.cluster import NODES_PER_GROUP, ProcessInfo, plan
+from dledger.apps.cluster import NODES_PER_GROUP, ProcessInfo, plan
 
 DEFAULT_PORT_BASE = 15000
 GROUPS_MAX = 9
@@ -195,5 +195,5 @@ def plan_chaos_cluster(
 
 
 def data_dir(p: ProcessInfo, root: str) -> str:
-    """A replica's data directory (as ``dledger.cluster.plan`` lays it out)."""
+    """A replica's data directory (as ``dledger.apps.cluster.plan`` lays it out)."""
     return os.path.join(root, "data", p.group, f"dledger-{p.node_id}")

@@ -23,7 +23,7 @@ from typing import Any
 from chaos.layout import ChaosLayout, Ports, ProxySpec, plan_chaos_cluster
 from chaos.target import LocalTarget, launch_broker, reap, start_namesrv
 from chaos.toxi import ProxyNetwork, ToxiproxyServer
-from dledger.cluster import STATE_FILE, ProcessInfo, healthy, is_running, node_status, stop_process
+from dledger.apps.cluster import STATE_FILE, ProcessInfo, healthy, is_running, node_status, stop_process
 
 
 class LocalNetwork:

@@ -2,7 +2,7 @@
 bug into the process that calls it. Test-only: nothing here runs unless a test or ``chaos run
 --plant NAME`` asks for it.
 
-Broker plants run inside broker processes, applied at start-up by ``dledger.process_main``'s
+Broker plants run inside broker processes, applied at start-up by ``dledger.apps.process_main``'s
 ``DLEDGER_TEST_PLANT=chaos.plants:<function>`` hook (a chaos run passes that variable to every
 broker it starts or restarts). Client plants run inside the ``chaos run`` process, before its
 workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dledger.process_main import PLANT_ENV
+from dledger.apps.process_main import PLANT_ENV
 
 _UNDO: list[tuple[Any, str, Any]] = []
 
@@ -98,39 +98,39 @@ def cq_drops_last_unit() -> None:
 
 
 def stock_truncation() -> None:
-    """pysyncobj 0.3.17's own AppendEntries handling on both sides, instead of dledger's fixes
-    (syncobj_patch items 2 and 3): a follower deletes everything after ``prevLogIdx`` whenever it
-    holds more, conflicting or not, and re-appends; a leader takes every success ack's
-    ``next_node_idx`` as the follower's nextIndex even when newer batches are in flight.
+    """pysyncobj 0.3.17's own AppendEntries handling instead of dledger's fixes (syncobj_patch,
+    "follower truncation" and "leader nextIndex rewind"): a follower deletes everything after
+    ``prevLogIdx`` whenever it holds more, conflicting or not, and re-appends; a leader takes every
+    success ack's ``next_node_idx`` as the follower's nextIndex even when newer batches are in flight.
 
-    Patches ``DLedgerSyncObj._SyncObj__onMessageReceived`` with a version that keeps dledger's
-    other message handling (heartbeat-gap note, refusal of chunked appends, the leader's retention
-    floor, ``dl_install``) but (a) never calls ``align_append_entries`` (so the journal's
-    ``skip_next_truncate`` stays False) and (b) never restores a nextIndex that a success ack moved
-    back. Everything else goes to pysyncobj's ``SyncObj._SyncObj__onMessageReceived`` unchanged.
-    """
-    from pysyncobj import SyncObj
+    Patches ``dledger.syncobj_patch.align_append_entries`` (which ``_dl_on_append_entries`` calls)
+    to leave every message as it came, with no truncation skipped — SyncObj then truncates as
+    stock — and wraps ``DLedgerSyncObj._dl_on_next_node_idx`` to set nextIndex back to the ack's
+    ``next_node_idx`` after every success ack that raised matchIndex (what SyncObj does, and what
+    dledger undoes when that moves nextIndex back)."""
+    from dledger import syncobj_patch
+    from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
 
-    from dledger.syncobj_patch import DLedgerSyncObj
+    def align_append_entries(message: Any, *_args: Any) -> tuple[Any, bool]:
+        return message, False
 
-    stock = SyncObj._SyncObj__onMessageReceived
+    _patch(syncobj_patch, "align_append_entries", align_append_entries)
+    original = DLedgerSyncObj._dl_on_next_node_idx
 
-    def on_message(self: Any, node: Any, message: Any) -> None:
-        mtype = message.get("type") if type(message) is dict else None
-        if mtype == "append_entries":
-            self._dl_note_append(message)
-            if "transmission" in message:
-                return
-            floor = message.get("dl_floor")
-            if floor is not None and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
-                self.dl_hooks.on_leader_floor(int(floor))
-            self.dl_journal.skip_next_truncate = False
-        elif mtype == "dl_install":
-            self._dl_on_install(node, message)
-            return
-        stock(self, node, message)
+    def on_next_node_idx(self: Any, node: Any, message: Any) -> None:
+        match = self._SyncObj__raftMatchIndex.get(node)
+        original(self, node, message)
+        acked = int(message.get("next_node_idx", 0)) - 1
+        if (
+            self.dl_state == RAFT_STATE_LEADER
+            and message.get("success")
+            and not message.get("reset")
+            and match is not None
+            and acked > match
+        ):
+            self._SyncObj__raftNextIndex[node] = acked + 1  # stock: nextIndex follows the ack, even back
 
-    _patch(DLedgerSyncObj, "_SyncObj__onMessageReceived", on_message)
+    _patch(DLedgerSyncObj, "_dl_on_next_node_idx", on_next_node_idx)
 
 
 def offset_regress() -> None:

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from broker.client.transport import ClientError, Transport
+from broker.client.transport import FROM_ENV, ClientError, Transport
 from chaos.history import JsonlWriter, SampleRecord, now_us
 from chaos.target import Member, Target
 
@@ -55,7 +55,8 @@ class Sampler:
         self.group = group
         self.topic = topic
         self.interval_s = interval_s
-        self.transport = Transport(timeout_s=SAMPLE_TIMEOUT_S)
+        # the cluster's admin account when ACL is on
+        self.transport = Transport(timeout_s=SAMPLE_TIMEOUT_S, credentials=getattr(target, "credentials", FROM_ENV))
         self.samples = 0
         self._task: asyncio.Task[None] | None = None
 

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from broker.client.transport import ClientError, Transport
+from broker.client.transport import ClientError, Transport, cluster_credentials
 from chaos.layout import ProxySpec, data_dir
 from chaos.unsynced import LossReport, lose_unsynced
-from dledger.cluster import STATE_FILE, ProcessInfo, is_running
+from dledger.apps.cluster import STATE_FILE, ProcessInfo, is_running
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUS_TIMEOUT_S = 1.0
@@ -143,7 +143,8 @@ class LocalTarget:
         self.network = network
         self.broker_env = dict(broker_env or {})  # every broker start (test plants)
         self._member_env: dict[str, dict[str, str]] = {}  # one member's next starts (clock skew)
-        self.transport = Transport(timeout_s=STATUS_TIMEOUT_S)
+        self.credentials = cluster_credentials(self.dir)  # the cluster's admin account, if ACL is on
+        self.transport = Transport(timeout_s=STATUS_TIMEOUT_S, credentials=self.credentials)
         procs = self._load()
         if not any(p.kind == "broker" for p in procs):
             raise ValueError(f"{self.dir}/{STATE_FILE} records no broker")
@@ -194,7 +195,7 @@ class LocalTarget:
         if self.restart_mode == "cluster":
             r = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.dir, m.name],
+                [sys.executable, "-m", "dledger.apps.cluster", "start", "--dir", self.dir, m.name],
                 capture_output=True, text=True, timeout=60, cwd=REPO,
             )
             if r.returncode != 0:

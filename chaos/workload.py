@@ -57,7 +57,7 @@ from broker.client import (
     PushConsumer,
     UniqueIdGenerator,
 )
-from broker.client.transport import NamesrvClient, Transport
+from broker.client.transport import FROM_ENV, NamesrvClient, Transport
 from chaos.history import JsonlWriter, OffsetRecord, Outcome, SendRecord, now_us, receipt_from_message
 from chaos.target import Member, Target, find_leader, groups_of, wait_for
 
@@ -400,7 +400,7 @@ async def writable_leader(target: Target, members: list[Member], timeout_s: floa
 
 async def create_topic(target: Target, topic: str, queues: int, timeout_s: float = 30.0) -> None:
     """Create the topic on every group's leader (directly), then wait until the NameServer routes it."""
-    t = Transport(timeout_s=3.0)
+    t = Transport(timeout_s=3.0, credentials=getattr(target, "credentials", FROM_ENV))  # an admin's, if ACL is on
     try:
         for _group, members in sorted(groups_of(target.members()).items()):
             m = await writable_leader(target, members, timeout_s)
@@ -431,7 +431,7 @@ class DrainResult:
 async def drain(target: Target, topic: str, queues: int, out: JsonlWriter, timeout_s: float = 60.0) -> DrainResult:
     """Read every queue of every group's leader from min to max offset into ``out``. A queue that
     cannot be read to its end is reported (and read as far as it went), never skipped silently."""
-    t = Transport(timeout_s=5.0)
+    t = Transport(timeout_s=5.0, credentials=getattr(target, "credentials", FROM_ENV))
     result = DrainResult()
     try:
         for group, members in sorted(groups_of(target.members()).items()):

@@ -68,6 +68,14 @@ class ApplyCheckpoint:
     def applied_index(self) -> int:
         return self.index
 
+    def durable_applied_index(self) -> int:
+        # Written without fsync: survives a process kill (the record is in the page cache), which
+        # is the standalone node's promise; the broker's store snapshots with fsync.
+        return self.index
+
+    def checkpoint(self) -> None:
+        pass  # every apply already writes the record
+
     def apply(self, entries: Sequence[CommittedEntry]) -> None:
         for entry in entries:
             assert entry.index == self.index + 1, f"apply out of order: got {entry.index} after {self.index}"

@@ -23,9 +23,11 @@ clocks of a group's processes against each other and against the system, a ``Ske
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Protocol
 
 
@@ -140,6 +142,16 @@ _thread = threading.local()
 def use(clock: Clock) -> None:
     """Make ``clock`` the one pysyncobj reads on the calling thread (a tick thread, the simulator)."""
     _thread.clock = clock
+
+
+@contextlib.contextmanager
+def restored() -> Iterator[None]:
+    """Put back the calling thread's clock when the block ends (the simulator switches it)."""
+    saved: Clock | None = getattr(_thread, "clock", None)
+    try:
+        yield
+    finally:
+        _thread.clock = saved
 
 
 def current() -> Clock:

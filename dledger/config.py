@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dledger.records import RaftSettings
+
 # Every key this module reads. A broker config adds its own through ``extra_known_keys``.
 DLEDGER_KEYS: frozenset[str] = frozenset(
     {
@@ -48,6 +50,7 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "dLegerConnectionTimeoutMs",
         "dLegerConnectionRetryMs",
         "dLegerPeerPassword",
+        "dLegerPeerPasswordPrevious",
         "preferredLeaderId",
         "fileReservedTime",
         "diskMaxUsedSpaceRatio",
@@ -72,6 +75,18 @@ DEFAULT_MAX_ENTRY_BODY_BYTES = (4 << 20) + (64 << 10)  # a 4 MiB message plus ro
 # pad and the Raft command framing (all well under this).
 ENTRY_FRAMING_BYTES_MAX = 1024
 PASSWORD_CHARS_MIN = 8
+# The peer passwords shipped in conf/ (samples): accepted only for a group whose every address is
+# on loopback, i.e. the embedded local cluster (issue 10, finding 5).
+SAMPLE_PASSWORDS: frozenset[str] = frozenset({"local-dev-only-change-me", "compose-dev-only-change-me"})
+
+
+def is_loopback_host(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(host).is_loopback
+    except ValueError:
+        return False
 
 FlushPolicy = Literal["sync", "async"]
 
@@ -137,6 +152,9 @@ class DLedgerConfig:
     # a Toxiproxy proxy per link in chaos runs). Peers identify each other by their dLegerPeers
     # address whatever path the connection takes.
     peer_connect_addrs: dict[str, str] = field(default_factory=dict)
+    # During a rolling change of the peer password: the old one, still accepted from peers that
+    # have not switched yet (connections this node opens use peer_password).
+    peer_password_previous: str | None = field(default=None, repr=False)
 
     @property
     def node_dir(self) -> str:
@@ -166,7 +184,6 @@ class DLedgerConfig:
     def delete_when_hours(self) -> tuple[int, ...]:
         """The hours of day of ``deleteWhen`` ("04;16" -> (4, 16))."""
         return tuple(int(h) for h in self.delete_when.split(";"))
-
 
 # -- the properties file -----------------------------------------------------------------------
 def parse_properties(text: str, source: str = "<text>") -> dict[str, str]:
@@ -350,7 +367,7 @@ def parse_dledger_config(
             f"{heartbeat_ms} must be less than a third of dLegerElectionTimeoutMinMs ({election_min_ms}): "
             "followers would start elections between heartbeats",
         )
-    step_down_ms = r.integer("dLegerLeaderStepDownMs", 1500, 51, 600_000)
+    step_down_ms = r.integer("dLegerLeaderStepDownMs", 1000, 51, 600_000)
     if step_down_ms <= election_min_ms:
         raise r.error(
             "dLegerLeaderStepDownMs",
@@ -362,6 +379,18 @@ def parse_dledger_config(
         raise r.error(
             "dLegerPeerPassword",
             f"must be at least {PASSWORD_CHARS_MIN} characters (it authenticates every peer frame)",
+        )
+    if password in SAMPLE_PASSWORDS and not all(is_loopback_host(p.host) for p in peers):
+        raise r.error(
+            "dLegerPeerPassword",
+            "is a sample password shipped in conf/ and everybody knows it: set your own (samples are accepted "
+            "only when every peer is on loopback)",
+        )
+    previous = r.optional("dLegerPeerPasswordPrevious")
+    if previous is not None and (len(previous) < PASSWORD_CHARS_MIN or previous == password):
+        raise r.error(
+            "dLegerPeerPasswordPrevious",
+            f"must be at least {PASSWORD_CHARS_MIN} characters and differ from dLegerPeerPassword",
         )
     preferred = r.optional("preferredLeaderId")
     if preferred is not None and preferred not in peer_ids:
@@ -421,6 +450,7 @@ def parse_dledger_config(
         connection_timeout_ms=r.integer("dLegerConnectionTimeoutMs", 1500, 1, 60_000),
         connection_retry_ms=r.integer("dLegerConnectionRetryMs", 300, 1, 60_000),
         peer_password=password,
+        peer_password_previous=previous,
         preferred_leader_id=preferred,
         # 0 keeps nothing beyond what replication and the consume queues still need.
         file_reserved_hours=r.integer("fileReservedTime", 72, 0, 24 * 3650),
@@ -445,3 +475,34 @@ def load_dledger_config(
     props = load_properties(path)
     props.update(overrides or {})
     return parse_dledger_config(props, source=os.fspath(path), extra_known_keys=extra_known_keys)
+
+
+def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
+    """The replicated log's settings from a node or broker config."""
+    return RaftSettings(
+        group=cfg.group,
+        self_id=cfg.self_id,
+        peers={p.id: p.address for p in cfg.peers},
+        data_dir=cfg.node_dir,
+        password=cfg.peer_password,
+        password_previous=cfg.peer_password_previous,
+        flush_policy=cfg.flush_policy,
+        flush_interval_ms=cfg.flush_interval_ms,
+        segment_bytes=cfg.segment_bytes,
+        election_min_ms=cfg.election_timeout_min_ms,
+        election_max_ms=cfg.election_timeout_max_ms,
+        heartbeat_ms=cfg.heartbeat_interval_ms,
+        stepdown_ms=cfg.leader_step_down_ms,
+        connection_timeout_ms=cfg.connection_timeout_ms,
+        connection_retry_ms=cfg.connection_retry_ms,
+        max_entry_bytes=cfg.max_entry_body_bytes,
+        retention_hours=cfg.file_reserved_hours,
+        disk_max_used_ratio=cfg.disk_max_used_space_ratio / 100,
+        disk_warning_ratio=cfg.disk_space_warning_level_ratio / 100,
+        retention_check_ms=cfg.retention_check_interval_ms,
+        raft_addresses=(
+            {p.id: cfg.peer_connect_addrs.get(p.id, p.address) for p in cfg.peers}
+            if cfg.peer_connect_addrs
+            else None
+        ),
+    )

@@ -1,9 +1,23 @@
 """Small durability helpers shared by every store in the project (the log, consume queues, the key
-index, snapshots): fsync of a directory or a file by path, and atomic replacement of a file."""
+index, snapshots): fsync of a directory or a file by path, and atomic replacement of a file.
+
+Files written here are 0600 and directories made here 0700: stored messages, offsets and configs
+are the broker's alone (issue 10, finding 5). Server processes also run with umask 077, so files
+other code creates get the same modes."""
 
 from __future__ import annotations
 
 import os
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def private_dir(path: str) -> None:
+    """Create ``path`` (and parents) if missing, and make ``path`` itself 0700: nothing below it is
+    reachable by other users, whatever the modes of older files inside."""
+    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    os.chmod(path, DIR_MODE)
 
 
 def fsync_dir(path: str) -> None:
@@ -27,7 +41,7 @@ def fsync_path(path: str) -> None:
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves the old or the new content, durably."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         view = memoryview(data)
         while view:

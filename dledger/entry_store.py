@@ -24,10 +24,8 @@ Invariants:
 - The log segments are the truth; index records are derived and rebuilt from them on open.
 - RAM does not grow with the bytes stored: no mmap and no per-entry state; memory holds one
   small record per segment and per index file plus the last entry's (index, term, chain_crc).
-- Recovery fully scans only the last segment. Earlier segments are checked at their boundaries
-  (first header, last index record and header, file end) and scanned only when these disagree.
-  A torn tail of the last segment (an incomplete or bad record with no valid header after it)
-  is cut off with a WARNING; any other damage raises CorruptStoreError naming file and offset.
+- Recovery on open (``store_recovery``) cuts a torn tail of the last segment and refuses any
+  other damage with CorruptStoreError naming file and offset. File helpers: ``segment_files``.
 
 Threads: one writer (the Raft tick thread) calls every mutating method; ``read``, ``read_range``,
 ``term_at``, ``chain_crc_at``, ``position_at``, ``read_at_position`` and ``segments`` may be called
@@ -48,14 +46,12 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import struct
 import threading
-import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
+from dledger.clock import SYSTEM, Clock
 from dledger.durable import fsync_dir
 from dledger.entry_codec import (
     BLANK_BYTES,
@@ -66,16 +62,24 @@ from dledger.entry_codec import (
     EntryHeader,
     IndexRecord,
     StoreError,
-    check_record,
     decode_header,
     decode_index_record,
     encode_header,
-    follows,
-    is_blank,
     pack_header,
     pack_index_record,
-    valid_header_after,
 )
+from dledger.log_store import (
+    CorruptStoreError,
+    Entry,
+    EntryTooLargeError,
+    IndexOutOfRangeError,
+    PositionOutOfRangeError,
+    SegmentInfo,
+    StaleReadError,
+    StoreClosedError,
+)
+from dledger.segment_files import Segment, SegmentFile, file_name, numbered, pwrite_all
+from dledger.store_recovery import RANGE_CHUNK_RECORDS, StoreRecovery
 
 __all__ = [
     "CorruptEntryError",
@@ -93,128 +97,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_ANCHOR = struct.Struct("<IHHQQIQ")  # magic, version, reserved, index, term, chain_crc, floor_position
-_ANCHOR_CRC = struct.Struct("<I")
-_ANCHOR_MAGIC = 0xD1ED0A1C
-_ANCHOR_VERSION = 1
-_ANCHOR_FILE = "anchor"
-_NAME_DIGITS = 20
-_SCAN_CHUNK_BYTES = 1 << 20
-_RANGE_CHUNK_RECORDS = 4096
-_IOV_MAX = 512
 _READ_ATTEMPTS = 4
 
 T = TypeVar("T")
 
 
-class CorruptStoreError(StoreError):
-    """The store's files contradict each other in a way a crash cannot explain; not repaired."""
-
-    code = "STORE_CORRUPT"
-
-    def __init__(self, message: str, path: str | None = None, offset: int | None = None):
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
-
-
-class EntryTooLargeError(StoreError):
-    code = "STORE_ENTRY_TOO_LARGE"
-
-
-class IndexOutOfRangeError(StoreError):
-    code = "STORE_INDEX_OUT_OF_RANGE"
-
-
-class PositionOutOfRangeError(IndexOutOfRangeError):
-    code = "STORE_POSITION_OUT_OF_RANGE"
-
-
-class StaleReadError(StoreError):
-    """A read kept racing with truncate_suffix/reset; retry later."""
-
-    code = "STORE_STALE_READ"
-
-
-class StoreClosedError(StoreError):
-    code = "STORE_CLOSED"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    index: int
-    term: int
-    position: int
-    body: bytes
-    chain_crc: int
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    start_position: int
-    first_index: int  # last_index + 1 when the segment holds no entry
-    last_index: int
-    size_bytes: int
-    mtime: float
-    path: str
-
-
-class _File:
-    """An open file that readers pin while they pread; closed once retired and unpinned."""
-
-    __slots__ = ("fd", "path", "pins", "retired")
-
-    def __init__(self, path: str, fd: int):
-        self.path = path
-        self.fd = fd
-        self.pins = 0
-        self.retired = False
-
-
-class _Segment:
-    __slots__ = ("file", "first_index", "last_index", "sealed", "size", "start")
-
-    def __init__(self, start: int, file: _File, size: int, first_index: int):
-        self.start = start
-        self.file = file
-        self.size = size  # bytes published to readers (entries, and the BLANK marker once sealed)
-        self.first_index = first_index
-        self.last_index = first_index - 1  # empty until an entry is published
-        self.sealed = False  # ends with BLANK or is full: the next entry goes to a new segment
-
-
-def _name(n: int) -> str:
-    return f"{n:0{_NAME_DIGITS}d}"
-
-
-def _numbered(directory: str) -> list[int]:
-    names = os.listdir(directory)
-    odd = [n for n in names if not (len(n) == _NAME_DIGITS and n.isdigit()) and not n.endswith(".tmp")]
-    if odd:
-        log.warning("ignoring unexpected files in %s: %s", directory, sorted(odd))
-    return sorted(int(n) for n in names if len(n) == _NAME_DIGITS and n.isdigit())
-
-
-
-
-def _pwrite_all(fd: int, parts: Sequence[bytes], offset: int, total: int = -1) -> None:
-    """Write ``parts`` back to back at ``offset`` (``total``: their summed size, when known)."""
-    if total >= 0 and len(parts) <= _IOV_MAX and os.pwritev(fd, parts, offset) == total:
-        return  # the common case: one syscall, complete
-    for k in range(0, len(parts), _IOV_MAX):
-        chunk = parts[k : k + _IOV_MAX]
-        want = sum(len(p) for p in chunk)
-        done = os.pwritev(fd, chunk, offset)
-        if done < want:  # short write (rare on regular files): finish it byte-wise
-            rest = memoryview(b"".join(chunk))[done:]
-            while rest:
-                n = os.pwrite(fd, rest, offset + done)
-                done += n
-                rest = rest[n:]
-        offset += want
-
-
-class EntryStore:
+class EntryStore(StoreRecovery):
     header_bytes = HEADER_SIZE  # body of the entry at position p starts at p + header_bytes
 
     def __init__(
@@ -222,7 +110,7 @@ class EntryStore:
         path: str,
         segment_bytes: int = 1 << 30,
         index_records_per_file: int = 1 << 20,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
     ):
         if segment_bytes < 2 * HEADER_SIZE:
             raise ValueError(f"segment_bytes must be at least {2 * HEADER_SIZE}")
@@ -237,10 +125,10 @@ class EntryStore:
         self._lock = threading.Lock()
         self._generation = 0
         self._closed = False
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._starts: list[int] = []  # segment start positions, for bisect
-        self._index_files: dict[int, _File] = {}
-        self._dirty_files: set[_File] = set()
+        self._index_files: dict[int, SegmentFile] = {}
+        self._dirty_files: set[SegmentFile] = set()
         self._dirty_dirs: set[str] = set()
         self._anchor: tuple[int, int, int] = (0, 0, 0)
         self._floor_position = 0
@@ -293,28 +181,28 @@ class EntryStore:
         seg = self._segments[-1]
         return self._next_segment_start(seg) if seg.sealed else seg.start + seg.size
 
-    def _next_segment_start(self, seg: _Segment) -> int:
+    def _next_segment_start(self, seg: Segment) -> int:
         return seg.start + max(self.segment_bytes, seg.size)
 
     # -- files ----------------------------------------------------------------------------------
     @staticmethod
-    def _open_file(path: str, flags: int = 0) -> _File:
-        return _File(path, os.open(path, os.O_RDWR | flags, 0o644))
+    def _open_file(path: str, flags: int = 0) -> SegmentFile:
+        return SegmentFile(path, os.open(path, os.O_RDWR | flags, 0o644))
 
-    def _retire(self, f: _File) -> None:
+    def _retire(self, f: SegmentFile) -> None:
         """Caller holds the lock. The file leaves the tables; its last reader closes it."""
         f.retired = True
         self._dirty_files.discard(f)
         if f.pins == 0:
             os.close(f.fd)
 
-    def _unpin(self, f: _File) -> None:
+    def _unpin(self, f: SegmentFile) -> None:
         with self._lock:
             f.pins -= 1
             if f.retired and f.pins == 0:
                 os.close(f.fd)
 
-    def _pread_pinned(self, f: _File, size: int, offset: int) -> bytes:
+    def _pread_pinned(self, f: SegmentFile, size: int, offset: int) -> bytes:
         """pread from ``f``, which the caller pinned under the lock; unpins it."""
         try:
             return os.pread(f.fd, size, offset)
@@ -362,7 +250,7 @@ class EntryStore:
             self._check_held(first, first + count - 1)
             f = self._index_files.get(base)
             if f is None:
-                raise CorruptEntryError(f"index file {_name(base)} for held index {first} is missing")
+                raise CorruptEntryError(f"index file {file_name(base)} for held index {first} is missing")
             f.pins += 1
         offset = self._index_slot(first)
         raw = self._pread_pinned(f, count * INDEX_RECORD_SIZE, offset)
@@ -409,7 +297,7 @@ class EntryStore:
             k = j
         return out
 
-    def _verified(self, view: memoryview, at: int, index: int, rec: IndexRecord, seg: _Segment) -> Entry:
+    def _verified(self, view: memoryview, at: int, index: int, rec: IndexRecord, seg: Segment) -> Entry:
         where = f"{seg.file.path} at offset {rec.position - seg.start}"
         if len(view) < at + rec.total_size:
             raise CorruptEntryError(f"{where}: short read of entry {index}")
@@ -432,7 +320,7 @@ class EntryStore:
             raise CorruptEntryError(f"{where}: body crc mismatch in entry {index}")
         return Entry(index, head.term, head.position, body, head.chain_crc)
 
-    def _segment_at(self, position: int) -> _Segment | None:
+    def _segment_at(self, position: int) -> Segment | None:
         """Caller holds the lock. The segment whose published bytes contain ``position``."""
         k = bisect.bisect_right(self._starts, position) - 1
         if k < 0:
@@ -468,7 +356,7 @@ class EntryStore:
             chunk = 16  # grows: a small max_bytes should not read thousands of index records
             while index <= last:
                 take: list[IndexRecord] = []
-                chunk = min(chunk * 4, _RANGE_CHUNK_RECORDS)
+                chunk = min(chunk * 4, RANGE_CHUNK_RECORDS)
                 for rec in self._records(index, min(last - index + 1, chunk)):
                     size = rec.total_size - HEADER_SIZE
                     if (out or take) and body_bytes + size > max_bytes:
@@ -566,7 +454,7 @@ class EntryStore:
                     f"bytes (max body {self.segment_bytes - HEADER_SIZE})"
                 )
 
-    def _write_run(self, seg: _Segment | None, run: Sequence[tuple[int, int, bytes]]) -> list[int]:
+    def _write_run(self, seg: Segment | None, run: Sequence[tuple[int, int, bytes]]) -> list[int]:
         """Write entries that all fit ``seg`` after its published bytes, then publish them."""
         if not run:
             return []
@@ -585,7 +473,7 @@ class EntryStore:
             prev_chain = head.chain_crc
             position += head.total_size
         assert head is not None and position - seg.start <= self.segment_bytes
-        _pwrite_all(seg.file.fd, parts, seg.size, position - seg.start - seg.size)
+        pwrite_all(seg.file.fd, parts, seg.size, position - seg.start - seg.size)
         self._write_records(run[0][0], records)
         with self._lock:
             if seg.size == 0:
@@ -604,20 +492,20 @@ class EntryStore:
             n = min(len(records) - k, base + self.index_records_per_file - index)
             f = self._index_file_for_write(base)
             chunk = records if n == len(records) else records[k : k + n]
-            _pwrite_all(f.fd, chunk, self._index_slot(index), n * INDEX_RECORD_SIZE)
+            pwrite_all(f.fd, chunk, self._index_slot(index), n * INDEX_RECORD_SIZE)
             self._dirty_files.add(f)
             k += n
 
-    def _index_file_for_write(self, base: int) -> _File:
+    def _index_file_for_write(self, base: int) -> SegmentFile:
         f = self._index_files.get(base)
         if f is None:
-            f = self._open_file(os.path.join(self._index_dir, _name(base)), os.O_CREAT)
+            f = self._open_file(os.path.join(self._index_dir, file_name(base)), os.O_CREAT)
             with self._lock:
                 self._index_files[base] = f
             self._dirty_dirs.add(self._index_dir)
         return f
 
-    def _roll(self, seg: _Segment | None) -> _Segment:
+    def _roll(self, seg: Segment | None) -> Segment:
         """Seal ``seg`` (BLANK marker if it has room) and open the next segment."""
         if seg is None:
             start = self._floor_position
@@ -630,12 +518,14 @@ class EntryStore:
                 with self._lock:
                     seg.size, seg.sealed = size, True
                     self._dirty_files.add(seg.file)
+            if seg.sealed_wall_s is None:
+                seg.sealed_wall_s = self._clock.wall()
             start = self._next_segment_start(seg)
             # Seal: this segment and every index record so far become durable before the next
             # segment gets a byte, so after a crash only the last segment can be torn.
             self.flush()
-        path = os.path.join(self._log_dir, _name(start))
-        new = _Segment(start, self._open_file(path, os.O_CREAT | os.O_TRUNC), 0, 0)
+        path = os.path.join(self._log_dir, file_name(start))
+        new = Segment(start, self._open_file(path, os.O_CREAT | os.O_TRUNC), 0, 0)
         new.first_index = self._last[0] + 1
         new.last_index = self._last[0]
         with self._lock:
@@ -699,7 +589,8 @@ class EntryStore:
         index_file = self._index_files.get(base)
         if index_file is not None:
             os.ftruncate(index_file.fd, self._index_slot(from_index))
-            os.fdatasync(index_file.fd)
+            self._dirty_files.add(index_file)
+        self.flush()  # what is left is durable when this returns (index files included)
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
         """Drop every entry; the log continues after this anchor (a follower installed from a
@@ -722,10 +613,10 @@ class EntryStore:
             self._floor_position = floor
             for f in doomed_files:
                 self._retire(f)
-        for start in _numbered(self._log_dir):
-            os.unlink(os.path.join(self._log_dir, _name(start)))
-        for base in _numbered(self._index_dir):
-            os.unlink(os.path.join(self._index_dir, _name(base)))
+        for start in numbered(self._log_dir):
+            os.unlink(os.path.join(self._log_dir, file_name(start)))
+        for base in numbered(self._index_dir):
+            os.unlink(os.path.join(self._index_dir, file_name(base)))
         fsync_dir(self._log_dir)
         fsync_dir(self._index_dir)
 
@@ -734,23 +625,21 @@ class EntryStore:
             self._check_open()
             return [
                 SegmentInfo(
-                    s.start, s.first_index, s.last_index, s.size, os.fstat(s.file.fd).st_mtime, s.file.path
+                    s.start,
+                    s.first_index,
+                    s.last_index,
+                    s.size,
+                    s.sealed_wall_s if s.sealed else None,
+                    s.file.path,
                 )
                 for s in self._segments
             ]
-
-    def oldest_segment_age_s(self, now: float | None = None) -> float:
-        """Seconds since the oldest segment was last written (0 with no segment)."""
-        infos = self.segments()
-        if not infos:
-            return 0.0
-        return max(0.0, (self._clock() if now is None else now) - infos[0].mtime)
 
     def delete_segments_before(self, index_floor: int) -> int:
         """Remove whole segments whose last index < ``index_floor``, never the one holding
         last_index; the anchor moves to the last removed entry. Returns segments removed."""
         self._check_open()
-        doomed: list[_Segment] = []
+        doomed: list[Segment] = []
         for seg in self._segments[:-1]:
             if seg.size == 0 or seg.last_index >= index_floor or seg.last_index >= self._last[0]:
                 break
@@ -778,256 +667,6 @@ class EntryStore:
         fsync_dir(self._index_dir)
         return len(doomed)
 
-    # -- anchor file ----------------------------------------------------------------------------
-    def _write_anchor(self, index: int, term: int, chain: int, floor: int) -> None:
-        payload = _ANCHOR.pack(_ANCHOR_MAGIC, _ANCHOR_VERSION, 0, index, term, chain, floor)
-        path = os.path.join(self.path, _ANCHOR_FILE)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _pwrite_all(fd, [payload, _ANCHOR_CRC.pack(zlib.crc32(payload))], 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(path + ".tmp", path)
-        fsync_dir(self.path)
-
-    def _read_anchor(self) -> tuple[int, int, int, int] | None:
-        path = os.path.join(self.path, _ANCHOR_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        size = _ANCHOR.size + _ANCHOR_CRC.size
-        if (
-            len(raw) != size
-            or zlib.crc32(raw[: _ANCHOR.size]) != _ANCHOR_CRC.unpack_from(raw, _ANCHOR.size)[0]
-        ):
-            raise CorruptStoreError(f"{path}: anchor record is damaged ({len(raw)} bytes)", path, 0)
-        magic, version, _, index, term, chain, floor = _ANCHOR.unpack_from(raw)
-        if magic != _ANCHOR_MAGIC or version != _ANCHOR_VERSION:
-            raise CorruptStoreError(f"{path}: unknown anchor format 0x{magic:08x} v{version}", path, 0)
-        return index, term, chain, floor
-
-    # -- recovery -------------------------------------------------------------------------------
-    def _recover(self) -> None:
-        os.makedirs(self._log_dir, exist_ok=True)
-        os.makedirs(self._index_dir, exist_ok=True)
-        anchor_path = os.path.join(self.path, _ANCHOR_FILE)
-        if os.path.exists(anchor_path + ".tmp"):
-            os.unlink(anchor_path + ".tmp")  # an anchor write that never reached its rename
-        anchor = self._read_anchor()
-        starts = _numbered(self._log_dir)
-        if anchor is None and starts:
-            log.warning("%s is missing: the log must start at index 1", anchor_path)
-        a_index, a_term, a_chain, floor = anchor if anchor is not None else (0, 0, 0, 0)
-        self._anchor = (a_index, a_term, a_chain)
-        self._last = self._anchor
-        self._floor_position = floor
-        self._open_segments([s for s in starts if s >= floor], [s for s in starts if s < floor])
-        self._open_index_files(a_index)
-        prev = self._anchor
-        for k, seg in enumerate(self._segments):
-            if k == len(self._segments) - 1:
-                prev = self._scan(seg, prev, tail=True)
-                continue
-            agreed = self._boundaries_agree(seg, self._segments[k + 1], prev)
-            if agreed is None:
-                log.info("%s: index and segment boundaries disagree; scanning it", seg.file.path)
-                agreed = self._scan(seg, prev, tail=False)
-            prev = agreed
-        self._last = prev
-        self._trim_index_after(prev[0])
-        if anchor is None:
-            self._write_anchor(a_index, a_term, a_chain, floor)
-        self.flush()
-
-    def _open_segments(self, starts: list[int], below_floor: list[int]) -> None:
-        for start in below_floor:  # a retention or reset that stopped after writing the anchor
-            log.info("removing segment %s below the anchor's floor %d", _name(start), self._floor_position)
-            os.unlink(os.path.join(self._log_dir, _name(start)))
-            self._dirty_dirs.add(self._log_dir)
-        for start in starts:
-            f = self._open_file(os.path.join(self._log_dir, _name(start)))
-            self._segments.append(_Segment(start, f, os.fstat(f.fd).st_size, 0))
-            self._starts.append(start)
-        for seg, nxt in zip(self._segments, self._segments[1:], strict=False):
-            if seg.start + seg.size > nxt.start:
-                raise CorruptStoreError(
-                    f"{seg.file.path} at offset {nxt.start - seg.start}: runs into the next segment "
-                    f"{nxt.file.path}",
-                    seg.file.path,
-                    nxt.start - seg.start,
-                )
-            if seg.size == 0:
-                raise CorruptStoreError(
-                    f"{seg.file.path} at offset 0: empty segment before the last one", seg.file.path, 0
-                )
-
-    def _open_index_files(self, anchor_index: int) -> None:
-        per_file = self.index_records_per_file
-        for base in _numbered(self._index_dir):
-            path = os.path.join(self._index_dir, _name(base))
-            if base % per_file:
-                raise CorruptStoreError(
-                    f"{path} at offset 0: name is not a multiple of index_records_per_file={per_file} "
-                    "(was the setting changed? delete the index directory to rebuild it)",
-                    path,
-                    0,
-                )
-            if base + per_file - 1 <= anchor_index:  # covers removed entries only
-                os.unlink(path)
-                self._dirty_dirs.add(self._index_dir)
-                continue
-            self._index_files[base] = self._open_file(path)
-
-    def _header_at(self, seg: _Segment, offset: int) -> EntryHeader:
-        return decode_header(os.pread(seg.file.fd, HEADER_SIZE, offset))
-
-    def _record_at(self, index: int) -> IndexRecord:
-        f = self._index_files.get(self._index_base(index))
-        if f is None:
-            raise CorruptEntryError(f"no index file for {index}")
-        return decode_index_record(os.pread(f.fd, INDEX_RECORD_SIZE, self._index_slot(index)))
-
-    def _index_covers(self, first: int, last: int) -> bool:
-        per_file = self.index_records_per_file
-        for base in range(self._index_base(first), self._index_base(last) + 1, per_file):
-            f = self._index_files.get(base)
-            if f is None:
-                return False
-            if os.fstat(f.fd).st_size < (min(last, base + per_file - 1) - base + 1) * INDEX_RECORD_SIZE:
-                return False
-        return True
-
-    def _boundaries_agree(
-        self, seg: _Segment, nxt: _Segment, prev: tuple[int, int, int]
-    ) -> tuple[int, int, int] | None:
-        """The last entry of a segment that is not the last one, taken from the index when its first
-        header, first and last index records, last header and file end agree; else None."""
-        try:
-            head = self._header_at(seg, 0)
-            if follows(head, seg.start, prev) is not None:
-                return None
-            last = self._header_at(nxt, 0).index - 1
-            if last < head.index or not self._index_covers(head.index, last):
-                return None
-            if self._record_at(head.index) != IndexRecord(
-                seg.start, head.term, head.total_size, head.chain_crc
-            ):
-                return None
-            rec = self._record_at(last)
-            offset = rec.position - seg.start
-            if not 0 <= offset <= seg.size - rec.total_size:
-                return None
-            tail = self._header_at(seg, offset)
-            if (tail.index, tail.term, tail.position, tail.total_size, tail.chain_crc) != (
-                last,
-                rec.term,
-                rec.position,
-                rec.total_size,
-                rec.chain_crc,
-            ):
-                return None
-            end = offset + tail.total_size
-            if seg.size != end and not (
-                seg.size == end + BLANK_SIZE and is_blank(os.pread(seg.file.fd, BLANK_SIZE, end))
-            ):
-                return None
-        except CorruptEntryError:
-            return None
-        seg.first_index, seg.last_index, seg.sealed = head.index, last, True
-        return last, tail.term, tail.chain_crc
-
-    def _scan(self, seg: _Segment, prev: tuple[int, int, int], tail: bool) -> tuple[int, int, int]:
-        """Verify every record of ``seg`` and rewrite index records that differ. In the last
-        segment (``tail``) a torn end is cut off; any other damage raises CorruptStoreError."""
-        path = seg.file.path
-        chunks = _Chunks(seg.file.fd)
-        seg.first_index = prev[0] + 1
-        records: list[bytes] = []
-        offset = 0
-        while offset < seg.size:
-            rest = seg.size - offset
-            if is_blank(chunks.view(offset, BLANK_SIZE)):
-                if rest > BLANK_SIZE:
-                    self._bad_record(
-                        seg, offset + BLANK_SIZE, f"{rest - BLANK_SIZE} byte(s) after BLANK", tail
-                    )
-                seg.sealed = True
-                break
-            head, problem = check_record(chunks, offset, rest)
-            if head is None:
-                self._bad_record(seg, offset, problem, tail)
-                break
-            # Header and body verify, so we wrote this record: a gap here is damage, not a tear.
-            gap = follows(head, seg.start + offset, prev)
-            if gap is not None:
-                raise CorruptStoreError(f"{path} at offset {offset}: {gap}", path, offset)
-            records.append(pack_index_record(head.position, head.term, head.total_size, head.chain_crc))
-            if len(records) == _RANGE_CHUNK_RECORDS:
-                self._rewrite_records(head.index - len(records) + 1, records)
-                records = []
-            prev = (head.index, head.term, head.chain_crc)
-            offset += head.total_size
-        self._rewrite_records(prev[0] - len(records) + 1, records)
-        seg.last_index = prev[0]
-        return prev
-
-    def _bad_record(self, seg: _Segment, offset: int, problem: str, tail: bool) -> None:
-        path = seg.file.path
-        if not tail:
-            raise CorruptStoreError(
-                f"{path} at offset {offset}: {problem} (not the last segment, so not a torn write)",
-                path,
-                offset,
-            )
-        if valid_header_after(seg.file.fd, seg.size, offset + 1, _SCAN_CHUNK_BYTES):
-            raise CorruptStoreError(
-                f"{path} at offset {offset}: {problem}; valid records follow it, so this is not a torn "
-                "tail. Refusing to open: restore this replica from a healthy one.",
-                path,
-                offset,
-            )
-        log.warning(
-            "torn tail in %s at offset %d (%s): truncating %d byte(s)",
-            path,
-            offset,
-            problem,
-            seg.size - offset,
-        )
-        os.ftruncate(seg.file.fd, offset)
-        os.fdatasync(seg.file.fd)
-        seg.size = offset
-
-    def _rewrite_records(self, first: int, records: list[bytes]) -> None:
-        """Write index records rebuilt from the log, skipping those already on disk."""
-        k = 0
-        while k < len(records):
-            index = first + k
-            base = self._index_base(index)
-            n = min(len(records) - k, base + self.index_records_per_file - index)
-            chunk = b"".join(records[k : k + n])
-            f = self._index_file_for_write(base)
-            if os.pread(f.fd, len(chunk), self._index_slot(index)) != chunk:
-                _pwrite_all(f.fd, [chunk], self._index_slot(index))
-                self._dirty_files.add(f)
-            k += n
-
-    def _trim_index_after(self, last_index: int) -> None:
-        """Drop index records of entries past ``last_index`` (truncated or torn)."""
-        base = self._index_base(last_index + 1)
-        for b in [b for b in self._index_files if b > base]:
-            doomed = self._index_files.pop(b)
-            self._retire(doomed)
-            os.unlink(doomed.path)
-            self._dirty_dirs.add(self._index_dir)
-        f = self._index_files.get(base)
-        keep = self._index_slot(last_index + 1)
-        if f is not None and os.fstat(f.fd).st_size > keep:
-            os.ftruncate(f.fd, keep)
-            self._dirty_files.add(f)
-
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
         """Flush and close; idempotent. Readers still inside a pread finish first."""
@@ -1054,19 +693,3 @@ class EntryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Chunks:
-    """Sequential positioned reads in 1 MiB chunks (whole records when they are larger)."""
-
-    def __init__(self, fd: int):
-        self._fd = fd
-        self._buf = b""
-        self._start = 0
-
-    def view(self, offset: int, size: int) -> memoryview:
-        if not (self._start <= offset and offset + size <= self._start + len(self._buf)):
-            self._buf = os.pread(self._fd, max(size, _SCAN_CHUNK_BYTES), offset)
-            self._start = offset
-        at = offset - self._start
-        return memoryview(self._buf)[at : at + size]

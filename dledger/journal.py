@@ -12,8 +12,8 @@ Entries are returned as ``LazyEntry`` objects whose command bytes are read from 
 ``entry[0]`` is used (SyncObj reads ``[-1][1]`` many times per tick).
 
 Durability (the journal's half of invariant 1):
-- ``setCurrentTerm`` writes term and vote to ``raft_term`` with fsync *before* returning:
-  SyncObj sends the vote right after the call.
+- ``setCurrentTerm`` makes term and vote durable (``MetaStore.save_term_vote``) *before*
+  returning: SyncObj sends the vote right after the call.
 - Appends go to the page cache; ``flush()`` makes them durable (fdatasync). The node calls it
   before anything that tells another party an entry is safe (see ``syncobj_patch``).
 - The commit index is a hint (a restarted node learns it again from the leader): it is written
@@ -26,26 +26,17 @@ Durability (the journal's half of invariant 1):
 from __future__ import annotations
 
 import logging
-import os
-import struct
-import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from dledger.durable import atomic_write
-from dledger.entry_store import EntryStore
+from dledger.log_store import LogStore
+from dledger.meta_store import FileMetaStore, JournalError, MetaStore
 
 log = logging.getLogger(__name__)
 
 NO_OP = b"\x01"
-_TERM_FILE = "raft_term"
-_COMMIT_FILE = "raft_commit"
-_TERM_FMT = struct.Struct("<QH")  # term, length of votedFor, then votedFor utf-8, then crc32
-_COMMIT_FMT = struct.Struct("<QI")  # commit index, crc32
 
-
-class JournalError(RuntimeError):
-    """The journal's durable metadata is unreadable."""
+__all__ = ["NO_OP", "JournalError", "LazyEntry", "RaftJournal"]
 
 
 class LazyEntry:
@@ -53,7 +44,7 @@ class LazyEntry:
 
     __slots__ = ("_command", "_store", "index", "term")
 
-    def __init__(self, store: EntryStore | None, index: int, term: int, command: bytes | None = None):
+    def __init__(self, store: LogStore | None, index: int, term: int, command: bytes | None = None):
         self._store = store
         self.index = index
         self.term = term
@@ -137,14 +128,14 @@ class JournalSlice:
 class RaftJournal:
     """The object SyncObj uses as ``self.__raftLog`` (duck-typed ``pysyncobj.journal.Journal``)."""
 
-    def __init__(self, store: EntryStore, meta_dir: str):
+    def __init__(self, store: LogStore, meta: MetaStore | str):
         self.store = store
-        self._meta_dir = meta_dir
-        os.makedirs(meta_dir, exist_ok=True)
-        self._term, self._voted_for = self._load_term()
-        self._commit_index = self._load_commit()
+        self._meta: MetaStore = FileMetaStore(meta) if isinstance(meta, str) else meta
+        self._term, self._voted_for, self._commit_index = self._meta.load()
         self._commit_written = self._commit_index
         self.skip_next_truncate = False
+        # Told the first index of every truncation (the simulator's checker re-verifies from there).
+        self.on_truncate: Callable[[int], None] | None = None
         self.truncations_skipped = 0
         self.entries_truncated = 0
 
@@ -196,6 +187,8 @@ class RaftJournal:
             return
         if index > self.store.last_index:
             return
+        if self.on_truncate is not None:
+            self.on_truncate(index)
         dropped = self.store.last_index - index + 1
         self.entries_truncated += dropped
         log.info("truncating %d entries from index %d (conflict with the leader)", dropped, index)
@@ -220,15 +213,11 @@ class RaftJournal:
         return min(self._commit_index, self.store.last_index)
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
-        voted = "" if votedForNodeId is None else str(votedForNodeId)
-        if term == self._term and voted == (self._voted_for or ""):
+        voted = None if votedForNodeId is None else str(votedForNodeId)
+        if term == self._term and voted == self._voted_for:
             return
-        raw_vote = voted.encode()
-        payload = _TERM_FMT.pack(term, len(raw_vote)) + raw_vote
-        atomic_write(
-            os.path.join(self._meta_dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload))
-        )
-        self._term, self._voted_for = term, (voted or None)
+        self._meta.save_term_vote(term, voted)  # durable on return: the vote is sent next
+        self._term, self._voted_for = term, voted
 
     def getCurrentTerm(self) -> int:
         return self._term
@@ -238,11 +227,7 @@ class RaftJournal:
 
     def onOneSecondTimer(self) -> None:
         if self._commit_index != self._commit_written:
-            payload = struct.pack("<Q", self._commit_index)
-            path = os.path.join(self._meta_dir, _COMMIT_FILE)
-            with open(path + ".tmp", "wb") as f:
-                f.write(_COMMIT_FMT.pack(self._commit_index, zlib.crc32(payload)))
-            os.replace(path + ".tmp", path)
+            self._meta.save_commit_hint(self._commit_index)
             self._commit_written = self._commit_index
 
     def _destroy(self) -> None:
@@ -251,38 +236,3 @@ class RaftJournal:
     def close(self) -> None:
         self.onOneSecondTimer()
         self.store.close()
-
-    # -- loading ----------------------------------------------------------------------------
-    def _load_term(self) -> tuple[int, str | None]:
-        path = os.path.join(self._meta_dir, _TERM_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return 0, None
-        if len(raw) < _TERM_FMT.size + 4:
-            raise JournalError(f"{path}: truncated term/vote file ({len(raw)} bytes)")
-        payload, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])
-        if zlib.crc32(payload) != crc:
-            raise JournalError(f"{path}: term/vote checksum mismatch")
-        term, vote_len = _TERM_FMT.unpack_from(payload, 0)
-        vote = payload[_TERM_FMT.size : _TERM_FMT.size + vote_len].decode()
-        return term, (vote or None)
-
-    def _load_commit(self) -> int:
-        path = os.path.join(self._meta_dir, _COMMIT_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return 0
-        if len(raw) != _COMMIT_FMT.size:
-            log.warning("%s: ignoring a damaged commit-index hint", path)
-            return 0
-        commit, crc = _COMMIT_FMT.unpack(raw)
-        if zlib.crc32(struct.pack("<Q", commit)) != crc:
-            log.warning("%s: ignoring a commit-index hint with a bad checksum", path)
-            return 0
-        return int(commit)
-
-

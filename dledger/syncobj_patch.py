@@ -1,35 +1,49 @@
 """Everything dledger changes inside pysyncobj, pinned to pysyncobj 0.3.17 and kept in one place.
 
-Every change answers a measured defect (../shared/notes/pysyncobj.md) and has a test in
-tests/dledger/test_syncobj_patch.py that fails without it.
+pysyncobj supplies Raft's message handlers and the log bookkeeping; dledger owns the tick loop
+(``_onTick``), the storage (our journal), the transport (TCP: ``peer_tcp``; in-process:
+``inproc``; simulated: ``dledger.sim``), the clock (``dledger.clock``) and the randomness (one
+seeded ``random.Random`` per node). Every change answers a measured defect
+(../shared/notes/pysyncobj.md) and has a test that fails without it (tests/dledger/
+test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
 
 1. Journal seam: ``pysyncobj.syncobj.createJournal`` returns our ``RaftJournal`` when one is
-   passed as ``journalFile`` (stock behaviour otherwise). Log compaction is disabled by config.
-2. Follower truncation (defect 1): an AppendEntries whose entries already match the log no
-   longer deletes anything. ``align_append_entries`` rewrites the message so that SyncObj
-   truncates only at the first *conflicting* entry (Raft §5.3: "If an existing entry conflicts
-   with a new one (same index but different terms), delete the existing entry and all that follow
-   it"), and caps the commit index at the last entry the message verified (Figure 2:
-   "commitIndex = min(leaderCommit, index of last new entry)").
+   passed as ``journalFile``. Log compaction is off; pysyncobj's own apply loop is skipped (it read
+   every committed entry back from disk only to ignore it): the node applies entries itself.
+2. Follower truncation (defect 1): ``align_append_entries`` rewrites an AppendEntries so SyncObj
+   truncates only at the first *conflicting* entry (Raft §5.3) and caps the commit index at the
+   last entry the message verified (Figure 2: "commitIndex = min(leaderCommit, index of last new
+   entry)").
 3. Leader nextIndex rewind (defect 1, leader half): a success ack for an older batch no longer
    moves ``nextIndex`` back over batches still in flight.
-4. Fair replication (defect 2) and no chunked path (defect 3): ``_SyncObj__sendAppendEntries``
-   is replaced. Followers are served in rotating order with a per-call byte budget and a cap on
-   bytes queued per connection; every entry, whatever its size, goes in one message (the chunked
-   'transmission' path of 0.3.17 marks 'finish' against the wrong length). A follower whose next
-   entry was removed by retention is sent ``dl_install`` (the anchor) instead of a snapshot.
-5. Check-quorum (defect 4) is pysyncobj's ``leaderFallbackTimeout``, set from
-   dLegerLeaderStepDownMs by the node: an isolated leader steps down after ~1.5 s, not 30 s.
-6. Authentication (defect 5): ``DLedgerSyncObj`` refuses to start without a password, so every
-   peer frame is authenticated before it is unpickled; read-only (unlisted) peers are refused.
-   pysyncobj's Fernet encryptor is replaced by ``AeadEncryptor`` (AES-256-GCM, key from the
-   password by PBKDF2): same three calls, same replay check on the timestamp, but binary frames.
-   Measured: Fernet's base64 took 30 % of the leader's and 67 % of a follower's CPU at 18k msgs/s.
-7. Wire encoding: frames are pickled with protocol 5 (bytes travel raw, not as latin-1 text) and
-   zlib level 0 (stored blocks: still readable by stock peers). Measured: zlib took 58 % of the
-   leader's CPU on incompressible 1 KiB bodies.
-8. Durability before acknowledgement: ``DLedgerTransport.send`` calls the node's ``before_ack``
-   (fdatasync under the sync flush policy) before any ``next_node_idx`` success leaves a follower.
+4. Fair replication (defect 2) and no chunked path (defect 3): followers are served in rotating
+   order with a per-call byte budget and a cap on bytes queued per link; every entry goes in one
+   message. A follower whose next entry was removed by retention gets ``dl_install``.
+5. The tick loop (defect 4), ``_onTick``:
+   - pre-vote (Raft thesis §9.6): a node whose election timer fires first asks whether it could
+     win (``dl_pre_vote`` for term+1, its term unchanged); only a majority of grants starts a real
+     election. A voter grants only if it has not heard from a leader within the minimum election
+     timeout and the candidate's log is at least as up to date as its own. A node that rejoins
+     after a partition, or a follower that was paused, no longer deposes a healthy leader.
+   - votes ignored within the lease: a RequestVote for a higher term is ignored (the term is not
+     adopted) while the voter hears from a leader, unless it comes from a leadership transfer.
+   - a follower that sees an AppendEntries from an older term answers ``dl_stale_term``, so a
+     leader on an older term learns that it is stale (pre-vote alone could leave a node whose term
+     rose during a partition unable to rejoin).
+   - before campaigning, input already received is read first: a tick thread that stalled must not
+     call an election while the leader's heartbeats wait in its socket buffer.
+   - check-quorum: a leader that has not heard from a majority within ``leaderFallbackTimeout``
+     steps down (dLegerLeaderStepDownMs).
+   - the commit index is ``quorum_commit_index``: the highest index held by a majority, counting the
+     leader only up to what it has made durable (``NodeHooks.self_match_index``), and only when
+     that entry is of the leader's current term (Raft §5.4.2).
+   - votes are counted per voter (a duplicated answer counts once).
+6. Durability before acknowledgement: a follower's ``next_node_idx`` success is sent only after
+   ``NodeHooks.before_ack`` (fdatasync under the sync flush policy), whatever the transport.
+7. Time and randomness: every deadline reads ``dledger.clock`` (the thread's injected clock);
+   election timeouts come from the node's own ``random.Random`` (seeded in the simulator); peers
+   are ``PeerNode`` objects whose hash does not depend on PYTHONHASHSEED, so iteration orders are
+   the same in every run.
 
 Thread ownership: all of this runs on the node's tick thread; nothing here is called from the
 event loop.
@@ -37,21 +51,16 @@ event loop.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import pickle as std_pickle
-import struct
+import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import pysyncobj.syncobj as _syncobj_mod
-import pysyncobj.tcp_connection as _tcp_mod
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import SyncObj, SyncObjConf
-from pysyncobj.tcp_connection import CONNECTION_STATE
-from pysyncobj.transport import TCPTransport
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TransportNotReadyError
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger import clock as dl_clock
@@ -61,8 +70,6 @@ log = logging.getLogger(__name__)
 
 PINNED_VERSION = "0.3.17"
 RAFT_STATE_FOLLOWER, RAFT_STATE_CANDIDATE, RAFT_STATE_LEADER = 0, 1, 2
-WIRE_PICKLE_PROTOCOL = 5
-WIRE_ZLIB_LEVEL = 0
 
 
 class PatchError(RuntimeError):
@@ -77,49 +84,6 @@ def check_pinned_version() -> None:
         )
 
 
-class AeadEncryptor:
-    """Authenticated encryption of peer frames: ``v1 | timestamp u64 | nonce(12) | ciphertext+tag``.
-
-    The version byte and timestamp are authenticated (associated data). Nonces are an 8-byte random
-    prefix per instance plus a 4-byte counter; the prefix is drawn again before the counter wraps,
-    so a (key, nonce) pair is never reused in practice.
-    """
-
-    VERSION = b"\x01"
-    _HEAD = struct.Struct("<cQ")
-    SALT = b"dledger-peer-frames-v1"
-
-    def __init__(self, password: str):
-        key = hashlib.pbkdf2_hmac("sha256", password.encode(), self.SALT, 200_000, 32)
-        self._aead = AESGCM(key)
-        self._prefix = os.urandom(8)
-        self._counter = 0
-
-    def _nonce(self) -> bytes:
-        self._counter += 1
-        if self._counter >= 1 << 32:
-            self._prefix, self._counter = os.urandom(8), 1
-        return self._prefix + self._counter.to_bytes(4, "little")
-
-    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        head = self._HEAD.pack(self.VERSION, current_time)
-        nonce = self._nonce()
-        return head + nonce + self._aead.encrypt(nonce, data, head)
-
-    def extract_timestamp(self, token: bytes) -> int:
-        if len(token) < self._HEAD.size + 12 + 16 or token[:1] != self.VERSION:
-            raise ValueError("not a dledger peer frame")
-        return int(self._HEAD.unpack_from(token, 0)[1])
-
-    def decrypt(self, token: bytes) -> bytes:
-        head, nonce = token[: self._HEAD.size], token[self._HEAD.size : self._HEAD.size + 12]
-        return self._aead.decrypt(nonce, token[self._HEAD.size + 12 :], head)  # raises InvalidTag
-
-
-def _get_encryptor(password: str) -> AeadEncryptor:
-    return AeadEncryptor(password)
-
-
 _original_create_journal = _syncobj_mod.createJournal
 _installed = False
 
@@ -130,17 +94,6 @@ def _create_journal(journal_file: Any) -> Any:
     return _original_create_journal(journal_file)
 
 
-def _fast_send(self: Any, message: Any) -> None:
-    """TcpConnection.send with pickle protocol 5 and zlib level 0 (see module doc, item 7)."""
-    if self.sendRandKey:
-        message = (self.sendRandKey, message)
-    data = zlib.compress(std_pickle.dumps(message, WIRE_PICKLE_PROTOCOL), WIRE_ZLIB_LEVEL)
-    if self.encryptor:
-        data = self.encryptor.encrypt_at_time(data, int(_tcp_mod.monotonicTime()))
-    self._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
-    self._TcpConnection__trySendBuffer()
-
-
 def install() -> None:
     """Apply the process-wide patches (idempotent)."""
     global _installed
@@ -149,15 +102,22 @@ def install() -> None:
         return
     dl_clock.bind_pysyncobj()
     _syncobj_mod.createJournal = _create_journal
-    _syncobj_mod.getEncryptor = _get_encryptor
-    _tcp_mod.TcpConnection.send = _fast_send
     _installed = True
+
+
+class PeerNode(TCPNode):
+    """A peer known by its address, hashed the same way in every process (no PYTHONHASHSEED)."""
+
+    def __hash__(self) -> int:
+        return zlib.crc32(self.address.encode())
 
 
 class NodeHooks(Protocol):
     """What DLedgerSyncObj asks of the node that owns it (all called on the tick thread)."""
 
     def before_ack(self) -> None: ...
+
+    def self_match_index(self) -> int: ...
 
     def on_install_anchor(self, anchor_index: int) -> None: ...
 
@@ -166,61 +126,25 @@ class NodeHooks(Protocol):
     def on_leader_floor(self, floor: int) -> None: ...
 
 
-class DLedgerTransport(TCPTransport):
-    """TCPTransport that makes entries durable before a follower acknowledges them."""
+def quorum_commit_index(
+    commit_index: int,
+    self_match: int,
+    peer_match: Sequence[int],
+    current_term: int,
+    term_at: Callable[[int], int],
+) -> int:
+    """The leader's commit index after counting matches (pure).
 
-    hooks: NodeHooks | None = None
-    # Peers (by Raft address) whose traffic this node drops both ways: an in-process partition
-    # for tests; chaos runs cut real links through Toxiproxy instead.
-    blocked: frozenset[str] = frozenset()
-
-    def send(self, node: Any, message: Any) -> bool:
-        if node.address in self.blocked:
-            return False
-        hooks = self.hooks
-        is_ack = type(message) is dict and message.get("type") == "next_node_idx" and message.get("success")
-        if hooks is not None and is_ack:
-            hooks.before_ack()
-        return bool(super().send(node, message))
-
-    def _onMessageReceived(self, node: Any, message: Any) -> None:
-        if node.address in self.blocked:
-            return
-        super()._onMessageReceived(node, message)
-
-    # Peer address (its identity, as announced) -> where to connect to reach it, when different
-    # (a Toxiproxy proxy per link in chaos runs). Only the connecting side uses it.
-    connect_via: dict[str, str] = {}
-
-    def _connectIfNecessarySingle(self, node: Any) -> bool:
-        via = self.connect_via.get(node.address)
-        if via is None:
-            return bool(super()._connectIfNecessarySingle(node))
-        conn = self._connections.get(node)
-        if conn is not None and conn.state != CONNECTION_STATE.DISCONNECTED:
-            return True
-        if not self._shouldConnect(node):
-            return False
-        last = self._lastConnectAttempt.get(node)
-        if last is not None and dl_clock.current_monotonic() - last < self._syncObj.conf.connectionRetryTime:
-            return False
-        self._lastConnectAttempt[node] = dl_clock.current_monotonic()
-        host, _, port = via.rpartition(":")
-        return bool(self._connections[node].connect(host, int(port)))
-
-    def pending_bytes(self, node: Any) -> int:
-        conn = self._connections.get(node)
-        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
-            return 0
-        return int(conn.getSendBufferSize())
-
-    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
-        # Unlisted ("readonly") peers would receive the whole log: refuse them.
-        if message == "readonly" and (not self._syncObj.encryptor or conn.sendRandKey):
-            conn.disconnect()
-            self._unknownConnections.discard(conn)
-            return
-        super()._onIncomingMessageReceived(conn, message)
+    The highest index a majority holds (the leader counted up to ``self_match``, what it made
+    durable), if it is above ``commit_index`` and of ``current_term``: Raft §5.4.2, "Raft never
+    commits log entries from previous terms by counting replicas"; older entries commit with it.
+    Terms never decrease along a log, so no lower index can be of the current term either.
+    """
+    ranked = sorted([self_match, *peer_match], reverse=True)
+    candidate = ranked[len(ranked) // 2]
+    if candidate <= commit_index or term_at(candidate) != current_term:
+        return commit_index
+    return candidate
 
 
 def align_append_entries(
@@ -263,7 +187,11 @@ def align_append_entries(
 
 
 class DLedgerSyncObj(SyncObj):
-    """SyncObj with dledger's corrections; ticked by the node's own thread (autoTick off)."""
+    """SyncObj with dledger's corrections; ticked by its owner (autoTick off).
+
+    ``transport_factory(sync_obj, self_node, other_nodes)`` builds the peer transport (pysyncobj's
+    ``Transport`` interface); ``rng`` draws election timeouts.
+    """
 
     def __init__(
         self,
@@ -273,14 +201,14 @@ class DLedgerSyncObj(SyncObj):
         journal: RaftJournal,
         hooks: NodeHooks,
         *,
-        connect_via: dict[str, str] | None = None,
+        transport_factory: Callable[[Any, Any, Any], Any],
+        rng: random.Random | None = None,
+        prevote: bool = True,
         per_call_budget_bytes: int = 4 << 20,
         max_queued_bytes: int = 8 << 20,
         batch_bytes: int = 1 << 20,
     ):
         install()
-        if not conf.password:
-            raise PatchError("a peer password is required: peer frames are pickles and must be authenticated")
         conf.journalFile = journal
         conf.bindAddress = conf.bindAddress or self_address  # never 0.0.0.0
         conf.autoTick = False
@@ -290,8 +218,11 @@ class DLedgerSyncObj(SyncObj):
         conf.dynamicMembershipChange = False
         conf.maxBindRetries = conf.maxBindRetries or 5
         conf.appendEntriesBatchSizeBytes = max(conf.appendEntriesBatchSizeBytes, batch_bytes)
+        self.dl_conf: SyncObjConf = conf  # SyncObj's __init__ already draws a timeout from it
         self.dl_journal = journal
         self.dl_hooks = hooks
+        self.dl_rng = rng or random.Random()
+        self.dl_prevote = prevote
         self.dl_per_call_budget_bytes = per_call_budget_bytes
         self.dl_max_queued_bytes = max_queued_bytes
         self.dl_batch_bytes = batch_bytes
@@ -302,15 +233,44 @@ class DLedgerSyncObj(SyncObj):
         self.dl_appends_received = 0
         self.dl_last_append_at: float | None = None
         self.dl_max_append_gap_s = 0.0
-        super().__init__(self_address, other_addresses, conf=conf, transportClass=DLedgerTransport)
-        self.dl_transport: DLedgerTransport = self._SyncObj__transport
-        self.dl_transport.hooks = hooks
-        self.dl_transport.connect_via = dict(connect_via or {})
+        self.dl_last_leader_contact: float | None = None
+        self.dl_prevote_round = 0
+        self.dl_prevote_term: int | None = None
+        self.dl_prevote_grants: set[Any] = set()
+        self.dl_voters: set[Any] = set()
+        # Followers whose log position the leader does not know yet: sent one probe at a time,
+        # nextIndex moved only by their answers (etcd's probe state); the others get pipelined.
+        self.dl_probing: set[Any] = set()
+        self.dl_counters: dict[str, int] = dict.fromkeys(
+            (
+                "prevotes_started",
+                "elections_started",
+                "became_leader",
+                "stepdowns_check_quorum",
+                "stepdowns_stale_term",
+                "votes_ignored_in_lease",
+                "prevotes_granted",
+                "prevotes_refused",
+            ),
+            0,
+        )
+        super().__init__(
+            self_address,
+            other_addresses,
+            conf=conf,
+            nodeClass=PeerNode,
+            transportClass=transport_factory,
+        )
+        self.dl_transport: Any = self._SyncObj__transport
 
     # -- read-only views of SyncObj state (tick thread only) ---------------------------------
     @property
     def dl_state(self) -> int:
         return int(self._SyncObj__raftState)
+
+    @property
+    def dl_leader(self) -> Any:
+        return self._SyncObj__raftLeader
 
     def dl_match_index(self) -> dict[Any, int]:
         return dict(self._SyncObj__raftMatchIndex)
@@ -320,6 +280,9 @@ class DLedgerSyncObj(SyncObj):
 
     def dl_last_response(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)
+
+    def dl_others(self) -> list[Any]:
+        return sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
 
     def dl_skip_replay(self, applied_index: int) -> None:
         """Before the first tick: SyncObj need not re-run entries that are already applied."""
@@ -333,58 +296,318 @@ class DLedgerSyncObj(SyncObj):
         if self.dl_state == RAFT_STATE_LEADER:
             self._SyncObj__sendAppendEntries()
 
-    # -- item 2, 3 and the install message: incoming messages ----------------------------------
+    # -- item 5: the tick loop --------------------------------------------------------------
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        transport = self.dl_transport
+        if not transport.ready:
+            try:
+                transport.tryGetReady()
+            except TransportNotReadyError:
+                pass
+            if not transport.ready:
+                self._poller.poll(timeToWait)
+                return
+        now = dl_clock.current_monotonic()
+        if now - self._SyncObj__startTime > self._SyncObj__numOneSecondDumps:
+            self._SyncObj__numOneSecondDumps += 1
+            self._SyncObj__raftLog.onOneSecondTimer()
+        if self.dl_state != RAFT_STATE_LEADER and self._SyncObj__raftElectionDeadline < now:
+            self._poller.poll(0)  # heartbeats that already arrived come first
+            now = dl_clock.current_monotonic()
+            if (
+                self.dl_state != RAFT_STATE_LEADER
+                and self._SyncObj__raftElectionDeadline < now
+                and self._SyncObj__connectedToAnyone()
+            ):
+                self._dl_campaign(now)
+        if self.dl_state == RAFT_STATE_LEADER:
+            self._dl_advance_commit()
+            self._dl_check_quorum(now)
+        # pysyncobj's apply loop would read every committed entry back only to skip it (our
+        # entries are not pysyncobj commands): the node applies them itself.
+        if self._SyncObj__raftCommitIndex > self._SyncObj__raftLastApplied:
+            self._SyncObj__raftLastApplied = self._SyncObj__raftCommitIndex
+        if self.dl_state == RAFT_STATE_LEADER and now > self._SyncObj__newAppendEntriesTime:
+            self._SyncObj__sendAppendEntries()
+        with self._SyncObj__onTickCallbacksLock:
+            callbacks = list(self._SyncObj__onTickCallbacks)
+        for callback in callbacks:
+            callback()
+        self._poller.poll(timeToWait)
+
+    def _SyncObj__generateRaftTimeout(self) -> float:
+        low, high = self.dl_conf.raftMinTimeout, self.dl_conf.raftMaxTimeout
+        return float(low + (high - low) * self.dl_rng.random())
+
+    def _dl_majority(self, count: int) -> bool:
+        return count > (len(self._SyncObj__otherNodes) + 1) / 2
+
+    def _dl_in_lease(self, now: float) -> bool:
+        """Heard from a live leader within the minimum election timeout (or is the leader)."""
+        if self.dl_state == RAFT_STATE_LEADER:
+            return True
+        contact = self.dl_last_leader_contact
+        return (
+            self._SyncObj__raftLeader is not None
+            and contact is not None
+            and now - contact < self.dl_conf.raftMinTimeout
+        )
+
+    def _dl_log_ok(self, last_log_index: int, last_log_term: int) -> bool:
+        """The candidate's log is at least as up to date as ours (Raft §5.4.1)."""
+        my_term = self._SyncObj__getCurrentLogTerm()
+        return last_log_term > my_term or (
+            last_log_term == my_term and last_log_index >= self._SyncObj__getCurrentLogIndex()
+        )
+
+    def _dl_campaign(self, now: float) -> None:
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        if self._SyncObj__transferInProgress or not self.dl_prevote:
+            self._dl_start_election(transfer=bool(self._SyncObj__transferInProgress))
+            return
+        self.dl_counters["prevotes_started"] += 1
+        self.dl_prevote_round += 1
+        self.dl_prevote_term = self._SyncObj__raftCurrentTerm + 1
+        self.dl_prevote_grants = set()
+        if self.dl_leader is not None:
+            self._SyncObj__raftLeader = None
+            self._SyncObj__onLeaderChanged()
+        message = {
+            "type": "dl_pre_vote",
+            "term": self.dl_prevote_term,
+            "last_log_index": self._SyncObj__getCurrentLogIndex(),
+            "last_log_term": self._SyncObj__getCurrentLogTerm(),
+            "round": self.dl_prevote_round,
+        }
+        for node in self.dl_others():
+            self.dl_transport.send(node, message)
+        if self._dl_majority(1):
+            self._dl_start_election(transfer=False)
+
+    def _dl_start_election(self, transfer: bool) -> None:
+        self.dl_counters["elections_started"] += 1
+        self.dl_prevote_term = None
+        self._SyncObj__transferInProgress = False
+        self._SyncObj__raftLeader = None
+        self._SyncObj__setState(RAFT_STATE_CANDIDATE)
+        # Durable before the request leaves: our own vote is a vote like any other.
+        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm + 1, self._SyncObj__selfNode.id)
+        self._SyncObj__votesCount = 1
+        self.dl_voters = set()
+        message = {
+            "type": "request_vote",
+            "term": self._SyncObj__raftCurrentTerm,
+            "last_log_index": self._SyncObj__getCurrentLogIndex(),
+            "last_log_term": self._SyncObj__getCurrentLogTerm(),
+            "dl_transfer": transfer,
+        }
+        for node in self.dl_others():
+            self.dl_transport.send(node, message)
+        self._SyncObj__onLeaderChanged()
+        if self._dl_majority(1):
+            self._dl_become_leader()
+
+    def _dl_become_leader(self) -> None:
+        self.dl_counters["became_leader"] += 1
+        self.dl_probing = set(self._SyncObj__otherNodes)
+        self._SyncObj__onBecomeLeader()
+
+    def _dl_step_down(self, term: int | None, reason: str) -> None:
+        if term is not None and term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+        was_leader = self.dl_state == RAFT_STATE_LEADER
+        self._SyncObj__setState(RAFT_STATE_FOLLOWER)
+        self._SyncObj__raftLeader = None
+        self.dl_prevote_term = None
+        if was_leader:
+            self.dl_counters[f"stepdowns_{reason}"] += 1
+            log.warning("stepping down as leader: %s", reason.replace("_", " "))
+
+    def _dl_advance_commit(self) -> None:
+        commit = self._SyncObj__raftCommitIndex
+        match = self._SyncObj__raftMatchIndex
+        new = quorum_commit_index(
+            commit,
+            min(self.dl_hooks.self_match_index(), self._SyncObj__getCurrentLogIndex()),
+            [match.get(n, 0) for n in self._SyncObj__otherNodes],
+            self._SyncObj__raftCurrentTerm,
+            self._dl_term_at,
+        )
+        if new != commit:
+            self._SyncObj__raftCommitIndex = new
+            self._SyncObj__raftLog.setRaftCommitIndex(new)
+        self._SyncObj__leaderCommitIndex = new
+
+    def _dl_check_quorum(self, now: float) -> None:
+        deadline = now - self.dl_conf.leaderFallbackTimeout
+        responses = self._SyncObj__lastResponseTime
+        heard = 1 + sum(1 for n in self._SyncObj__otherNodes if responses.get(n, deadline) > deadline)
+        if not self._dl_majority(heard):
+            self._dl_step_down(None, "check_quorum")
+
+    # -- incoming messages (items 2, 3, 5 and the install message) -------------------------------
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         mtype = message.get("type") if type(message) is dict else None
         if mtype == "append_entries":
-            self._dl_note_append(message)
-            if "transmission" in message:
-                log.error("dropping a chunked append_entries from %s: dledger peers never send them", node)
-                return
-            floor = message.get("dl_floor")
-            if floor is not None and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
-                self.dl_hooks.on_leader_floor(int(floor))
-            if "prevLogIdx" in message:
-                store = self.dl_journal.store
-                first = store.anchor[0] if store.anchor[0] > 0 else 1
-                message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
-                self.dl_journal.skip_next_truncate = skip
-            try:
-                SyncObj._SyncObj__onMessageReceived(self, node, message)
-            finally:
-                self.dl_journal.skip_next_truncate = False
-            return
-        if mtype == "dl_install":
-            self._dl_on_install(node, message)
-            return
-        if mtype == "next_node_idx" and self.dl_state == RAFT_STATE_LEADER:
-            next_index = self._SyncObj__raftNextIndex
-            before = next_index.get(node)
-            SyncObj._SyncObj__onMessageReceived(self, node, message)
-            after = next_index.get(node)
+            self._dl_on_append_entries(node, message)
+        elif mtype == "next_node_idx":
+            self._dl_on_next_node_idx(node, message)
+        elif mtype == "request_vote":
+            now = dl_clock.current_monotonic()
             if (
-                message.get("success")
-                and not message.get("reset")
-                and before is not None
-                and after is not None
-                and after < before
+                message["term"] > self._SyncObj__raftCurrentTerm
+                and not message.get("dl_transfer")
+                and self._dl_in_lease(now)
             ):
-                next_index[node] = before
-                self.dl_rewinds_prevented += 1
-            return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+                self.dl_counters["votes_ignored_in_lease"] += 1
+                return
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        elif mtype == "response_vote":
+            # Count each voter once (a duplicated answer must not make a majority).
+            if (
+                self.dl_state == RAFT_STATE_CANDIDATE
+                and message["term"] == self._SyncObj__raftCurrentTerm
+                and node not in self.dl_voters
+            ):
+                self.dl_voters.add(node)
+                self._SyncObj__votesCount += 1
+                if self._dl_majority(self._SyncObj__votesCount):
+                    self._dl_become_leader()
+        elif mtype == "dl_pre_vote":
+            self._dl_on_pre_vote(node, message)
+        elif mtype == "dl_pre_vote_response":
+            self._dl_on_pre_vote_response(node, message)
+        elif mtype == "dl_stale_term":
+            if message["term"] > self._SyncObj__raftCurrentTerm:
+                self._dl_step_down(message["term"], "stale_term")
+        elif mtype == "dl_install":
+            self._dl_on_install(node, message)
+        elif mtype == "timeout_now":
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        else:
+            log.warning("ignoring a peer message of type %r from %s", mtype, node)
 
-    def _dl_note_append(self, message: dict[str, Any]) -> None:
-        # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
-        # leader's heartbeats keep their period whatever the clocks of the hosts do.
-        if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+    def _dl_on_append_entries(self, node: Any, message: dict[str, Any]) -> None:
+        term = message["term"]
+        if term < self._SyncObj__raftCurrentTerm:
+            # A leader of an older term: tell it (it steps down), instead of ignoring it silently.
+            self.dl_transport.send(node, {"type": "dl_stale_term", "term": self._SyncObj__raftCurrentTerm})
+            return
+        if "transmission" in message or "serialized" in message:
+            log.error(
+                "dropping a chunked/snapshot append_entries from %s: dledger peers never send them", node
+            )
             return
         now = dl_clock.current_monotonic()
+        self.dl_last_leader_contact = now
+        self.dl_prevote_term = None
+        self._dl_note_append(now)
+        floor = message.get("dl_floor")
+        if floor is not None:
+            self.dl_hooks.on_leader_floor(int(floor))
+        if "prevLogIdx" in message:
+            store = self.dl_journal.store
+            first = store.anchor[0] if store.anchor[0] > 0 else 1
+            message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
+            self.dl_journal.skip_next_truncate = skip
+        applied = self._SyncObj__raftLastApplied
+        if self.dl_journal.skip_next_truncate:
+            # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
+            # skip (nothing is truncated): keep it from crying wolf.
+            self._SyncObj__raftLastApplied = 0
+        try:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        finally:
+            self.dl_journal.skip_next_truncate = False
+            self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
+
+    def _dl_note_append(self, now: float) -> None:
+        # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
+        # leader's heartbeats keep their period whatever the clocks of the hosts do.
         last = self.dl_last_append_at
         if last is not None:
             self.dl_max_append_gap_s = max(self.dl_max_append_gap_s, now - last)
         self.dl_last_append_at = now
         self.dl_appends_received += 1
+
+    def _dl_on_next_node_idx(self, node: Any, message: dict[str, Any]) -> None:
+        if self.dl_state != RAFT_STATE_LEADER:
+            return
+        next_index = self._SyncObj__raftNextIndex
+        if message["reset"]:
+            # A follower's answer to a probe: its log does not match at (or ends before) the hint.
+            # Answers to probes sent one after another arrive in any order; taking the lowest keeps
+            # nextIndex walking back instead of bouncing between two of them (found by the
+            # simulator: a leader and a follower with a stale tail probed 64 and 65 for ever).
+            # Only the answer to dl_install moves it forward: the follower restarted its log there.
+            hint = message["next_node_idx"]
+            current = next_index.get(node, hint)
+            next_index[node] = hint if message.get("installed") else min(current, hint)
+            self.dl_probing.add(node)
+            self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
+            return
+        if message["success"]:
+            self.dl_probing.discard(node)
+        before = next_index.get(node)
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        after = next_index.get(node)
+        if (
+            message.get("success")
+            and not message.get("reset")
+            and before is not None
+            and after is not None
+            and after < before
+        ):
+            next_index[node] = before
+            self.dl_rewinds_prevented += 1
+
+    def _SyncObj__sendNextNodeIdx(
+        self, node: Any, reset: bool = False, nextNodeIdx: int | None = None, success: bool = False
+    ) -> None:
+        if success:
+            self.dl_hooks.before_ack()  # item 6: durable before the follower says so
+        if nextNodeIdx is None:
+            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        self.dl_transport.send(
+            node, {"type": "next_node_idx", "next_node_idx": nextNodeIdx, "reset": reset, "success": success}
+        )
+
+    def _dl_on_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        now = dl_clock.current_monotonic()
+        current = self._SyncObj__raftCurrentTerm
+        granted = (
+            message["term"] > current
+            and not self._dl_in_lease(now)
+            and self._dl_log_ok(message["last_log_index"], message["last_log_term"])
+        )
+        self.dl_counters["prevotes_granted" if granted else "prevotes_refused"] += 1
+        self.dl_transport.send(
+            node,
+            {
+                "type": "dl_pre_vote_response",
+                "term": message["term"],
+                "granted": granted,
+                "current_term": current,
+                "round": message["round"],
+            },
+        )
+
+    def _dl_on_pre_vote_response(self, node: Any, message: dict[str, Any]) -> None:
+        if not message["granted"] and message["current_term"] > self._SyncObj__raftCurrentTerm:
+            # The voter is on a newer term: follow it there (without a vote) so we can rejoin.
+            self._dl_step_down(message["current_term"], "stale_term")
+            return
+        if (
+            self.dl_state == RAFT_STATE_LEADER
+            or self.dl_prevote_term is None
+            or message["round"] != self.dl_prevote_round
+            or message["term"] != self.dl_prevote_term
+            or not message["granted"]
+        ):
+            return
+        self.dl_prevote_grants.add(node)
+        if self._dl_majority(1 + len(self.dl_prevote_grants)):
+            self._dl_start_election(transfer=False)
 
     def _dl_term_at(self, index: int) -> int:
         store = self.dl_journal.store
@@ -393,9 +616,18 @@ class DLedgerSyncObj(SyncObj):
         return int(self.dl_journal.entry_at_index(index).term)
 
     def _dl_on_install(self, node: Any, message: dict[str, Any]) -> None:
-        term = message.get("term", -1)
-        if term < self._SyncObj__raftCurrentTerm or node != self._SyncObj__raftLeader:
-            return  # only the current leader may move our anchor; it retries
+        term = message["term"]
+        if term < self._SyncObj__raftCurrentTerm:
+            self.dl_transport.send(node, {"type": "dl_stale_term", "term": self._SyncObj__raftCurrentTerm})
+            return
+        # Like an AppendEntries: only the leader of this term sends it, so follow it.
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+        self._SyncObj__setState(RAFT_STATE_FOLLOWER)
+        if self.dl_leader != node:
+            self._SyncObj__onLeaderChanged()
+            self._SyncObj__raftLeader = node
+        self.dl_prevote_term = None
         anchor_index, anchor_term, anchor_chain = message["anchor"]
         store = self.dl_journal.store
         has_anchor = (
@@ -414,15 +646,23 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, anchor_index)
             self.dl_journal.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
             self.dl_hooks.on_install_anchor(anchor_index)
-        self._SyncObj__raftElectionDeadline = dl_clock.current_monotonic() + self._SyncObj__generateRaftTimeout()
+        now = dl_clock.current_monotonic()
+        self.dl_last_leader_contact = now
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         self.dl_transport.send(
             node,
-            {"type": "next_node_idx", "next_node_idx": anchor_index + 1, "reset": True, "success": False},
+            {
+                "type": "next_node_idx",
+                "next_node_idx": anchor_index + 1,
+                "reset": True,
+                "success": False,
+                "installed": True,
+            },
         )
 
     # -- item 4: replication --------------------------------------------------------------------
     def _SyncObj__sendAppendEntries(self) -> None:
-        self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self._SyncObj__conf.appendEntriesPeriod
+        self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self.dl_conf.appendEntriesPeriod
         nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
         if not nodes:
             return
@@ -437,7 +677,9 @@ class DLedgerSyncObj(SyncObj):
         transport = self.dl_transport
         if transport.pending_bytes(node) > self.dl_max_queued_bytes:
             return  # the connection is clogged: anything more would only queue in RAM
-        next_index = self._SyncObj__raftNextIndex[node]
+        next_index = max(1, min(self._SyncObj__raftNextIndex[node], store.last_index + 1))
+        self._SyncObj__raftNextIndex[node] = next_index
+        probing = node in self.dl_probing
         anchor_index = store.anchor[0]
         if anchor_index > 0 and next_index <= anchor_index:
             self._dl_send_install(node)
@@ -468,7 +710,7 @@ class DLedgerSyncObj(SyncObj):
             if not transport.send(node, message):
                 return
             first_message = False
-            if not entries:
+            if not entries or probing:
                 return
             next_index = entries[-1][1] + 1
             self._SyncObj__raftNextIndex[node] = next_index

@@ -7,6 +7,17 @@ Keys (RocketMQ's names; all optional):
     scanNotActiveBrokerInterval=10000   ms between scans for brokers that stopped heartbeating
     brokerChannelMaxIdleTime=120000     ms without a heartbeat before a broker is removed
                                         (a registration's own heartbeat_timeout_ms overrides it)
+    aclEnable=false                     true: registrations, unregistrations and route deletions
+                                        must be signed (docs/SECURITY.md)
+    aclFile=                            plain_acl.yml (required with aclEnable): broker accounts
+                                        (brokerNames) register their groups, admins delete routes
+    tlsEnable=false                     true: serve HTTPS with the two files below
+    tlsServerCertPath=                  PEM certificate chain of this NameServer
+    tlsServerKeyPath=                   PEM private key (keep it 0600)
+    serverConnectionsMax=1024           open client connections at most (more are closed at once)
+    serverHeaderTimeoutMs=10000         time a connection has to send a complete request head
+    serverIdleTimeoutMs=60000           an idle keep-alive connection is closed after this
+    serverBodyTimeoutMs=30000           time a request body has to arrive
 
 Invariant: scanNotActiveBrokerInterval <= brokerChannelMaxIdleTime, so a dead broker leaves the
 routes at most idle + interval after its last heartbeat. Every failure is a ``ConfigError`` naming
@@ -25,7 +36,21 @@ from typing import Any, Final
 from dledger.config import ConfigError, is_valid_host, load_properties
 
 NAMESRV_KEYS: Final = frozenset(
-    {"listenPort", "bindAddress", "scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime"}
+    {
+        "listenPort",
+        "bindAddress",
+        "scanNotActiveBrokerInterval",
+        "brokerChannelMaxIdleTime",
+        "aclEnable",
+        "aclFile",
+        "tlsEnable",
+        "tlsServerCertPath",
+        "tlsServerKeyPath",
+        "serverConnectionsMax",
+        "serverHeaderTimeoutMs",
+        "serverIdleTimeoutMs",
+        "serverBodyTimeoutMs",
+    }
 )
 _DECIMAL_RE: Final = re.compile(r"-?[0-9]+")  # ASCII only: int() would also take '1_000' or '١'
 
@@ -36,6 +61,13 @@ class NamesrvConfig:
     bind_address: str = "127.0.0.1"
     scan_not_active_broker_interval_ms: int = 10_000
     broker_channel_max_idle_time_ms: int = 120_000
+    acl_file: str | None = None  # None: ACL off
+    tls_cert_file: str | None = None  # None: plain HTTP
+    tls_key_file: str | None = None
+    connections_max: int = 1024
+    header_timeout_ms: int = 10_000
+    idle_timeout_ms: int = 60_000
+    body_timeout_ms: int = 30_000
     source: str = ""
 
     def as_properties(self) -> dict[str, Any]:
@@ -45,6 +77,13 @@ class NamesrvConfig:
             "bindAddress": self.bind_address,
             "scanNotActiveBrokerInterval": self.scan_not_active_broker_interval_ms,
             "brokerChannelMaxIdleTime": self.broker_channel_max_idle_time_ms,
+            "aclEnable": self.acl_file is not None,
+            "aclFile": self.acl_file or "",
+            "tlsEnable": self.tls_cert_file is not None,
+            "serverConnectionsMax": self.connections_max,
+            "serverHeaderTimeoutMs": self.header_timeout_ms,
+            "serverIdleTimeoutMs": self.idle_timeout_ms,
+            "serverBodyTimeoutMs": self.body_timeout_ms,
         }
 
 
@@ -83,13 +122,40 @@ def parse_namesrv_config(props: Mapping[str, str], source: str = "<properties>")
             f"({scan_ms} ms) must not exceed brokerChannelMaxIdleTime ({idle_ms} ms)",
             source,
         )
+    acl_file = _enabled_path(props, "aclEnable", "aclFile", source)
+    tls_cert = _enabled_path(props, "tlsEnable", "tlsServerCertPath", source)
+    tls_key = _enabled_path(props, "tlsEnable", "tlsServerKeyPath", source)
     return NamesrvConfig(
         listen_port=_integer(props, "listenPort", 9876, 0, 65535, source),
         bind_address=bind_address,
         scan_not_active_broker_interval_ms=scan_ms,
         broker_channel_max_idle_time_ms=idle_ms,
+        acl_file=acl_file,
+        tls_cert_file=tls_cert,
+        tls_key_file=tls_key,
+        connections_max=_integer(props, "serverConnectionsMax", 1024, 1, 1_000_000, source),
+        header_timeout_ms=_integer(props, "serverHeaderTimeoutMs", 10_000, 100, 600_000, source),
+        idle_timeout_ms=_integer(props, "serverIdleTimeoutMs", 60_000, 100, 3_600_000, source),
+        body_timeout_ms=_integer(props, "serverBodyTimeoutMs", 30_000, 100, 600_000, source),
         source=source,
     )
+
+
+def _boolean(props: Mapping[str, str], key: str, source: str) -> bool:
+    raw = props.get(key, "false")
+    if raw.lower() not in ("true", "false"):
+        raise ConfigError(key, f"must be true or false, got {raw!r}", source)
+    return raw.lower() == "true"
+
+
+def _enabled_path(props: Mapping[str, str], flag: str, key: str, source: str) -> str | None:
+    """The path under ``key`` when ``flag`` is true (then required), else None."""
+    if not _boolean(props, flag, source):
+        return None
+    path = props.get(key, "")
+    if not path:
+        raise ConfigError(key, f"is required when {flag}=true", source)
+    return path
 
 
 def load_namesrv_config(path: str | os.PathLike[str]) -> NamesrvConfig:

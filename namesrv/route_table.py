@@ -21,12 +21,17 @@ Invariants (``check_invariants`` asserts them):
 1. an address is placed under exactly one (broker name, broker id) at a time; ``live`` and the
    groups' ``addrs`` describe the same placements;
 2. broker id 0 is the group's leader. Only a LEADER registration whose term is >= the group's
-   ``leader_term`` takes it, so ``leader_term`` never decreases while the group exists;
+   ``leader_term`` takes it, so ``leader_term`` never decreases while the group keeps its leader.
+   When the leader leaves (unregisters, expires, is removed) ``leader_term`` falls back to the
+   highest term a remaining member reported: a term claim is bounded by what the group's own
+   members report, so a claim of term 2^63-1 that then leaves cannot lock the real leader out
+   (issue 10, finding 1). Who may speak for a group is the server's business (signed requests);
+   the table only keeps the numbers honest;
 3. per address and group, accepted (term, data_version) pairs never decrease: a registration below
    the recorded pair is a delayed packet, answered but not applied;
 4. queue data of a group comes only from its leader's registrations; a group without a leader keeps
    the queue data of its last leader; a group with no address left is dropped with its queue data;
-5. at most ``brokers_max`` live addresses.
+5. at most ``brokers_max`` live addresses, and at most ``topic_entries_max`` (group, topic) pairs.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from broker.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
 from dledger.config import is_valid_host
 
 WIRE_VERSION: Final = 1
@@ -50,10 +56,9 @@ HEARTBEAT_TIMEOUT_MS_MAX: Final = 86_400_000
 QUEUE_NUMS_MAX: Final = 1024
 TOPICS_PER_REGISTRATION_MAX: Final = 100_000
 BROKERS_MAX_DEFAULT: Final = 10_000
+TOPIC_ENTRIES_MAX_DEFAULT: Final = 1_000_000
 INT64_MAX: Final = 2**63 - 1
 
-TOPIC_RE: Final = re.compile(r"[%|a-zA-Z0-9_-]{1,127}")
-NAME_RE: Final = re.compile(r"[a-zA-Z0-9_-]{1,127}")
 _PORT_RE: Final = re.compile(r"[0-9]{1,5}")
 
 STALE_TERM: Final = "STALE_TERM"
@@ -199,17 +204,13 @@ class ExpiredBroker:
 
 # -- validation ----------------------------------------------------------------------------------
 def validate_topic(topic: object) -> None:
-    if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
-        raise InvalidRecordError(
-            "INVALID_TOPIC", f"topic must be 1..127 characters of [%|a-zA-Z0-9_-], got {topic!r:.160}"
-        )
+    if not is_topic(topic):
+        raise InvalidRecordError("INVALID_TOPIC", f"topic must match {TOPIC_RULE}, got {topic!r:.160}")
 
 
 def validate_name(value: object, code: str, what: str) -> None:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise InvalidRecordError(
-            code, f"{what} must be 1..127 characters of [a-zA-Z0-9_-], got {value!r:.160}"
-        )
+    if not is_name(value):
+        raise InvalidRecordError(code, f"{what} must match {NAME_RULE}, got {value!r:.160}")
 
 
 def validate_address(address: object) -> None:
@@ -299,12 +300,16 @@ class RouteTable:
         self,
         heartbeat_timeout_ms_default: int = HEARTBEAT_TIMEOUT_MS_DEFAULT,
         brokers_max: int = BROKERS_MAX_DEFAULT,
+        topic_entries_max: int = TOPIC_ENTRIES_MAX_DEFAULT,
     ):
-        assert heartbeat_timeout_ms_default > 0 and brokers_max > 0
+        assert heartbeat_timeout_ms_default > 0 and brokers_max > 0 and topic_entries_max > 0
         self.heartbeat_timeout_ms_default = heartbeat_timeout_ms_default
         self.brokers_max = brokers_max
+        self.topic_entries_max = topic_entries_max
         self._groups: dict[str, _Group] = {}
         self._live: dict[str, LiveBroker] = {}
+        self._topic_groups: dict[str, int] = {}  # topic -> how many groups announce it
+        self._topic_entries = 0  # sum of len(group.topics)
 
     # -- writes ------------------------------------------------------------------------------
     def register(self, reg: BrokerRegistration, now_ms: int) -> RegisterResult:
@@ -324,6 +329,12 @@ class RouteTable:
         previous = self._live.get(reg.address)
         if previous is None and len(self._live) >= self.brokers_max:
             raise TableFullError("TABLE_FULL", f"the table already holds {self.brokers_max} brokers")
+        if reg.broker_id == LEADER_ID:
+            held = len(group.topics) if group is not None else 0
+            if self._topic_entries - held + len(reg.topics) > self.topic_entries_max:
+                raise TableFullError(
+                    "TABLE_FULL", f"the table would hold more than {self.topic_entries_max} (group, topic) routes"
+                )
         changes: list[str] = []
         group = self._place(reg, previous, changes)
         if reg.broker_id == LEADER_ID:
@@ -368,7 +379,9 @@ class RouteTable:
         validate_topic(topic)
         found = False
         for group in self._groups.values():
-            found = group.topics.pop(topic, None) is not None or found
+            if group.topics.pop(topic, None) is not None:
+                self._count_topics((), (topic,))
+                found = True
         return found
 
     # -- reads -------------------------------------------------------------------------------
@@ -399,7 +412,7 @@ class RouteTable:
         )
 
     def topic_list(self) -> tuple[str, ...]:
-        return tuple(sorted({t for group in self._groups.values() for t in group.topics}))
+        return tuple(sorted(self._topic_groups))
 
     def broker_for(self, broker_name: str) -> BrokerData | None:
         group = self._groups.get(broker_name)
@@ -417,7 +430,8 @@ class RouteTable:
             "clusters": len({g.cluster for g in self._groups.values()}),
             "broker_groups": len(self._groups),
             "brokers": len(self._live),
-            "topics": len(self.topic_list()),
+            "topics": len(self._topic_groups),
+            "topic_routes": self._topic_entries,
         }
 
     def check_invariants(self) -> None:
@@ -428,6 +442,12 @@ class RouteTable:
         assert all(g.addrs for g in self._groups.values()), "empty group kept"
         assert all(self._live[a].cluster == self._groups[n].cluster for a, (n, _) in placed.items())
         assert len(self._live) <= self.brokers_max
+        counted: dict[str, int] = {}
+        for g in self._groups.values():
+            for t in g.topics:
+                counted[t] = counted.get(t, 0) + 1
+        assert counted == self._topic_groups, "topic counts drifted"
+        assert self._topic_entries == sum(counted.values()) <= self.topic_entries_max
 
     # -- internals ---------------------------------------------------------------------------
     def _stale_reason(self, reg: BrokerRegistration, group: _Group | None) -> str | None:
@@ -491,7 +511,19 @@ class RouteTable:
         removed = sorted(group.topics.keys() - topics.keys())
         altered = sorted(t for t in topics.keys() & group.topics.keys() if topics[t] != group.topics[t])
         group.topics = topics
+        self._count_topics(added, removed)
         changes.append(f"topics of {reg.broker_name}: +{_few(added)} -{_few(removed)} ~{_few(altered)}")
+
+    def _count_topics(self, added: list[str] | tuple[str, ...], removed: list[str] | tuple[str, ...]) -> None:
+        for t in added:
+            self._topic_groups[t] = self._topic_groups.get(t, 0) + 1
+        for t in removed:
+            left = self._topic_groups[t] - 1
+            if left:
+                self._topic_groups[t] = left
+            else:
+                del self._topic_groups[t]
+        self._topic_entries += len(added) - len(removed)
 
     def _live_record(self, reg: BrokerRegistration, previous: LiveBroker | None, now_ms: int) -> LiveBroker:
         follower_id = reg.broker_id if reg.broker_id != LEADER_ID else None
@@ -521,7 +553,13 @@ class RouteTable:
         group = self._groups[live.broker_name]
         assert group.addrs.get(live.broker_id) == address, "live record and group disagree"
         del group.addrs[live.broker_id]
+        if live.broker_id == LEADER_ID:
+            # The leader left: the group honours no term above what its remaining members report.
+            group.leader_term = max(
+                (self._live[a].term for a in group.addrs.values() if a in self._live), default=-1
+            )
         if not group.addrs and live.broker_name != keep_group:
+            self._count_topics((), tuple(group.topics))
             del self._groups[live.broker_name]
 
     def _remove(self, address: str) -> None:

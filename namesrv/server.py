@@ -13,6 +13,14 @@ JSON ``{v, code, message}``)::
     DELETE /v1/topics/{topic}       {v, topic, deleted: true}, or 404 TOPIC_NOT_EXIST
     GET    /v1/status               uptime, counts, totals, live brokers, config
 
+With ``aclEnable=true`` (docs/SECURITY.md) registrations and unregistrations must be signed by an
+account whose ``brokerNames`` lists the group, and route deletions by an admin account; reads stay
+open (routes are what every client needs first). Errors are 401 (unsigned, bad signature, stale
+timestamp, replay) or 403 (signed, but not allowed).
+
+The port sits behind ``broker.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
+JSON errors from the HTTP parser) and serves HTTPS with ``tlsEnable=true``.
+
 Ownership: one task (``TableOwner``) owns the RouteTable and the counters. Handlers only decode,
 submit a closure to its bounded queue and encode the answer; the scan task submits a scan every
 ``scanNotActiveBrokerInterval`` ms. The table's clock is injected (monotonic ms by default).
@@ -23,15 +31,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
+from broker.acl import AclError, AclWatcher
+from broker.auth import AuthError
+from broker.http_edge import (
+    ClientGone,
+    EdgeError,
+    Guard,
+    Limits,
+    guarded_app,
+    server_ssl_context,
+    start_server,
+)
+from broker.security import Security
+from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
-from dledger.process_main import run_until_signalled, setup_logging
 from namesrv import wire
 from namesrv.config import NamesrvConfig, load_namesrv_config
 from namesrv.route_table import (
@@ -146,6 +167,21 @@ class NamesrvService:
         self._wall_clock_ms = wall_clock_ms
         self._run_scanner = run_scanner
         self._scanner: asyncio.Task[None] | None = None
+        self._acl_task: asyncio.Task[None] | None = None
+        self.guard = Guard(
+            Limits(
+                connections_max=cfg.connections_max,
+                header_timeout_s=cfg.header_timeout_ms / 1000,
+                idle_timeout_s=cfg.idle_timeout_ms / 1000,
+                body_timeout_s=cfg.body_timeout_ms / 1000,
+                body_bytes_in_flight_max=64 << 20,
+                client_max_size=BODY_BYTES_MAX,
+            ),
+            wire.error_to_dict,
+        )
+        self.security = Security(
+            cfg.acl_file, wall_clock_ms, self.guard, anonymous=lambda request: request.method in ("GET", "HEAD")
+        )
         self._started_ms = clock_ms()
         self._started_wall_ms = wall_clock_ms()
         # Owned by the table task (updated only inside closures it runs).
@@ -154,7 +190,7 @@ class NamesrvService:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=BODY_BYTES_MAX, middlewares=[_errors])
+        app = guarded_app(self.guard, [_errors, self.security.middleware])
         app.router.add_post("/v1/brokers/register", self.handle_register)
         app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
         app.router.add_get("/v1/routes/{topic}", self.handle_route)
@@ -170,13 +206,27 @@ class NamesrvService:
         await self.owner.startup()
         if self._run_scanner:
             self._scanner = asyncio.create_task(self._scan_loop(), name="namesrv-scan")
+        if self.security.enabled:
+            self._acl_task = asyncio.create_task(self.security.run(), name="namesrv-acl")
 
     async def shutdown(self) -> None:
-        if self._scanner is not None:
-            self._scanner.cancel()
-            await asyncio.gather(self._scanner, return_exceptions=True)
-            self._scanner = None
+        for task in (self._scanner, self._acl_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._scanner = self._acl_task = None
         await self.owner.shutdown()
+
+    async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
+        """Start serving on ``host:port`` behind the edge guard (TLS when configured); returns the
+        runner (``cleanup()`` stops it) and the bound ``host:port``."""
+        ssl_ctx = (
+            server_ssl_context(self.cfg.tls_cert_file, self.cfg.tls_key_file or "")
+            if self.cfg.tls_cert_file
+            else None
+        )
+        runner, site = await start_server(self.app(), self.guard, host, port, ssl_ctx)
+        return runner, f"{host}:{site.bound_port}"
 
     async def _on_startup(self, app: web.Application) -> None:
         await self.startup()
@@ -219,7 +269,8 @@ class NamesrvService:
     # -- handlers ----------------------------------------------------------------------------
     async def handle_register(self, request: web.Request) -> web.Response:
         fmt = wire.format_for_content_type(request.content_type)
-        reg = wire.registration_from_dict(wire.parse_body(await request.read(), fmt))
+        reg = wire.registration_from_dict(wire.parse_body(await self.guard.read_body(request), fmt))
+        self.security.require_broker(request, reg.broker_name)
         result = await self.owner.call(lambda table, now_ms: self._register(table, reg, now_ms))
         body = wire.register_response_to_dict(wire.RegisterResponse(result, self._wall_clock_ms()))
         return _reply(request, body)
@@ -244,7 +295,8 @@ class NamesrvService:
 
     async def handle_unregister(self, request: web.Request) -> web.Response:
         fmt = wire.format_for_content_type(request.content_type)
-        req = wire.unregister_from_dict(wire.parse_body(await request.read(), fmt))
+        req = wire.unregister_from_dict(wire.parse_body(await self.guard.read_body(request), fmt))
+        self.security.require_broker(request, req.broker_name)
 
         def job(table: RouteTable, now_ms: int) -> bool:
             removed = table.unregister(req.cluster, req.broker_name, req.address)
@@ -274,6 +326,7 @@ class NamesrvService:
 
     async def handle_delete_topic(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)
+        self.security.require(request, admin=True)
 
         def job(table: RouteTable, now_ms: int) -> bool:
             deleted = table.delete_topic(topic)
@@ -312,6 +365,12 @@ class NamesrvService:
                 for b in table.live_brokers()
             ],
             "config": self.cfg.as_properties(),
+            "security": {
+                "acl": self.security.enabled,
+                "tls": self.cfg.tls_cert_file is not None,
+                "refused": dict(self.security.refused),
+                "edge": self.guard.stats(),
+            },
         }
 
 
@@ -356,6 +415,10 @@ async def _errors(
     except NamesrvError as exc:
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
         return error_response(status, exc.code, exc.message)
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, exc.message)
+    except (EdgeError, ClientGone):
+        raise  # answered by the edge guard's middleware
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -369,12 +432,15 @@ async def _errors(
 # -- process -------------------------------------------------------------------------------------
 async def serve(cfg: NamesrvConfig, stop: asyncio.Event) -> None:
     service = NamesrvService(cfg)
-    runner = web.AppRunner(service.app(), access_log=None)
-    await runner.setup()
+    runner, bound = await service.serve(cfg.bind_address, cfg.listen_port)
     try:
-        site = web.TCPSite(runner, cfg.bind_address, cfg.listen_port, reuse_address=True)
-        await site.start()
-        log.info("NameServer listening on %s (config %s)", ", ".join(map(str, runner.addresses)), cfg.source)
+        log.info(
+            "NameServer listening on %s (%s, ACL %s, config %s)",
+            bound,
+            "https" if cfg.tls_cert_file else "http",
+            "on" if service.security.enabled else "off",
+            cfg.source,
+        )
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -387,9 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    os.umask(0o077)  # nothing this process writes is for other users
     try:
         cfg = load_namesrv_config(args.config) if args.config else NamesrvConfig()
-    except (ConfigError, OSError) as exc:
+        if cfg.acl_file:
+            AclWatcher(cfg.acl_file)  # a broken ACL file stops the start, with its reason
+    except (ConfigError, OSError, AclError) as exc:
         print(f"dledger-namesrv: {exc}", file=sys.stderr)
         return 2
 

@@ -20,4 +20,5 @@ Modules:
 - ``report``         summary.json, details/*.json, report.html with embedded plots
 - ``synth``, ``synth_replicas``, ``synth_samples``  synthetic run directories with planted anomalies
   (tests, benchmarks)
+- ``source``         the ``dledger-mq`` PySpark data source: topics read through the brokers (docs/SPARK.md)
 """

@@ -25,14 +25,32 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
-from broker.client.transport import BrokerData, ClientError, NamesrvClient, TopicRoute, Transport
-from broker.message import GROUP_RE, TOPIC_RE, UNIQUE_ID_RE
+from broker.client.transport import (
+    FROM_ENV,
+    BrokerData,
+    ClientError,
+    CredentialsArg,
+    NamesrvClient,
+    TlsArg,
+    TopicRoute,
+    Transport,
+)
+from broker.names import (
+    GROUP_RULE,
+    NAME_RULE,
+    TOPIC_RULE,
+    UNIQUE_ID_RULE,
+    is_decimal,
+    is_group,
+    is_name,
+    is_topic,
+    is_unique_id,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,127}$")  # cluster and broker names (NameServer rule)
-PEER_ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+PEER_ID_RE = re.compile(r"[a-zA-Z0-9_]{1,64}")  # dledger.config.PEER_ID_RE
 QUEUE_NUMS_MAX = 1024
 QUERY_MAX = 512  # the broker's limit for /v1/msg/key and /v1/msg/unique
 STATUS_TIMEOUT_S = 2.0  # per member in cluster_list: a dead member must not stall the listing
@@ -206,27 +224,27 @@ def replica_order(bd: BrokerData) -> list[str]:
 
 # -- argument checks --------------------------------------------------------------------------------
 def check_topic(topic: str) -> str:
-    if not isinstance(topic, str) or not TOPIC_RE.match(topic):
-        raise InvalidArgument("INVALID_TOPIC", f"topic {topic!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
+    if not is_topic(topic):
+        raise InvalidArgument("INVALID_TOPIC", f"topic {topic!r} must match {TOPIC_RULE}")
     return topic
 
 
 def check_group(group: str) -> str:
-    if not isinstance(group, str) or not GROUP_RE.match(group):
-        raise InvalidArgument("INVALID_GROUP", f"group {group!r} must match [%|a-zA-Z0-9_-]{{1,255}}")
+    if not is_group(group):
+        raise InvalidArgument("INVALID_GROUP", f"group {group!r} must match {GROUP_RULE}")
     return group
 
 
 def check_name(name: str, what: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not is_name(name):
         code = "INVALID_CLUSTER_NAME" if what == "cluster" else "INVALID_BROKER_NAME"
-        raise InvalidArgument(code, f"{what} name {name!r} must match [a-zA-Z0-9_-]{{1,127}}")
+        raise InvalidArgument(code, f"{what} name {name!r} must match {NAME_RULE}")
     return name
 
 
 def check_addr(addr: str) -> str:
     host, sep, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536:
         raise InvalidArgument("INVALID_ADDRESS", f"broker address {addr!r} must be host:port")
     return addr
 
@@ -246,7 +264,7 @@ def check_key(key: str) -> str:
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
     """``"<brokerName>:<16 hex digits>"`` → (broker name, log position)."""
     name, sep, hexpos = msg_id.rpartition(":") if isinstance(msg_id, str) else ("", "", "")
-    if not sep or not NAME_RE.match(name) or len(hexpos) != 16:
+    if not sep or not is_name(name) or len(hexpos) != 16:
         raise InvalidArgument("INVALID_MSG_ID", f"msg id {msg_id!r} is not <brokerName>:<16 hex digits>")
     try:
         return name, int(hexpos, 16)
@@ -282,10 +300,12 @@ class Admin:
         transport: Transport | None = None,
         *,
         timeout_s: float = 3.0,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
     ):
         try:
             self._owns_transport = transport is None
-            self.transport = transport or Transport(timeout_s)
+            self.transport = transport or Transport(timeout_s, credentials=credentials, tls=tls)
             self.namesrv = NamesrvClient(namesrv, self.transport)
         except ValueError as exc:
             raise InvalidArgument("INVALID_ADDRESS", str(exc)) from None
@@ -626,7 +646,7 @@ class Admin:
     async def transfer_leader(self, broker_name: str, target_id: str | None = None) -> TransferResult:
         """Ask the group to hand leadership to ``target_id`` (a peer id such as ``n1``; None: any)."""
         check_name(broker_name, "broker")
-        if target_id is not None and not PEER_ID_RE.match(target_id):
+        if target_id is not None and not PEER_ID_RE.fullmatch(target_id):
             raise InvalidArgument(
                 "INVALID_TARGET", f"target id {target_id!r} must match [a-zA-Z0-9_.-]{{1,64}}"
             )
@@ -668,10 +688,8 @@ class Admin:
 
     @answers_checked
     async def query_msg_by_unique_key(self, topic: str, unique_id: str) -> list[MessageView]:
-        if not isinstance(unique_id, str) or not UNIQUE_ID_RE.match(unique_id):
-            raise InvalidArgument(
-                "INVALID_UNIQUE_ID", f"unique id {unique_id!r} must match [0-9A-Za-z_-]{{1,64}}"
-            )
+        if not is_unique_id(unique_id):
+            raise InvalidArgument("INVALID_UNIQUE_ID", f"unique id {unique_id!r} must match {UNIQUE_ID_RULE}")
         return await self._query_groups(topic, "/v1/msg/unique", {"topic": topic, "unique_id": unique_id})
 
     @answers_checked

@@ -54,7 +54,6 @@ from urllib.parse import quote
 
 from broker.client.allocate import AllocateStrategy, allocate_averagely
 from broker.client.message import (
-    TOPIC_RE,
     ConsumeFrom,
     ConsumeStatus,
     MessageExt,
@@ -72,7 +71,17 @@ from broker.client.message import (
 from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.process_queue import ProcessQueue, backoff_s
 from broker.client.route_cache import RouteCache, all_addrs, call_replicas, subscribe_queues
-from broker.client.transport import ClientError, NamesrvClient, TopicRoute, Transport
+from broker.client.transport import (
+    FROM_ENV,
+    ClientError,
+    CredentialsArg,
+    NamesrvClient,
+    TlsArg,
+    TopicRoute,
+    Transport,
+    resolve_security,
+)
+from broker.names import TOPIC_RULE, is_topic
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +231,8 @@ class PushConsumer:
         timeout_s: float = 3.0,
         shutdown_timeout_s: float = 5.0,
         transport: Transport | None = None,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
     ):
         if not 1 <= pull_batch_size <= 1024 or not 1 <= consume_batch_max <= 1024:
             raise ValueError("pull_batch_size and consume_batch_max must be in 1..1024")
@@ -255,6 +266,7 @@ class PushConsumer:
         self.shutdown_timeout_s = shutdown_timeout_s
         self._transport = transport
         self._own_transport = transport is None
+        self._credentials, self._tls = resolve_security(credentials, tls)
         self._subscriptions: dict[str, frozenset[str] | None] = {}
         self._listener: Listener | None = None
         self._routes: RouteCache | None = None
@@ -272,8 +284,8 @@ class PushConsumer:
     # -- configuration --------------------------------------------------------------------------------
     def subscribe(self, topic: str, tags: str = "*") -> None:
         """Consume ``topic``; ``tags`` is ``"*"`` or ``"a||b"`` (filtered by the broker and again here)."""
-        if not TOPIC_RE.match(topic):
-            raise ClientError("INVALID_TOPIC", f"topic {topic[:140]!r} must match [%|a-zA-Z0-9_-]{{1,127}}")
+        if not is_topic(topic):
+            raise ClientError("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}")
         self._subscriptions[topic] = parse_tags_expression(tags)
         if self._running:
             self._rebalance_wanted.set()
@@ -305,7 +317,7 @@ class PushConsumer:
         if self._listener is None or not self._subscriptions:
             raise ClientError("NOT_CONFIGURED", "subscribe() and register_listener() before start()")
         if self._transport is None:
-            self._transport = Transport(self.timeout_s)
+            self._transport = Transport(self.timeout_s, credentials=self._credentials, tls=self._tls)
         self._routes = RouteCache(
             NamesrvClient(self.namesrv_addrs, self._transport),
             refresh_interval_s=self.route_refresh_interval_s,
@@ -859,6 +871,8 @@ class PullConsumer:
         timeout_s: float = 3.0,
         route_refresh_interval_s: float = 30.0,
         transport: Transport | None = None,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
     ):
         self.group = check_group(group)
         self.namesrv_addrs = namesrv
@@ -866,6 +880,7 @@ class PullConsumer:
         self.route_refresh_interval_s = route_refresh_interval_s
         self._transport = transport
         self._own_transport = transport is None
+        self._credentials, self._tls = resolve_security(credentials, tls)
         self._routes: RouteCache | None = None
         self._store: RemoteOffsetStore | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -889,7 +904,7 @@ class PullConsumer:
         if self._routes is not None:
             return
         if self._transport is None:
-            self._transport = Transport(self.timeout_s)
+            self._transport = Transport(self.timeout_s, credentials=self._credentials, tls=self._tls)
         self._routes = RouteCache(
             NamesrvClient(self.namesrv_addrs, self._transport),
             refresh_interval_s=self.route_refresh_interval_s,

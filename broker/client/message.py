@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client.transport import ClientError
-from broker.message import GROUP_RE, TOPIC_RE  # one set of name rules for the broker and the SDK
+from broker.names import GROUP_RULE, TOPIC_RULE, is_group, is_topic  # the broker's and NameServer's rules
 
 MESSAGE_BYTES_MAX = 4 << 20
 BATCH_MESSAGES_MAX = 1024
@@ -159,10 +159,8 @@ class PullResult:
 
 # -- validation (the broker checks everything again; these catch mistakes before a round trip) --
 def check_message(msg: Message) -> None:
-    if not isinstance(msg.topic, str) or not TOPIC_RE.match(msg.topic):
-        raise ClientError(
-            "INVALID_TOPIC", f"topic {str(msg.topic)[:140]!r} must match [%|a-zA-Z0-9_-]{{1,127}}"
-        )
+    if not is_topic(msg.topic):
+        raise ClientError("INVALID_TOPIC", f"topic {str(msg.topic)[:140]!r} must match {TOPIC_RULE}")
     if not isinstance(msg.body, bytes) or not msg.body:
         raise ClientError("INVALID_BODY", "body must be non-empty bytes")
     if len(msg.body) > MESSAGE_BYTES_MAX:
@@ -188,8 +186,8 @@ def check_batch(msgs: Sequence[Message]) -> str:
 
 
 def check_group(group: str) -> str:
-    if not isinstance(group, str) or not GROUP_RE.match(group):
-        raise ClientError("INVALID_GROUP", f"group {str(group)[:270]!r} must match [%|a-zA-Z0-9_-]{{1,255}}")
+    if not is_group(group):
+        raise ClientError("INVALID_GROUP", f"group {str(group)[:270]!r} must match {GROUP_RULE}")
     return group
 
 

@@ -45,12 +45,16 @@ from broker.client.message import (
 from broker.client.route_cache import RouteCache, call_leader, publish_queues
 from broker.client.selector import QueueSelector, RoundRobinSelector
 from broker.client.transport import (
+    FROM_ENV,
     BrokerData,
     ClientError,
+    CredentialsArg,
     NamesrvClient,
     QueueData,
+    TlsArg,
     TopicRoute,
     Transport,
+    resolve_security,
 )
 
 log = logging.getLogger(__name__)
@@ -135,6 +139,8 @@ class Producer:
         route_refresh_interval_s: float = 30.0,
         async_in_flight_max: int = 4096,
         transport: Transport | None = None,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
         clock_ms: Callable[[], int] | None = None,
         rng: random.Random | None = None,
         unique_ids: UniqueIdGenerator | None = None,
@@ -150,6 +156,8 @@ class Producer:
         self.async_in_flight_max = async_in_flight_max
         self._transport = transport
         self._own_transport = transport is None
+        # ACL credentials and TLS (docs/SECURITY.md): explicit, else from the environment.
+        self._credentials, self._tls = resolve_security(credentials, tls)
         fault_kwargs: dict[str, Any] = {"rng": rng}
         if clock_ms is not None:
             fault_kwargs["clock_ms"] = clock_ms
@@ -185,7 +193,7 @@ class Producer:
         if self._running:
             return
         if self._transport is None:
-            self._transport = Transport(self.send_timeout_s)
+            self._transport = Transport(self.send_timeout_s, credentials=self._credentials, tls=self._tls)
         self._namesrv = NamesrvClient(self.namesrv_addrs, self._transport)
         self._routes = RouteCache(
             self._namesrv,

@@ -1,9 +1,16 @@
 """The SDK's wire layer: msgpack over HTTP to brokers, route lookups at NameServers.
 
-Every client object (producer, consumers, admin) owns or shares one ``Transport`` (one aiohttp
-session, pooled keep-alive connections). Every failure surfaces as a ``ClientError`` with a
+Every client object (producer, consumers, admin) owns or shares one ``Transport`` (pooled
+keep-alive connections). Every failure surfaces as a ``ClientError`` with a
 RocketMQ-style ``code``: broker answers keep the broker's code (``NOT_LEADER``, ``TOPIC_NOT_EXIST``,
 ...); a refused/closed connection is ``CONNECT_FAILED``; no answer in time is ``TIMEOUT``.
+
+Credentials and TLS (docs/SECURITY.md): every request is signed (``broker.auth``: HMAC-SHA256 over
+method, target, body hash, timestamp and a fresh nonce — signed again for every attempt) when the
+transport has credentials: given as ``credentials=``, else from ``DLEDGER_ACCESS_KEY`` +
+``DLEDGER_SECRET_KEY``, else from the file ``DLEDGER_CREDENTIALS_FILE`` names. TLS: ``tls=`` an
+``ssl.SSLContext`` (or True for the system CAs), else ``DLEDGER_TLS_CA_FILE`` (a custom CA) or
+``DLEDGER_TLS=true``; then every NameServer and broker is reached over HTTPS.
 """
 
 from __future__ import annotations
@@ -12,14 +19,105 @@ import asyncio
 import dataclasses
 import os
 import random
-from collections.abc import Mapping, Sequence
-from typing import Any
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 import msgpack
 
+from broker.auth import (
+    Credentials,
+    CredentialsError,
+    as_credentials,
+    authorization,
+    credentials_from_env,
+    load_credentials,
+)
+
 MSGPACK = "application/x-msgpack"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+ENV_TLS_CA_FILE: Final = "DLEDGER_TLS_CA_FILE"
+ENV_TLS: Final = "DLEDGER_TLS"
+IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+
+
+class _FromEnv:
+    def __repr__(self) -> str:
+        return "FROM_ENV"
+
+
+FROM_ENV: Final = _FromEnv()  # credentials / TLS settings taken from the environment
+CredentialsArg = Credentials | tuple[str, str] | _FromEnv | None
+TlsArg = ssl.SSLContext | bool | _FromEnv | None
+
+
+def client_ssl_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """Verify servers against ``ca_file`` (a custom CA), or the system's CAs when None."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def tls_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
+    env = os.environ if env is None else env
+    ca = env.get(ENV_TLS_CA_FILE)
+    if ca:
+        try:
+            return client_ssl_context(ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialsError(f"{ENV_TLS_CA_FILE}={ca}: {exc}") from None
+    if env.get(ENV_TLS, "").lower() in ("1", "true", "yes"):
+        return client_ssl_context()
+    return None
+
+
+def cluster_credentials(root: str) -> Credentials | _FromEnv:
+    """The admin account ``dledger-cluster up --dir ROOT`` wrote (ROOT/admin-credentials.yml), or
+    ``FROM_ENV`` for a cluster without one (ACL off, or a compose/remote cluster)."""
+    path = os.path.join(root, "admin-credentials.yml")  # dledger.apps.cluster.ADMIN_CREDENTIALS_FILE
+    return load_credentials(path) if os.path.exists(path) else FROM_ENV
+
+
+def add_security_arguments(p: Any) -> None:
+    """``--credentials FILE`` and ``--tls-ca FILE`` for the tools (mqadmin, mq-bench)."""
+    p.add_argument("--credentials", metavar="FILE", default=None,
+                   help="accessKey/secretKey YAML (default: $DLEDGER_ACCESS_KEY/$DLEDGER_SECRET_KEY, "
+                        "else $DLEDGER_CREDENTIALS_FILE)")
+    p.add_argument("--tls-ca", dest="tls_ca", metavar="FILE", default=None,
+                   help="use HTTPS, trusting this CA (default: $DLEDGER_TLS_CA_FILE)")
+
+
+def security_kwargs(args: Any) -> dict[str, Any]:
+    """The ``credentials=`` / ``tls=`` a tool's flags ask for ({} when none: the environment decides).
+    Raises ``CredentialsError`` for a file that cannot be used."""
+    out: dict[str, Any] = {}
+    if getattr(args, "credentials", None):
+        out["credentials"] = load_credentials(args.credentials)
+    if getattr(args, "tls_ca", None):
+        try:
+            out["tls"] = client_ssl_context(args.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialsError(f"--tls-ca {args.tls_ca}: {exc}") from None
+    return out
+
+
+def resolve_security(credentials: CredentialsArg, tls: TlsArg) -> tuple[Credentials | None, ssl.SSLContext | None]:
+    """The credentials and TLS context a client uses (explicit values win over the environment)."""
+    creds = credentials_from_env() if isinstance(credentials, _FromEnv) else (
+        None if credentials is None else as_credentials(credentials)
+    )
+    if isinstance(tls, _FromEnv):
+        ctx = tls_from_env()
+    elif tls is True:
+        ctx = client_ssl_context()
+    elif tls is False or tls is None:
+        ctx = None
+    else:
+        ctx = tls
+    return creds, ctx
 
 
 # A failure is *definite* ("the request cannot have taken effect": a send cannot have been stored)
@@ -81,12 +179,13 @@ def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:
 
 
 class _Conn:
-    __slots__ = ("reader", "used", "writer")
+    __slots__ = ("last_used", "reader", "used", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
         self.used = False
+        self.last_used = time.monotonic()
 
     def close(self) -> None:
         self.writer.close()
@@ -107,11 +206,25 @@ class Transport:
     sent again (on a fresh connection); others fail with ``CONNECTION_LOST`` (outcome unknown).
     """
 
-    def __init__(self, timeout_s: float = 3.0, *, max_connections: int = 256):
+    def __init__(
+        self,
+        timeout_s: float = 3.0,
+        *,
+        max_connections: int = 256,
+        credentials: CredentialsArg = FROM_ENV,
+        tls: TlsArg = FROM_ENV,
+        idle_s: float = IDLE_S_DEFAULT,
+    ):
         self.timeout_s = timeout_s
         self._max_idle_per_addr = max_connections
         self._idle: dict[str, list[_Conn]] = {}
         self._closed = False
+        self._idle_s = idle_s
+        self.credentials, self.ssl_context = resolve_security(credentials, tls)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
 
     async def close(self) -> None:
         self._closed = True
@@ -123,18 +236,28 @@ class Transport:
     async def _connect(self, addr: str) -> _Conn:
         host, _, port = addr.rpartition(":")
         try:
-            reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+            if self.ssl_context is None:
+                reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+            else:
+                reader, writer = await asyncio.open_connection(
+                    host, int(port), limit=1 << 20, ssl=self.ssl_context, server_hostname=host,
+                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+                )
+        except ssl.SSLError as exc:
+            raise ClientError("TLS_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
         except (OSError, ValueError) as exc:
             raise ClientError("CONNECT_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
         return _Conn(reader, writer)
 
     def _take_idle(self, addr: str) -> _Conn | None:
         idle = self._idle.get(addr)
+        oldest_ok = time.monotonic() - self._idle_s
         while idle:
             conn = idle.pop()
-            if not conn.reader.at_eof() and not conn.writer.is_closing():
+            if conn.last_used >= oldest_ok and not conn.reader.at_eof() and not conn.writer.is_closing():
                 return conn
-            conn.close()  # closed by the server while idle (a timeout, a restart): nothing was sent on it
+            # closed by the server while idle (a timeout, a restart), or about to be: nothing was sent on it
+            conn.close()
         return None
 
     def _release(self, addr: str, conn: _Conn) -> None:
@@ -143,6 +266,7 @@ class Transport:
             conn.close()
         else:
             conn.used = True
+            conn.last_used = time.monotonic()
             idle.append(conn)
 
     async def call(
@@ -163,7 +287,15 @@ class Transport:
         if body is not None:
             head.append(f"Content-Type: {MSGPACK}")
         head.append(f"Content-Length: {len(data)}")
-        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data
+        creds = self.credentials
+
+        def request() -> bytes:  # signed again for every attempt: a fresh timestamp and nonce
+            lines = head
+            if creds is not None:
+                signed = authorization(creds, method, target, data, int(time.time() * 1000))
+                lines = [*head, f"Authorization: {signed}"]
+            return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         try:
             async with asyncio.timeout(timeout):
@@ -187,11 +319,11 @@ class Transport:
             raise ClientError(f"HTTP_{status}", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
         return decoded
 
-    async def _exchange(self, addr: str, method: str, request: bytes) -> tuple[int, str, bytes]:
+    async def _exchange(self, addr: str, method: str, request: Callable[[], bytes]) -> tuple[int, str, bytes]:
         for _attempt in range(3):
             conn = self._take_idle(addr) or await self._connect(addr)
             try:
-                result, keep = await self._roundtrip(conn, request, addr)
+                result, keep = await self._roundtrip(conn, request(), addr)
             except _StaleConnection:
                 conn.close()
                 if method not in IDEMPOTENT_METHODS:  # the server may have read it: never send it twice

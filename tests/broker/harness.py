@@ -16,24 +16,26 @@ from broker.config import BrokerConfig, parse_broker_config
 from broker.server import BrokerServer
 from namesrv.config import NamesrvConfig
 from namesrv.server import NamesrvService
+from tests.acl_fixtures import BROKER_G0
 from tests.dledger.harness import HOST, PASSWORD, free_ports, wait_until
 
 IDS = ["n0", "n1", "n2"]
 
 
 class NameServer:
-    def __init__(self, port: int, idle_ms: int = 120_000, scan_ms: int = 10_000):
+    def __init__(self, port: int, idle_ms: int = 120_000, scan_ms: int = 10_000, acl_file: str | None = None):
         self.cfg = NamesrvConfig(
-            listen_port=port, scan_not_active_broker_interval_ms=scan_ms, broker_channel_max_idle_time_ms=idle_ms
+            listen_port=port,
+            scan_not_active_broker_interval_ms=scan_ms,
+            broker_channel_max_idle_time_ms=idle_ms,
+            acl_file=acl_file,
         )
         self.service = NamesrvService(self.cfg)
         self.runner: web.AppRunner | None = None
         self.addr = f"{HOST}:{port}"
 
     async def start(self) -> None:
-        self.runner = web.AppRunner(self.service.app(), access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, HOST, self.cfg.listen_port, reuse_address=True).start()
+        self.runner, _ = await self.service.serve(HOST, self.cfg.listen_port)
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -71,12 +73,22 @@ class BrokerCluster:
         namesrv_idle_ms: int = 120_000,
         namesrv_scan_ms: int = 10_000,
         raft_overrides: dict[str, Any] | None = None,
+        acl_file: str | None = None,
         **extra: Any,
     ):
+        """``acl_file``: ACL on at the NameServers and brokers, which register with ``BROKER_G0``."""
         self.raft_overrides = raft_overrides
         ports = free_ports(6 + namesrv_count)
         self.raft_ports, self.http_ports = ports[:3], ports[3:6]
-        self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms) for p in ports[6:]]
+        self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms, acl_file) for p in ports[6:]]
+        if acl_file is not None:
+            extra = {
+                "aclEnable": "true",
+                "aclFile": acl_file,
+                "brokerAccessKey": BROKER_G0.access_key,
+                "brokerSecretKey": BROKER_G0.secret_key,
+                **extra,
+            }
         self.root = root
         self.extra = extra
         self.brokers: dict[str, BrokerServer] = {}

@@ -11,13 +11,22 @@ import subprocess
 import sys
 from typing import Any
 
-from dledger.cluster import ProcessInfo, is_running, stop_process
+from broker.auth import Credentials, load_credentials
+from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ProcCluster:
-    def __init__(self, root: str, *, namesrv: int = 1, extra: dict[str, str] | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        root: str,
+        *,
+        namesrv: int = 1,
+        extra: dict[str, str] | None = None,
+        seed: int | None = None,
+        clock_skew: bool = False,
+    ):
         self.root = root
         rng = random.Random(seed)
         # bases whose derived ports are very likely free (ephemeral range starts at 32768)
@@ -26,19 +35,32 @@ class ProcCluster:
         self.ns_base = rng.randrange(26100, 29000)
         self.namesrv_count = namesrv
         self.extra = extra or {}
+        self.clock_skew = clock_skew
 
     def up(self, timeout_s: float = 90) -> dict[str, Any]:
         args = [
-            sys.executable, "-m", "dledger.cluster", "up", "--dir", self.root,
+            sys.executable, "-m", "dledger.apps.cluster", "up", "--dir", self.root,
             "--raft-port", str(self.raft_base), "--http-port", str(self.http_base),
             "--namesrv", str(self.namesrv_count), "--namesrv-port", str(self.ns_base), "--json",
         ]
         for k, v in self.extra.items():
             args += ["--set", f"{k}={v}"]
+        if self.clock_skew:
+            args.append("--clock-skew")
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
         if r.returncode != 0:
             raise AssertionError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{self.logs_tail()}")
         return dict(json.loads(r.stdout))
+
+    @property
+    def credentials(self) -> Credentials:
+        return load_credentials(os.path.join(self.root, ADMIN_CREDENTIALS_FILE))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """For tools run against this cluster: where it is, and its admin credentials (ACL is on)."""
+        return {"NAMESRV_ADDR": self.namesrv_addr,
+                "DLEDGER_CREDENTIALS_FILE": os.path.join(self.root, ADMIN_CREDENTIALS_FILE)}
 
     @property
     def namesrv_addr(self) -> str:
@@ -61,7 +83,7 @@ class ProcCluster:
     def restart(self, p: ProcessInfo) -> ProcessInfo:
         """``dledger-cluster start --dir ROOT NAME``: what an operator runs after a drill."""
         r = subprocess.run(
-            [sys.executable, "-m", "dledger.cluster", "start", "--dir", self.root, p.name],
+            [sys.executable, "-m", "dledger.apps.cluster", "start", "--dir", self.root, p.name],
             capture_output=True, text=True, timeout=30, cwd=REPO,
         )
         assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dledger.cluster import is_running
+from dledger.apps.cluster import is_running
 from tests.broker.procs import REPO, ProcCluster
 
 
@@ -45,7 +45,7 @@ def test_cluster_up_status_mqadmin_start_down(tmp_path: Any) -> None:
         up = c.up()
         kinds = sorted(p["kind"] for p in up["processes"])
         assert kinds == ["broker", "broker", "broker", "namesrv", "namesrv"]
-        st = run("dledger.cluster", "status", "--dir", str(tmp_path), "--json")
+        st = run("dledger.apps.cluster", "status", "--dir", str(tmp_path), "--json")
         assert st.returncode == 0, st.stderr
         rows = json.loads(st.stdout)["processes"]
         for row in rows:
@@ -53,7 +53,7 @@ def test_cluster_up_status_mqadmin_start_down(tmp_path: Any) -> None:
         brokers = [r for r in rows if r["kind"] == "broker"]
         assert sorted(r["role"] for r in brokers) == ["FOLLOWER", "FOLLOWER", "LEADER"]
         assert len({r["term"] for r in brokers}) == 1
-        env = {"NAMESRV_ADDR": c.namesrv_addr}
+        env = c.env
         cl = run("broker.mqadmin", "clusterList", "--json", env=env)
         assert cl.returncode == 0, cl.stderr
         assert "RaftNode00" in cl.stdout
@@ -72,7 +72,7 @@ def test_cluster_up_status_mqadmin_start_down(tmp_path: Any) -> None:
         c.kill9(follower)
         again = c.restart(follower)
         assert again.pid != follower.pid
-        st = run("dledger.cluster", "status", "--dir", str(tmp_path), "--json")
+        st = run("dledger.apps.cluster", "status", "--dir", str(tmp_path), "--json")
         assert all(r["alive"] for r in json.loads(st.stdout)["processes"])
     finally:
         c.down()

@@ -20,6 +20,7 @@ from broker.consume_queue import (
     ConsumeQueueStore,
     Unit,
     file_name,
+    finish_flush,
 )
 
 UPF = 4  # units per file: small, so every test crosses file boundaries
@@ -406,3 +407,23 @@ def test_store_discovery_and_delete_topic(tmp_path: Path) -> None:
         "%RETRY%g1",
         "TopicB",
     ]
+
+
+def test_a_flush_begun_before_its_topic_was_deleted_finishes(tmp_path: Path) -> None:
+    """The store's snapshot takes the queues' files on the apply thread and fsyncs them on its sync
+    thread; a topic deleted in between removed the queue directories. Finishing must not fail (it
+    did: FileNotFoundError from the directory fsync, so the snapshot failed and the broker's stop
+    raised; seen in the in-process mqadmin deleteTopic test)."""
+    store = ConsumeQueueStore(str(tmp_path), units_per_file=UPF)
+    for qid in range(2):
+        fill(store.get_or_create("Gone", qid), 6)
+    fill(store.get_or_create("Kept", 0), 3)
+    pending = store.begin_flush_all()
+    assert all(p.dir_path is not None for p in pending)  # new files: their directories need an fsync
+    store.delete_topic("Gone")
+    for p in pending:
+        finish_flush(p)
+    assert store.topics() == ["Kept"]
+    kept = store.get("Kept", 0)
+    assert kept is not None and kept.read(0, 10) == [expected(i) for i in range(3)]
+    store.close()

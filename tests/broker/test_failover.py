@@ -35,7 +35,7 @@ async def test_kill9_leader_with_four_producers_loses_nothing(tmp_path: Any) -> 
     print(f"seed {seed}")
     c = ProcCluster(str(tmp_path), seed=seed)
     c.up()
-    t = Transport(timeout_s=3.0)
+    t = Transport(timeout_s=3.0, credentials=c.credentials)
     producers: list[Producer] = []
     consumer: PushConsumer | None = None
     try:
@@ -51,12 +51,13 @@ async def test_kill9_leader_with_four_producers_loses_nothing(tmp_path: Any) -> 
             return "CONSUME_SUCCESS"
 
         consumer = PushConsumer("fo_group", c.namesrv_addr, consume_from="FIRST", commit_interval_s=0.5,
-                                suspend_ms=2000, rebalance_interval_s=2, heartbeat_interval_s=1)
+                                suspend_ms=2000, rebalance_interval_s=2, heartbeat_interval_s=1,
+                                credentials=c.credentials)
         consumer.subscribe("FO", "*")
         consumer.register_listener(listener)
         await consumer.start()
 
-        producers = [Producer(f"fo_pg{i}", c.namesrv_addr) for i in range(4)]
+        producers = [Producer(f"fo_pg{i}", c.namesrv_addr, credentials=c.credentials) for i in range(4)]
         for p in producers:
             await p.start()
         acked: dict[bytes, float] = {}

@@ -31,7 +31,8 @@ from broker.metadata import Metadata
 from broker.store import MessageStore, _read_snapshot
 from dledger import command_codec
 from dledger.entry_store import EntryStore
-from dledger.node import CommittedEntry, _to_committed
+from dledger.node import CommittedEntry
+from dledger.records import to_committed
 from tests.broker.harness import BrokerCluster
 from tests.dledger.harness import wait_until
 
@@ -112,7 +113,7 @@ class _Log:
     def entry(self, records: list[bytes]) -> CommittedEntry:
         self.index += 1
         self.es.append(self.index, 1, command_codec.encode_batch(records))
-        return _to_committed(self.es.read(self.index), self.es)
+        return to_committed(self.es.read(self.index), self.es)
 
 
 def _store(root: str, log: _Log) -> MessageStore:

@@ -22,13 +22,16 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from broker.api import BrokerApi
 from broker.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
+from broker.http_edge import Guard, Limits
 from broker.message import InvalidInput, StoredMessage, encode_command, encode_message, parse_msg_id
 from broker.registration import Registrar
+from broker.security import Security
 from broker.store import MessageStore
 from dledger import command_codec
 from dledger.clock import SYSTEM
 from dledger.entry_store import EntryStore
-from dledger.node import CommittedEntry, _to_committed
+from dledger.node import CommittedEntry
+from dledger.records import to_committed
 from tests.dledger.harness import wait_until
 
 MSGPACK = "application/x-msgpack"
@@ -45,7 +48,7 @@ class _Log:
     def entry(self, records: list[bytes]) -> CommittedEntry:
         self.index += 1
         self.es.append(self.index, 1, command_codec.encode_batch(records))
-        return _to_committed(self.es.read(self.index), self.es)
+        return to_committed(self.es.read(self.index), self.es)
 
 
 def _message(topic: str, body: bytes, uid: str) -> bytes:
@@ -74,8 +77,11 @@ def _fake_server(ms: MessageStore) -> Any:
     async def wait_for_queue(_topic: str, _qid: int, timeout_s: float) -> None:
         await asyncio.sleep(min(timeout_s, 0.01))
 
+    guard = Guard(Limits(client_max_size=1 << 20), lambda code, message: {"code": code, "message": message})
     return types.SimpleNamespace(
         store=ms,
+        guard=guard,
+        security=Security(None, lambda: 0, guard),  # ACL off
         counters=collections.Counter(),
         clock=SYSTEM,
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
@@ -87,7 +93,7 @@ def _fake_server(ms: MessageStore) -> Any:
 async def api_client(store: tuple[MessageStore, _Log]) -> AsyncIterator[TestClient[Any, Any]]:
     ms, _ = store
     client: TestClient[Any, Any] = TestClient(
-        TestServer(BrokerApi(_fake_server(ms)).app(client_max_size=1 << 20), host="127.0.0.1")
+        TestServer(BrokerApi(_fake_server(ms)).app(), host="127.0.0.1")
     )
     await client.start_server()
     try:

@@ -18,7 +18,7 @@ from broker.store import MessageStore
 from dledger import command_codec
 from dledger.entry_codec import HEADER_SIZE
 from dledger.entry_store import CorruptStoreError, EntryStore
-from dledger.node import _to_committed
+from dledger.records import to_committed
 
 SEGMENT_BYTES = 64 << 10
 MESSAGES = 600
@@ -52,7 +52,7 @@ class Replica:
         for i in range(1, MESSAGES + 1):
             self.log.append(i, 1, command_codec.encode_batch([record(i)]))
             self.log.flush()
-            self.ms.apply([_to_committed(self.log.read(i), self.log)])
+            self.ms.apply([to_committed(self.log.read(i), self.log)])
         assert len(self.log.segments()) >= 3
         self.close()
 

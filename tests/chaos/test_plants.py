@@ -18,12 +18,14 @@ from broker.store import MessageStore
 from chaos import plants
 from dledger import clock as dl_clock
 from dledger import command_codec
+from dledger.apps.process_main import PLANT_ENV
 from dledger.entry_store import EntryStore
 from dledger.journal import RaftJournal
-from dledger.node import _to_committed
-from dledger.process_main import PLANT_ENV
+from dledger.peer_tcp import TcpPeerTransport
+from dledger.records import to_committed
 from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
-from tests.broker.client.fakes import FakeCluster
+from tests.acl_fixtures import PRODUCER
+from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.dledger.harness import PASSWORD, free_ports
 
 
@@ -43,6 +45,9 @@ class Hooks:
 
     def on_leader_floor(self, floor: int) -> None: ...
 
+    def self_match_index(self) -> int:
+        return 10**18
+
 
 @pytest.fixture
 def make_syncobj(tmp_path: Any) -> Iterator[Any]:
@@ -52,8 +57,11 @@ def make_syncobj(tmp_path: Any) -> Iterator[Any]:
         ports = free_ports(2)
         store = EntryStore(str(tmp_path / f"store{len(made)}"), segment_bytes=1 << 24)
         journal = RaftJournal(store, str(tmp_path / f"meta{len(made)}"))
-        conf = SyncObjConf(password=PASSWORD, appendEntriesPeriod=0.05)
-        sync = DLedgerSyncObj(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, Hooks())
+        conf = SyncObjConf(appendEntriesPeriod=0.05)
+        sync = DLedgerSyncObj(
+            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, Hooks(),
+            transport_factory=lambda so, sn, on: TcpPeerTransport(so, sn, on, password=PASSWORD, group="G"),
+        )
         made.append(sync)
         return sync
 
@@ -161,7 +169,7 @@ def test_cq_drops_last_unit_on_recovery(tmp_path: Any) -> None:
     ms = reopen()
     for i in range(1, 4):
         log.append(i, 1, command_codec.encode_batch([_message(f"U{i}")]))
-        ms.apply([_to_committed(log.read(i), log)])
+        ms.apply([to_committed(log.read(i), log)])
     ms.close()
     ms.cqs.close()
     ms.index.close()
@@ -187,25 +195,28 @@ def test_offset_regress_applies_a_lower_commit() -> None:
     assert md.group_offsets("g", "T") == {0: 2}
 
 
-async def test_sdk_plant_calls_a_maybe_stored_send_failed() -> None:
+async def test_sdk_plant_calls_a_maybe_stored_send_failed(tmp_path: Any) -> None:
     from broker.client import producer
 
     lost = ClientError("CONNECTION_LOST", "the server closed the connection")
     assert producer.send_outcome_unknown(False, lost)
-    cluster = await FakeCluster.start(n_groups=1, topics={"T": 4})
-    leader = cluster.groups[0].replicas[0]
+    baseline = InProcBrokerCluster.baseline()
+    cluster = await InProcBrokerCluster.start(str(tmp_path / "cluster"))
     outcomes = []
     try:
-        async with Producer("pg", cluster.namesrv_addr, retry_times=1) as p:
+        await cluster.create_topic("T", 4)
+        leader = cluster.groups[0].replicas[0]
+        async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, retry_times=1) as p:
             for plant in (False, True):
                 if plant:
                     plants.sdk_lost_connection_is_failure()
-                leader.fail_next("/v1/send", "SEND_TIMEOUT", 504)  # the first attempt may have stored it
-                leader.fail_next("/v1/send", "NO_PERMISSION", 403)  # the retry is refused
+                leader.tap.fail("/v1/send", "SEND_TIMEOUT", 504)  # the first attempt may have stored it
+                leader.tap.fail("/v1/send", "NO_PERMISSION", 403)  # the retry is refused
                 with pytest.raises(ClientError) as e:
                     await p.send(Message("T", b"x"))
                 outcomes.append((e.value.code, e.value.outcome_unknown))
     finally:
-        await cluster.close()
+        await cluster.stop()
+    await InProcBrokerCluster.assert_nothing_left(baseline)
     assert outcomes == [("NO_PERMISSION", True), ("NO_PERMISSION", False)]
     assert not producer.send_outcome_unknown(False, lost)  # planted: the request went out, yet "failed"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from chaos.history import read_jsonl
-from dledger.cluster import ProcessInfo, is_running
+from dledger.apps.cluster import ProcessInfo, is_running
 
 pytestmark = pytest.mark.slow
 

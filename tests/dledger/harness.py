@@ -162,7 +162,7 @@ class NodeProcess:
 
 
 class ProcessCluster:
-    """A 3-node group of ``python -m dledger.server`` processes, ended by PID."""
+    """A 3-node group of ``python -m dledger.apps.node_server`` processes, ended by PID."""
 
     def __init__(
         self, root: str, extra: dict[str, str] | None = None, ids: tuple[str, ...] = ("n0", "n1", "n2")
@@ -202,7 +202,7 @@ class ProcessCluster:
         n = self.nodes[node_id]
         with open(n.log, "ab") as logf:
             n.proc = subprocess.Popen(
-                [sys.executable, "-m", "dledger.server", "-c", n.conf],
+                [sys.executable, "-m", "dledger.apps.node_server", "-c", n.conf],
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

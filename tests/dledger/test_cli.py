@@ -18,7 +18,7 @@ def run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def test_node_with_missing_config_exits_2() -> None:
-    r = run("dledger.server", "-c", "/nonexistent/dledger.conf")
+    r = run("dledger.apps.node_server", "-c", "/nonexistent/dledger.conf")
     assert r.returncode == 2 and "/nonexistent/dledger.conf" in r.stderr
 
 
@@ -42,16 +42,16 @@ def test_node_with_bad_config_names_the_key(tmp_path: Any, line: str, key: str) 
     k, v = line.split("=", 1)
     base[k] = v
     conf.write_text("".join(f"{a}={b}\n" for a, b in base.items()))
-    r = run("dledger.server", "-c", str(conf))
+    r = run("dledger.apps.node_server", "-c", str(conf))
     assert r.returncode == 2, r.stderr
     assert key in r.stderr and str(conf) in r.stderr
 
 
 def test_cluster_usage_errors_exit_2(tmp_path: Any) -> None:
-    assert run("dledger.cluster", "up", "--dir", str(tmp_path), "--groups", "0").returncode == 2
-    r = run("dledger.cluster", "status", "--dir", str(tmp_path / "none"))
+    assert run("dledger.apps.cluster", "up", "--dir", str(tmp_path), "--groups", "0").returncode == 2
+    r = run("dledger.apps.cluster", "status", "--dir", str(tmp_path / "none"))
     assert r.returncode == 2 and "no cluster" in r.stderr
-    assert run("dledger.cluster", "frobnicate").returncode == 2
+    assert run("dledger.apps.cluster", "frobnicate").returncode == 2
 
 
 @pytest.mark.slow
@@ -61,19 +61,19 @@ def test_cluster_up_status_down(tmp_path: Any) -> None:
     raft_base, http_base = 20000 + raft % 10000, 30000 + http % 10000
     args = ["--dir", str(tmp_path), "--raft-port", str(raft_base), "--http-port", str(http_base), "--kind", "node"]
     try:
-        up = run("dledger.cluster", "up", *args, "--json", timeout_s=90)
+        up = run("dledger.apps.cluster", "up", *args, "--json", timeout_s=90)
         assert up.returncode == 0, up.stdout + up.stderr
         rows = json.loads(up.stdout)["processes"]
         assert sorted(r["role"] for r in rows) == ["FOLLOWER", "FOLLOWER", "LEADER"]
         assert all(r["alive"] and r["pid"] > 0 for r in rows)
-        again = run("dledger.cluster", "up", *args)
+        again = run("dledger.apps.cluster", "up", *args)
         assert again.returncode == 2 and "already running" in again.stderr
-        st = run("dledger.cluster", "status", "--dir", str(tmp_path), "--json")
+        st = run("dledger.apps.cluster", "status", "--dir", str(tmp_path), "--json")
         assert st.returncode == 0 and len(json.loads(st.stdout)["processes"]) == 3
-        table = run("dledger.cluster", "status", "--dir", str(tmp_path))
+        table = run("dledger.apps.cluster", "status", "--dir", str(tmp_path))
         assert "LEADER" in table.stdout and "RaftNode00-n0" in table.stdout
     finally:
-        down = run("dledger.cluster", "down", "--dir", str(tmp_path))
+        down = run("dledger.apps.cluster", "down", "--dir", str(tmp_path))
     assert down.returncode == 0
     pids = [r["pid"] for r in json.loads((tmp_path / "cluster.json").read_text())["processes"]]
     assert not any(os.path.exists(f"/proc/{pid}") and _is_live(pid) for pid in pids)

@@ -65,6 +65,7 @@ FULL_CONF = (
     "dLegerConnectionTimeoutMs=2500\n"
     "dLegerConnectionRetryMs=500\n"
     "dLegerPeerPassword=p@ss=word:with#chars\n"
+    "dLegerPeerPasswordPrevious=the-old-peer-password\n"
     "preferredLeaderId=a_1\n"
     "fileReservedTime=48\n"
     "diskMaxUsedSpaceRatio=80\n"
@@ -129,7 +130,7 @@ def test_defaults_follow_rocketmq() -> None:
     assert cfg.segment_bytes == 1 << 30
     assert (cfg.election_timeout_min_ms, cfg.election_timeout_max_ms) == (300, 600)
     assert cfg.heartbeat_interval_ms == 50
-    assert cfg.leader_step_down_ms == 1500
+    assert cfg.leader_step_down_ms == 1000
     assert (cfg.connection_timeout_ms, cfg.connection_retry_ms) == (1500, 300)
     assert cfg.preferred_leader_id is None
     assert cfg.file_reserved_hours == 72
@@ -392,7 +393,7 @@ def test_shipped_local_group_is_consistent() -> None:
 
 
 def test_peer_connect_addrs_route_links_without_changing_identities(tmp_path: Path) -> None:
-    from dledger.server import settings_from_config
+    from dledger.apps.node_server import settings_from_config
 
     base = (
         "dLegerGroup=G\ndLegerPeers=n0-127.0.0.1:40911;n1-127.0.0.1:40912;n2-127.0.0.1:40913\n"

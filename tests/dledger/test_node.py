@@ -247,9 +247,9 @@ async def test_live_lagging_follower_holds_retention(tmp_path: Any) -> None:
         match_before = slow.store.last_index
         for _ in range(200):
             await leader.append([os.urandom(1000)])
-        checks = leader._counters["retention_checks"]
+        checks = leader.core.counters["retention_checks"]
         await wait_until(
-            lambda: leader._counters["retention_checks"] >= checks + 5, 10, "five retention checks"
+            lambda: leader.core.counters["retention_checks"] >= checks + 5, 10, "five retention checks"
         )
         assert len(leader.store.segments()) > 1
         assert leader.store.anchor[0] <= match_before, "retention cut entries a live follower needs"
@@ -303,6 +303,6 @@ async def test_async_flush_policy_replicates(tmp_path: Any) -> None:
         locs = await asyncio.gather(*(leader.append([f"a{i}".encode()]) for i in range(100)))
         await all_applied(c, max(loc[0].index for loc in locs))
         assert len({cp.digest for cp in c.checkpoints.values()}) == 1
-        assert not leader.store.dirty or leader._counters["fsync"] > 0
+        assert not leader.store.dirty or leader.core.counters["fsync"] > 0
     finally:
         await c.stop()

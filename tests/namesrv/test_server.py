@@ -161,7 +161,7 @@ async def test_unregister_clusters_topics_delete_status(ns: Namesrv) -> None:
     assert (await ns.client.delete("/v1/topics/TopicA")).status == 404
 
     status = await ns.get_json("/v1/status")
-    assert status["counts"] == {"clusters": 1, "broker_groups": 1, "brokers": 2, "topics": 1}
+    assert status["counts"] == {"clusters": 1, "broker_groups": 1, "brokers": 2, "topics": 1, "topic_routes": 1}
     assert status["totals"]["registrations"] == 3 and status["totals"]["unregistrations"] == 1
     assert status["config"]["listenPort"] == 9876 and status["uptime_ms"] >= 0
     assert [b["address"] for b in status["brokers"]] == [N0, N1]

@@ -1,5 +1,5 @@
-"""One suite for the memory and the local-file offset stores (the remote one runs against the fake
-broker in the consumer tests)."""
+"""One suite for the memory and the local-file offset stores (the remote one runs against the real
+brokers in the consumer tests)."""
 
 from __future__ import annotations
 

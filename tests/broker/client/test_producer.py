@@ -1,6 +1,8 @@
-"""The producer against the fake cluster: queue choice, batches, retries that avoid the failed
-group and keep the unique id, NOT_LEADER followed, route refreshes, latency fault tolerance,
-selectors, async and one-way sends."""
+"""The producer against real broker groups on the in-process log: queue choice, batches, retries
+that avoid the failed group and keep the unique id, NOT_LEADER followed, route refreshes, latency
+fault tolerance, selectors, async and one-way sends. Errors no real broker gives on demand
+(APPEND_FAILED, a NOT_LEADER naming itself, an answer that never comes) are injected by the
+replica's ``Tap``; leadership changes and dead leaders are real."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
 from broker.client import ClientError, HashKeySelector, Message, MessageQueue, Producer, SendResult
+from tests.acl_fixtures import PRODUCER
 from tests.broker.client.conftest import ClusterFactory
-from tests.broker.client.fakes import FakeCluster, wait_until
+from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster, Replica
+from tests.dledger.harness import wait_until
 
 SEED = 20240601
 MakeProducer = Callable[..., Producer]
@@ -23,15 +28,20 @@ MakeProducer = Callable[..., Producer]
 async def producers() -> AsyncIterator[MakeProducer]:
     made: list[Producer] = []
 
-    def make(cluster: FakeCluster, **kwargs: object) -> Producer:
+    def make(cluster: InProcBrokerCluster, **kwargs: Any) -> Producer:
         kwargs.setdefault("rng", random.Random(SEED))
-        p = Producer("pg", cluster.namesrv_addr, **kwargs)  # type: ignore[arg-type]
+        p = Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, **kwargs)
         made.append(p)
         return p
 
     yield make
     for p in made:
         await p.shutdown()
+
+
+def sent(r: Replica) -> list[dict[str, Any]]:
+    """The bodies of the sends ``r`` received (answered or not)."""
+    return [s.body for s in r.tap.seen("/v1/send")]
 
 
 async def test_send_spreads_round_robin_over_leaders(
@@ -51,10 +61,12 @@ async def test_send_spreads_round_robin_over_leaders(
             and r.msg_id.startswith(r.message_queue.broker_name)
         )
     for g in cluster.groups:
-        assert all(not r.sent() for r in g.replicas[1:])  # only leaders (broker_addrs[0]) get sends
-    stored = cluster.group(results[0].message_queue.broker_name).queue("T", results[0].message_queue.queue_id)
-    assert stored[results[0].queue_offset]["unique_id"] == results[0].unique_id
-    assert stored[results[0].queue_offset]["keys"] == ["k1"]
+        assert all(not sent(r) for r in g.replicas[1:])  # only leaders (broker_addrs[0]) get sends
+    first = results[0]
+    stored = await cluster.group(first.message_queue.broker_name).messages("T", first.message_queue.queue_id)
+    assert stored[first.queue_offset]["unique_id"] == first.unique_id
+    assert stored[first.queue_offset]["keys"] == ["k1"]
+    assert stored[first.queue_offset]["msg_id"] == first.msg_id
 
 
 async def test_send_batch_is_one_request_to_one_queue(
@@ -79,12 +91,12 @@ async def test_retries_avoid_the_failed_group_and_keep_the_unique_id(
 ) -> None:
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
     bad = cluster.group("RaftNode00").replicas[0]
-    bad.fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+    bad.tap.fail("/v1/send", "APPEND_FAILED", 409, times=1000)
     p = producers(cluster)
     await p.start()
     results = [await p.send(Message("T", f"m{i}".encode())) for i in range(12)]
     assert {r.message_queue.broker_name for r in results} == {"RaftNode01"}
-    failed_ids = [m["unique_id"] for body in bad.sent() for m in body["messages"]]
+    failed_ids = [m["unique_id"] for body in sent(bad) for m in body["messages"]]
     assert failed_ids, "round robin picked the failing group at least once"
     assert len(failed_ids) == len(set(failed_ids))  # never twice in a row for one send
     assert set(failed_ids) <= {r.unique_id for r in results}  # the retry carried the same id
@@ -95,7 +107,7 @@ async def test_retries_are_bounded_and_alternate(
 ) -> None:
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
     for g in cluster.groups:
-        g.replicas[0].fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+        g.replicas[0].tap.fail("/v1/send", "APPEND_FAILED", 409, times=1000)
     p = producers(cluster)
     await p.start()
     msg = Message("T", b"doomed")
@@ -105,7 +117,7 @@ async def test_retries_are_bounded_and_alternate(
     attempts = [
         (g.name, m["unique_id"])
         for g in cluster.groups
-        for body in g.replicas[0].sent()
+        for body in sent(g.replicas[0])
         for m in body["messages"]
     ]
     assert len(attempts) == 3  # 1 + 2 retries
@@ -117,22 +129,26 @@ async def test_retries_are_bounded_and_alternate(
     with pytest.raises(ClientError) as e:
         await p.send(Message("T", b""))  # bad input: no attempt at all
     assert e.value.code == "INVALID_BODY"
-    assert sum(len(g.replicas[0].sent()) for g in cluster.groups) == 3
+    assert sum(len(sent(g.replicas[0])) for g in cluster.groups) == 3
 
 
 async def test_not_leader_is_followed_at_once(make_cluster: ClusterFactory, producers: MakeProducer) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 4})
     g = cluster.groups[0]
-    g.leader_index = 1  # a new leader the NameServer has not heard of yet
-    cluster.namesrv.stale_leader[g.name] = g.replicas[0].addr
+    n0, n1 = g.replicas[0], g.replicas[1]
     p = producers(cluster, retry_times=0)  # following is not a retry
     await p.start()
+    await p.send(Message("T", b"warm"))  # the producer now holds a route naming n0 as the leader
+    calls = cluster.route_calls("T")
+    await g.transfer("n1")  # a new leader: the producer's cached route is stale
     result = await p.send(Message("T", b"x"))
-    assert result.status == "SEND_OK"
-    assert len(g.replicas[0].sent()) == 1 and len(g.replicas[1].sent()) == 1
-    await wait_until(lambda: cluster.namesrv.route_calls["T"] >= 2, what="a background route refresh")
+    assert result.status == "SEND_OK" and result.message_queue.broker_name == g.name
+    assert len(sent(n0)) == 2 and len(sent(n1)) == 1  # n0 answered NOT_LEADER naming n1
+    await wait_until(lambda: cluster.route_calls("T") > calls, WAIT_S, "a background route refresh")
     await p.send(Message("T", b"y"))  # straight to the new leader now
-    assert len(g.replicas[0].sent()) == 1 and len(g.replicas[1].sent()) == 2
+    assert len(sent(n0)) == 2 and len(sent(n1)) == 2
+    stored = [m["body"] for q in range(4) for m in await g.messages("T", q)]
+    assert sorted(stored) == [b"warm", b"x", b"y"]
 
 
 async def test_not_leader_from_an_injected_fault(
@@ -140,11 +156,12 @@ async def test_not_leader_from_an_injected_fault(
 ) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 4})
     g = cluster.groups[0]
-    g.replicas[0].fail_next("/v1/send", "NOT_LEADER", 409, leader_addr=g.replicas[0].addr)  # itself: no loop
+    n0 = g.replicas[0]
+    n0.tap.fail("/v1/send", "NOT_LEADER", 409, leader_addr=n0.addr)  # names itself: no loop
     p = producers(cluster, retry_times=1)
     await p.start()
     assert (await p.send(Message("T", b"x"))).status == "SEND_OK"
-    assert len(g.replicas[0].sent()) == 2  # the NOT_LEADER was a failed attempt, then a retry
+    assert len(sent(n0)) == 2  # the NOT_LEADER was a failed attempt, then a retry
 
 
 async def test_route_is_refreshed_after_a_refused_connection(
@@ -155,13 +172,13 @@ async def test_route_is_refreshed_after_a_refused_connection(
     p = producers(cluster)
     await p.start()
     await p.send(Message("T", b"before"))
-    calls_before = cluster.namesrv.route_calls["T"]
-    await g.replicas[0].stop()  # the leader dies; replica 1 takes over and the NameServer knows
-    g.leader_index = 1
+    calls_before = cluster.route_calls("T")
+    await g.kill("n0")  # the leader dies; another replica takes over and the NameServer knows
+    new_leader = await g.wait_leader()
     result = await p.send(Message("T", b"after"))
     assert result.status == "SEND_OK"
-    assert cluster.namesrv.route_calls["T"] > calls_before
-    assert len(g.replicas[1].sent()) == 1
+    assert cluster.route_calls("T") > calls_before
+    assert len(sent(new_leader)) == 1
 
 
 async def test_not_ready_and_timeout_refresh_the_route(
@@ -172,15 +189,15 @@ async def test_not_ready_and_timeout_refresh_the_route(
     p = producers(cluster)
     await p.start()
     await p.send(Message("T", b"warm"))
-    calls = cluster.namesrv.route_calls["T"]
-    leader.fail_next("/v1/send", "NOT_READY", 503)
+    calls = cluster.route_calls("T")
+    leader.tap.fail("/v1/send", "NOT_READY", 503)
     assert (await p.send(Message("T", b"x"))).status == "SEND_OK"
-    assert cluster.namesrv.route_calls["T"] == calls + 1
-    leader.hang_next("/v1/send")
+    assert cluster.route_calls("T") == calls + 1
+    leader.tap.hang("/v1/send")
     with pytest.raises(ClientError) as e:
         await p.send(Message("T", b"slow"), timeout_s=0.3)
     assert e.value.code == "TIMEOUT" and e.value.outcome_unknown
-    await wait_until(lambda: cluster.namesrv.route_calls["T"] >= calls + 2, what="a refresh after TIMEOUT")
+    await wait_until(lambda: cluster.route_calls("T") >= calls + 2, WAIT_S, "a refresh after TIMEOUT")
 
 
 async def test_latency_fault_tolerance_isolates_a_failed_group(
@@ -188,16 +205,16 @@ async def test_latency_fault_tolerance_isolates_a_failed_group(
 ) -> None:
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
     bad = cluster.group("RaftNode00").replicas[0]
-    bad.fail_next("/v1/send", "APPEND_FAILED", 409, times=1)
+    bad.tap.fail("/v1/send", "APPEND_FAILED", 409, times=1)
     p = producers(cluster, send_latency_fault_enable=True)
     await p.start()
     for i in range(8):  # round robin reaches the bad group within one cycle of the 8 queues
         await p.send(Message("T", f"warm{i}".encode()))
-        if bad.sent():
+        if sent(bad):
             break
-    assert len(bad.sent()) == 1
+    assert len(sent(bad)) == 1
     results = [await p.send(Message("T", f"m{i}".encode())) for i in range(10)]
-    assert len(bad.sent()) == 1  # isolated for 30 s after the error: not even tried
+    assert len(sent(bad)) == 1  # isolated for 30 s after the error: not even tried
     assert {r.message_queue.broker_name for r in results} == {"RaftNode01"}
     p.send_latency_fault_enable = False
     assert not p.send_latency_fault_enable
@@ -237,10 +254,13 @@ async def test_send_async_and_oneway(make_cluster: ClusterFactory, producers: Ma
     with pytest.raises(ClientError):  # bad input fails at once, not in the task
         p.send_async(Message("T", b""), acb)
     p.send_oneway(Message("T", b"fire"))
-    await wait_until(lambda: cluster.groups[0].total("T") == 2, what="the one-way message stored")
+    g = cluster.groups[0]
+    await wait_until(
+        lambda: sum(g.max_offset("T", q) for q in range(4)) == 2, WAIT_S, "the one-way message stored"
+    )
 
-    leader = cluster.groups[0].replicas[0]
-    leader.hang_next("/v1/send", times=3)
+    leader = g.replicas[0]
+    leader.tap.hang("/v1/send", times=3)
     tasks = [p.send_async(Message("T", f"h{i}".encode()), acb) for i in range(3)]
     with pytest.raises(ClientError) as e:
         p.send_async(Message("T", b"one too many"))
@@ -258,9 +278,9 @@ async def test_new_topic_goes_where_the_broker_creates_it(
     await p.start()
     result = await p.send(Message("Fresh", b"x"))
     assert result.status == "SEND_OK"
-    assert "Fresh" in cluster.group(result.message_queue.broker_name).topics
+    assert "Fresh" in cluster.group(result.message_queue.broker_name).topics()
     with pytest.raises(ClientError) as e:
-        await Producer("pg", cluster.namesrv_addr).send(Message("T", b"x"))
+        await Producer("pg", cluster.namesrv_addr, credentials=PRODUCER).send(Message("T", b"x"))
     assert e.value.code == "NOT_STARTED"
 
 
@@ -271,8 +291,8 @@ async def test_a_failed_send_says_when_an_earlier_attempt_may_have_stored_it(
     answered SEND_TIMEOUT: the messages may be stored, and the error must say so."""
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
     g0, g1 = cluster.groups
-    g0.replicas[0].fail_next("/v1/send", "SEND_TIMEOUT", 504, times=1000)
-    g1.replicas[0].fail_next("/v1/send", "APPEND_FAILED", 409, times=1000)
+    g0.replicas[0].tap.fail("/v1/send", "SEND_TIMEOUT", 504, times=1000)
+    g1.replicas[0].tap.fail("/v1/send", "APPEND_FAILED", 409, times=1000)
     p = producers(cluster, retry_times=1)
     await p.start()
     outcomes = []
@@ -303,7 +323,7 @@ async def test_append_failed_and_server_errors_are_not_definite_failures(
         ("NOT_READY", 503, False),
         ("NO_PERMISSION", 403, False),
     ):
-        leader.fail_next("/v1/send", code, status)
+        leader.tap.fail("/v1/send", code, status)
         with pytest.raises(ClientError) as e:
             await p.send(Message("T", b"x"))
         assert (e.value.code, e.value.outcome_unknown) == (code, unknown)

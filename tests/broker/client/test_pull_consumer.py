@@ -1,5 +1,6 @@
-"""The pull consumer: queues, pulls (statuses, long poll, tags), offsets kept remotely for its
-group, timestamp search, and reads from a follower when the leader is down."""
+"""The pull consumer against real broker groups on the in-process log: queues, pulls (statuses, long
+poll, tags), offsets kept remotely for its group, timestamp search, and reads from a follower when
+the leader is down."""
 
 from __future__ import annotations
 
@@ -7,18 +8,27 @@ import asyncio
 import time
 
 from broker.client import MessageQueue, PullConsumer, PullStatus
+from tests.acl_fixtures import CONSUMER
 from tests.broker.client.conftest import ClusterFactory
+from tests.broker.inproc_cluster import WAIT_S
+from tests.dledger.harness import wait_until
+
+
+async def after_ms(ms: int) -> None:
+    """Until the wall clock (which stamps stored messages) has passed ``ms``."""
+    await wait_until(lambda: time.time_ns() // 1_000_000 > ms, WAIT_S, f"the wall clock to pass {ms}")
 
 
 async def test_pull_consumer_end_to_end(make_cluster: ClusterFactory) -> None:
     cluster = await make_cluster(n_groups=2, topics={"T": 2})
     g = cluster.group("RaftNode01")
-    g.put("T", 1, 3, tags="a")
-    g.put("T", 1, 2, tags="b")
-    async with PullConsumer("pc", cluster.namesrv_addr) as pc:
+    await g.put("T", 1, 3, tags="a")
+    async with PullConsumer("pc", cluster.namesrv_addr, credentials=CONSUMER) as pc:
         mqs = await pc.fetch_message_queues("T")
         assert mqs == sorted(MessageQueue("T", n, q) for n in ("RaftNode00", "RaftNode01") for q in range(2))
         mq = MessageQueue("T", "RaftNode01", 1)
+        await after_ms((await g.messages("T", 1))[-1]["store_ts"])
+        await g.put("T", 1, 2, tags="b")
         res = await pc.pull(mq, 0, max_count=4)
         assert res.status is PullStatus.FOUND and res.next_offset == 4 and res.max_offset == 5
         assert [m.queue_offset for m in res.messages] == [0, 1, 2, 3]
@@ -28,44 +38,55 @@ async def test_pull_consumer_end_to_end(make_cluster: ClusterFactory) -> None:
         assert (await pc.pull(mq, 5)).status is PullStatus.NO_NEW_MSG
         assert (await pc.pull(mq, 9)).status is PullStatus.OFFSET_OVERFLOW
 
-        started = time.monotonic()
-        waiting = asyncio.ensure_future(pc.pull(mq, 5, suspend_ms=5000))
-        await asyncio.sleep(0)
-        g.put("T", 1, 1)
-        res = await waiting
-        assert res.status is PullStatus.FOUND and time.monotonic() - started < 4  # woken, not timed out
+        leader = g.replicas[0]
+        waiting = asyncio.ensure_future(pc.pull(mq, 5, suspend_ms=30_000))
+        await wait_until(
+            lambda: any(s.body.get("offset") == 5 for s in leader.tap.seen("/v1/pull")),
+            WAIT_S, "the long poll to reach the leader",
+        )
+        await after_ms((await g.messages("T", 1))[-1]["store_ts"])
+        await g.put("T", 1, 1)
+        res = await asyncio.wait_for(waiting, WAIT_S)  # woken by the arrival, not by its 30 s hold
+        assert res.status is PullStatus.FOUND and [m.queue_offset for m in res.messages] == [5]
 
         assert await pc.fetch_consume_offset(mq) is None
         pc.update_consume_offset(mq, 6)
         assert await pc.fetch_consume_offset(mq, from_store=False) == 6
         assert await pc.commit() == 1
-        assert g.offsets[("pc", "T", 1)] == 6
+        assert g.offset("pc", "T", 1) == 6
         assert await pc.fetch_consume_offset(mq) == 6
         assert (await pc.min_offset(mq), await pc.max_offset(mq)) == (0, 6)
-        for i, m in enumerate(g.queue("T", 1)):
-            m["store_ts"] = 1000 * i
-        assert await pc.search_offset(mq, 2500) == 3
+        stamps = [m["store_ts"] for m in await g.messages("T", 1)]  # three sends: three store times
+        assert stamps[0] == stamps[2] < stamps[3] == stamps[4] < stamps[5], stamps
+        assert await pc.search_offset(mq, 0) == 0
+        assert await pc.search_offset(mq, stamps[0] + 1) == 3
+        assert await pc.search_offset(mq, stamps[3]) == 3
+        assert await pc.search_offset(mq, stamps[5]) == 5
         assert await pc.search_offset(mq, 10**13) == 6
         pc.update_consume_offset(mq, 2)  # the broker keeps offsets monotonic
         await pc.commit()
-        assert g.offsets[("pc", "T", 1)] == 6
+        assert g.offset("pc", "T", 1) == 6
 
 
 async def test_pull_reads_from_a_follower_and_commits_follow_not_leader(make_cluster: ClusterFactory) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
     g = cluster.groups[0]
-    g.put("T", 0, 3)
+    n0, n2 = g.replicas[0], g.replicas[2]
+    await g.put("T", 0, 3)
     mq = MessageQueue("T", g.name, 0)
-    async with PullConsumer("pc", cluster.namesrv_addr) as pc:
+    async with PullConsumer("pc", cluster.namesrv_addr, credentials=CONSUMER) as pc:
         await pc.fetch_message_queues("T")
-        await g.replicas[0].stop()
+        for ns in cluster.namesrvs:  # from now on the routes keep naming n0 as the leader
+            ns.refuse_registrations(g.name)
+        await g.kill("n0")
         res = await pc.pull(mq, 0)
         assert res.status is PullStatus.FOUND and len(res.messages) == 3
-        assert any(p == "/v1/pull" for r in g.replicas[1:] for p, _ in r.requests)
-        g.leader_index = 2  # replica 2 leads; the routes still say replica 0
-        cluster.namesrv.stale_leader[g.name] = g.replicas[0].addr
-        await g.replicas[0].restart()
+        assert any(r.tap.seen("/v1/pull") for r in g.replicas[1:])
+        await g.transfer("n2", registered=False)  # n2 leads; the routes still say n0
+        await g.start("n0")
+        await wait_until(lambda: n0.broker.node.leader_id == "n2", WAIT_S, "n0 to follow n2")
         pc.update_consume_offset(mq, 3)
-        assert await pc.commit() == 1  # replica 0 answered NOT_LEADER naming replica 2
-        assert g.offsets[("pc", "T", 0)] == 3
-        assert [p for p, _ in g.replicas[2].requests if p == "/v1/offsets"] == ["/v1/offsets"]
+        assert await pc.commit() == 1  # n0 answered NOT_LEADER naming n2
+        assert g.offset("pc", "T", 0) == 3
+        assert len(n0.tap.seen("/v1/offsets", "POST")) == 1
+        assert len(n2.tap.seen("/v1/offsets", "POST")) == 1

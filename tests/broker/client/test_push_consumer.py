@@ -1,11 +1,12 @@
-"""The push consumer against the fake cluster: concurrent and orderly consumption, offsets that
-never pass an unconsumed message, tag filters, clustering rebalance, broadcasting, start
-positions, follower fallback and flow control."""
+"""The push consumer against real broker groups on the in-process log: concurrent and orderly
+consumption, offsets that never pass an unconsumed message, tag filters, clustering rebalance,
+broadcasting, start positions, follower fallback and flow control."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,8 +22,10 @@ from broker.client import (
     allocate_averagely,
 )
 from broker.client.offset_store import read_offset_file
+from tests.acl_fixtures import CONSUMER
 from tests.broker.client.conftest import ClusterFactory
-from tests.broker.client.fakes import FakeCluster, wait_until
+from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster, Seen
+from tests.dledger.harness import wait_until
 
 SEED = 1234
 FAST: dict[str, Any] = {
@@ -43,8 +46,8 @@ Make = Callable[..., PushConsumer]
 async def consumers() -> AsyncIterator[Make]:
     made: list[PushConsumer] = []
 
-    def make(cluster: FakeCluster, group: str = "cg", **kwargs: Any) -> PushConsumer:
-        c = PushConsumer(group, cluster.namesrv_addr, **{**FAST, **kwargs})
+    def make(cluster: InProcBrokerCluster, group: str = "cg", **kwargs: Any) -> PushConsumer:
+        c = PushConsumer(group, cluster.namesrv_addr, credentials=CONSUMER, **{**FAST, **kwargs})
         made.append(c)
         return c
 
@@ -53,10 +56,24 @@ async def consumers() -> AsyncIterator[Make]:
         await c.shutdown()
 
 
-def all_queues(cluster: FakeCluster, topic: str) -> list[MessageQueue]:
-    return sorted(
-        MessageQueue(topic, g.name, q) for g in cluster.groups for q in range(g.topics[topic].read_queue_nums)
-    )
+def all_queues(cluster: InProcBrokerCluster, topic: str, queue_nums: int) -> list[MessageQueue]:
+    return sorted(MessageQueue(topic, g.name, q) for g in cluster.groups for q in range(queue_nums))
+
+
+async def members(cluster: InProcBrokerCluster, group: str) -> dict[str, set[str]]:
+    """Each live replica's members of consumer ``group`` (heartbeats are per replica)."""
+    out = {}
+    for g in cluster.groups:
+        for r in g.replicas:
+            if r.alive:
+                got = await cluster.call(r.addr, "GET", f"/v1/groups/{group}/consumers")
+                out[r.tap.name] = set(got["client_ids"])
+    return out
+
+
+async def after_ms(ms: int) -> None:
+    """Until the wall clock (which stamps stored messages) has passed ``ms``."""
+    await wait_until(lambda: time.time_ns() // 1_000_000 > ms, WAIT_S, f"the wall clock to pass {ms}")
 
 
 async def test_concurrent_delivers_everything_and_commits_only_consumed(
@@ -67,20 +84,25 @@ async def test_concurrent_delivers_everything_and_commits_only_consumed(
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
     for g in cluster.groups:
         for q in range(4):
-            g.put("T", q, 20)
+            await g.put("T", q, 20)
     consumed: set[tuple[str, int, int]] = set()
     attempts: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     violations: list[str] = []
     commits: dict[tuple[str, int], list[int]] = defaultdict(list)
     for g in cluster.groups:
 
-        def hook(group: str, topic: str, qid: int, off: int, name: str = g.name) -> None:
-            commits[(name, qid)].append(off)
-            missing = [o for o in range(off) if (name, qid, o) not in consumed]
-            if missing:
-                violations.append(f"{name}:{qid} committed {off} before consuming {missing[:5]}")
+        def hook(seen: Seen, name: str = g.name) -> None:  # as each commit arrives at a replica
+            if seen.path != "/v1/offsets" or seen.method != "POST":
+                return
+            for qid_text, off in seen.body["offsets"].items():
+                qid = int(qid_text)
+                commits[(name, qid)].append(off)
+                missing = [o for o in range(off) if (name, qid, o) not in consumed]
+                if missing:
+                    violations.append(f"{name}:{qid} committed {off} before consuming {missing[:5]}")
 
-        g.commit_hooks.append(hook)
+        for r in g.replicas:
+            r.tap.observe(hook)
 
     async def listener(msgs: list[MessageExt], ctx: ConsumeContext) -> str:
         assert ctx.group == "cg" and not ctx.orderly
@@ -101,11 +123,11 @@ async def test_concurrent_delivers_everything_and_commits_only_consumed(
     await c.start()
     for g in cluster.groups:  # more while it runs: long polls wake up
         for q in range(4):
-            g.put("T", q, 5)
-    await wait_until(lambda: len(consumed) == 200, what="all 200 consumed")
+            await g.put("T", q, 5)
+    await wait_until(lambda: len(consumed) == 200, WAIT_S, "all 200 consumed")
     await wait_until(
-        lambda: all(g.offsets.get(("cg", "T", q)) == 25 for g in cluster.groups for q in range(4)),
-        what="offsets committed to the end",
+        lambda: all(g.offset("cg", "T", q) == 25 for g in cluster.groups for q in range(4)),
+        WAIT_S, "offsets committed to the end",
     )
     assert violations == []
     for key, offs in commits.items():
@@ -114,13 +136,13 @@ async def test_concurrent_delivers_everything_and_commits_only_consumed(
     assert attempts[("RaftNode00", 0, 5)] == [0, 1, 2]  # exceptions count as RECONSUME_LATER
     stats = c.stats()
     assert stats.consumed == 200 and stats.reconsumed > 0
-    assert set(stats.queues) == set(all_queues(cluster, "T"))
+    assert set(stats.queues) == set(all_queues(cluster, "T", 4))
     assert all(qs.committable_offset == 25 and qs.in_flight == 0 for qs in stats.queues.values())
 
 
 async def test_batches_of_several_messages(make_cluster: ClusterFactory, consumers: Make) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 2})
-    cluster.groups[0].put("T", 0, 30)
+    await cluster.groups[0].put("T", 0, 30)
     sizes: list[int] = []
 
     def listener(msgs: list[MessageExt], ctx: ConsumeContext) -> str:  # a sync listener: a thread
@@ -131,7 +153,7 @@ async def test_batches_of_several_messages(make_cluster: ClusterFactory, consume
     c.subscribe("T")
     c.register_listener(listener)
     await c.start()
-    await wait_until(lambda: sum(sizes) == 30, what="30 consumed")
+    await wait_until(lambda: sum(sizes) == 30, WAIT_S, "30 consumed")
     assert max(sizes) == 8
 
 
@@ -139,7 +161,7 @@ async def test_orderly_consumes_each_queue_in_order(make_cluster: ClusterFactory
     cluster = await make_cluster(n_groups=1, topics={"T": 4})
     g = cluster.groups[0]
     for q in range(4):
-        g.put("T", q, 30)
+        await g.put("T", q, 30)
     calls: dict[int, list[list[int]]] = defaultdict(list)
     done: dict[int, list[int]] = defaultdict(list)
     active: dict[int, int] = defaultdict(int)
@@ -164,7 +186,7 @@ async def test_orderly_consumes_each_queue_in_order(make_cluster: ClusterFactory
     c.subscribe("T")
     c.register_listener(listener)
     await c.start()
-    await wait_until(lambda: all(len(done[q]) == 30 for q in range(4)), what="every queue consumed")
+    await wait_until(lambda: all(len(done[q]) == 30 for q in range(4)), WAIT_S, "every queue consumed")
     assert overlap == []
     for q in range(4):
         assert done[q] == list(range(30))
@@ -183,8 +205,8 @@ async def test_tag_filter_is_passed_to_the_broker(make_cluster: ClusterFactory, 
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
     g = cluster.groups[0]
     for i in range(12):
-        g.put("T", 0, 1, tags="abc"[i % 3])
-    g.put("T", 0, 5, tags="c")  # a tail nobody wants: the offset still moves past it
+        await g.put("T", 0, 1, tags="abc"[i % 3])
+    await g.put("T", 0, 5, tags="c")  # a tail nobody wants: the offset still moves past it
     got: list[str] = []
 
     async def listener(msgs: list[MessageExt], ctx: ConsumeContext) -> str:
@@ -195,9 +217,9 @@ async def test_tag_filter_is_passed_to_the_broker(make_cluster: ClusterFactory, 
     c.subscribe("T", "b || a")
     c.register_listener(listener)
     await c.start()
-    await wait_until(lambda: g.offsets.get(("cg", "T", 0)) == 17, what="offset past the filtered tail")
+    await wait_until(lambda: g.offset("cg", "T", 0) == 17, WAIT_S, "offset past the filtered tail")
     assert sorted(got) == ["a"] * 4 + ["b"] * 4
-    pulls = [body for r in g.replicas for path, body in r.requests if path == "/v1/pull"]
+    pulls = [s.body for r in g.replicas for s in r.tap.seen("/v1/pull")]
     assert pulls and {p["tags"] for p in pulls} == {"a||b"}
     assert {p["consumer_group"] for p in pulls} == {"cg"}
 
@@ -206,7 +228,7 @@ async def test_clustering_rebalance_moves_queues_of_a_leaving_consumer(
     make_cluster: ClusterFactory, consumers: Make
 ) -> None:
     cluster = await make_cluster(n_groups=2, topics={"T": 4})
-    everything = all_queues(cluster, "T")
+    everything = all_queues(cluster, "T", 4)
     seen: dict[str, set[str]] = defaultdict(set)
 
     def listener_for(cid: str) -> Callable[[list[MessageExt], ConsumeContext], Any]:
@@ -228,29 +250,31 @@ async def test_clustering_rebalance_moves_queues_of_a_leaving_consumer(
             shares[i] == allocate_averagely(m, everything, sorted(members)) for i, m in enumerate(members)
         )
 
-    await wait_until(lambda: converged(["c1", "c2", "c3"]), what="3 consumers converged")
+    await wait_until(lambda: converged(["c1", "c2", "c3"]), WAIT_S, "3 consumers converged")
     assert sorted(len(cs[m].assigned_queues()) for m in cs) == [2, 3, 3]
-    for g in cluster.groups:
-        for r in g.replicas:  # heartbeats reach every replica of every group
-            assert {"c1", "c2", "c3"} <= set(r.members)
+    seen_by = await members(cluster, "cg")  # heartbeats reach every replica of every group
+    assert len(seen_by) == 6 and all({"c1", "c2", "c3"} <= ids for ids in seen_by.values()), seen_by
     for g in cluster.groups:
         for q in range(4):
-            g.put("T", q, 5, prefix="first")
-    stored = {m["unique_id"] for g in cluster.groups for q in range(4) for m in g.queue("T", q)}
-    await wait_until(lambda: set().union(*seen.values()) == stored, what="first wave consumed")
+            await g.put("T", q, 5, prefix="first")
+    stored = {m["unique_id"] for g in cluster.groups for q in range(4) for m in await g.messages("T", q)}
+    assert len(stored) == 40
+    await wait_until(lambda: set().union(*seen.values()) == stored, WAIT_S, "first wave consumed")
 
     await cs["c2"].shutdown()
-    assert all("c2" not in r.members for g in cluster.groups for r in g.replicas)  # unregistered
-    await wait_until(lambda: converged(["c1", "c3"]), what="2 consumers converged")
+    seen_by = await members(cluster, "cg")
+    assert all("c2" not in ids for ids in seen_by.values()), seen_by  # unregistered
+    await wait_until(lambda: converged(["c1", "c3"]), WAIT_S, "2 consumers converged")
     assert sorted(cs["c1"].assigned_queues() + cs["c3"].assigned_queues()) == everything
     for g in cluster.groups:
         for q in range(4):
-            g.put("T", q, 5, prefix="second")
-    stored = {m["unique_id"] for g in cluster.groups for q in range(4) for m in g.queue("T", q)}
-    await wait_until(lambda: seen["c1"] | seen["c3"] | seen["c2"] == stored, what="second wave consumed")
+            await g.put("T", q, 5, prefix="second")
+    stored = {m["unique_id"] for g in cluster.groups for q in range(4) for m in await g.messages("T", q)}
+    assert len(stored) == 80
+    await wait_until(lambda: seen["c1"] | seen["c3"] | seen["c2"] == stored, WAIT_S, "second wave consumed")
     await wait_until(
-        lambda: all(g.offsets.get(("cg", "T", q)) == 10 for g in cluster.groups for q in range(4)),
-        what="every queue committed",
+        lambda: all(g.offset("cg", "T", q) == 10 for g in cluster.groups for q in range(4)),
+        WAIT_S, "every queue committed",
     )
 
 
@@ -260,7 +284,7 @@ async def test_broadcasting_every_consumer_gets_everything(
     cluster = await make_cluster(n_groups=1, topics={"T": 4})
     g = cluster.groups[0]
     for q in range(4):
-        g.put("T", q, 5)
+        await g.put("T", q, 5)
     got: dict[str, list[str]] = defaultdict(list)
 
     def listener_for(name: str) -> Callable[[list[MessageExt], ConsumeContext], str]:
@@ -277,21 +301,22 @@ async def test_broadcasting_every_consumer_gets_everything(
         c.register_listener(listener_for(name))
         cs[name] = c
     await asyncio.gather(*(c.start() for c in cs.values()))
-    await wait_until(lambda: len(got["b1"]) == 20 and len(got["b2"]) == 20, what="both got all 20")
+    await wait_until(lambda: len(got["b1"]) == 20 and len(got["b2"]) == 20, WAIT_S, "both got all 20")
     assert sorted(got["b1"]) == sorted(got["b2"])
-    assert all(c.assigned_queues() == all_queues(cluster, "T") for c in cs.values())
+    assert all(c.assigned_queues() == all_queues(cluster, "T", 4) for c in cs.values())
     await asyncio.gather(*(c.shutdown() for c in cs.values()))
-    assert g.commits == []  # broadcasting keeps offsets locally
+    assert cluster.all_requests("/v1/offsets", "POST") == []  # broadcasting keeps offsets locally
+    assert g.offsets("cg", "T") == {}
     for name in ("b1", "b2"):
         offsets = read_offset_file(str(tmp_path / name / "cg" / "offsets.json"))
-        assert offsets == {mq: 5 for mq in all_queues(cluster, "T")}
+        assert offsets == {mq: 5 for mq in all_queues(cluster, "T", 4)}
 
     again = consumers(cluster, message_model="BROADCASTING", offset_dir=str(tmp_path / "b1"))
     again.subscribe("T")
     again.register_listener(listener_for("again"))
     await again.start()
-    g.put("T", 2, 3, prefix="new")
-    await wait_until(lambda: len(got["again"]) == 3, what="only the new messages")
+    await g.put("T", 2, 3, prefix="new")
+    await wait_until(lambda: len(got["again"]) == 3, WAIT_S, "only the new messages")
     assert sorted(got["again"]) == ["new-2-5", "new-2-6", "new-2-7"]
 
 
@@ -300,10 +325,11 @@ async def test_start_positions_and_resuming_from_the_committed_offset(
 ) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
     g = cluster.groups[0]
-    g.put("T", 0, 4, prefix="old")
-    g.put("T", 0, 4, prefix="new")
-    for m in g.queue("T", 0):
-        m["store_ts"] = 1000 if m["body"].startswith(b"old") else 2000
+    old = await g.put("T", 0, 4, prefix="old")
+    old_ts = (await g.messages("T", 0))[-1]["store_ts"]
+    await after_ms(old_ts)
+    await g.put("T", 0, 4, prefix="new")  # stored at a later millisecond than the old ones
+    assert len(old) == 4
     got: dict[str, list[bytes]] = defaultdict(list)
 
     def listener_for(name: str) -> Callable[[list[MessageExt], ConsumeContext], str]:
@@ -313,26 +339,26 @@ async def test_start_positions_and_resuming_from_the_committed_offset(
 
         return listener
 
-    by_ts = consumers(cluster, group="g-ts", consume_from="TIMESTAMP", consume_timestamp_ms=1500)
+    by_ts = consumers(cluster, group="g-ts", consume_from="TIMESTAMP", consume_timestamp_ms=old_ts + 1)
     last = consumers(cluster, group="g-last", consume_from="LAST")
     for name, c in (("ts", by_ts), ("last", last)):
         c.subscribe("T")
         c.register_listener(listener_for(name))
         await c.start()
-    await wait_until(lambda: len(got["ts"]) == 4, what="the messages after the timestamp")
+    await wait_until(lambda: len(got["ts"]) == 4, WAIT_S, "the messages after the timestamp")
     assert all(b.startswith(b"new") for b in got["ts"])
-    await wait_until(lambda: g.offsets.get(("g-last", "T", 0)) == 8, what="LAST pinned at the max offset")
-    g.put("T", 0, 2, prefix="later")
-    await wait_until(lambda: len(got["last"]) == 2 and len(got["ts"]) == 6, what="the later messages")
+    await wait_until(lambda: g.offset("g-last", "T", 0) == 8, WAIT_S, "LAST pinned at the max offset")
+    await g.put("T", 0, 2, prefix="later")
+    await wait_until(lambda: len(got["last"]) == 2 and len(got["ts"]) == 6, WAIT_S, "the later messages")
     await by_ts.shutdown()
-    assert g.offsets[("g-ts", "T", 0)] == 10
+    assert g.offset("g-ts", "T", 0) == 10
 
     resumed = consumers(cluster, group="g-ts", consume_from="FIRST")  # a committed offset wins
     resumed.subscribe("T")
     resumed.register_listener(listener_for("resumed"))
     await resumed.start()
-    g.put("T", 0, 1, prefix="fresh")
-    await wait_until(lambda: len(got["resumed"]) == 1, what="only the fresh message")
+    await g.put("T", 0, 1, prefix="fresh")
+    await wait_until(lambda: len(got["resumed"]) == 1, WAIT_S, "only the fresh message")
     assert got["resumed"] == [b"fresh-0-10"]
 
 
@@ -341,9 +367,13 @@ async def test_pulls_fall_back_to_a_follower_when_the_leader_is_down(
 ) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 2})
     g = cluster.groups[0]
-    g.put("T", 0, 6)
-    g.put("T", 1, 6)
-    await g.replicas[0].stop()  # the routes still name it as the leader
+    await g.put("T", 0, 6)
+    await g.put("T", 1, 6)
+    await g.wait_replicated()
+    g.cut("n1", "n2")  # the survivors cannot elect anyone: the group stays without a leader
+    await g.kill("n0")  # the routes still name it as the leader
+    route = await cluster.route("T")
+    assert route is not None and route["broker_datas"][0]["broker_addrs"]["0"] == g.replicas[0].addr
     got: list[str] = []
 
     async def listener(msgs: list[MessageExt], ctx: ConsumeContext) -> str:
@@ -354,15 +384,16 @@ async def test_pulls_fall_back_to_a_follower_when_the_leader_is_down(
     c.subscribe("T")
     c.register_listener(listener)
     await c.start()
-    await wait_until(lambda: len(got) == 12, what="all read from followers")
-    follower_pulls = [b for r in g.replicas[1:] for p, b in r.requests if p == "/v1/pull"]
+    await wait_until(lambda: len(got) == 12, WAIT_S, "all read from followers")
+    assert all(r.broker.node.role != "LEADER" for r in g.replicas[1:])
+    follower_pulls = [s for r in g.replicas[1:] for s in r.tap.seen("/v1/pull")]
     assert follower_pulls
 
 
 async def test_flow_control_bounds_messages_in_flight(make_cluster: ClusterFactory, consumers: Make) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
     g = cluster.groups[0]
-    g.put("T", 0, 60)
+    await g.put("T", 0, 60)
     gate = asyncio.Event()
     seen: list[int] = []
 
@@ -376,8 +407,8 @@ async def test_flow_control_bounds_messages_in_flight(make_cluster: ClusterFacto
     c.register_listener(listener)
     await c.start()
     mq = MessageQueue("T", g.name, 0)
-    await wait_until(lambda: c.stats().queues[mq].in_flight >= 5, what="the threshold reached")
+    await wait_until(lambda: c.stats().queues[mq].in_flight >= 5, WAIT_S, "the threshold reached")
     assert c.stats().queues[mq].in_flight <= 5 - 1 + 4
     assert max(seen) < 8
     gate.set()
-    await wait_until(lambda: g.offsets.get(("cg", "T", 0)) == 60, what="everything after the gate opened")
+    await wait_until(lambda: g.offset("cg", "T", 0) == 60, WAIT_S, "everything after the gate opened")

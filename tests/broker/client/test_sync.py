@@ -1,5 +1,5 @@
-"""The blocking wrappers: each runs its client on a private loop thread. The fake cluster runs on
-the test's loop, so blocking calls are made from worker threads (``asyncio.to_thread``)."""
+"""The blocking wrappers: each runs its client on a private loop thread. The in-process cluster runs
+on the test's loop, so blocking calls are made from worker threads (``asyncio.to_thread``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from broker.client import (
     SyncPullConsumer,
     SyncPushConsumer,
 )
+from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.client.conftest import ClusterFactory
-from tests.broker.client.fakes import wait_until
+from tests.broker.inproc_cluster import WAIT_S
+from tests.dledger.harness import wait_until
 
 
 async def test_sync_producer_and_push_consumer(make_cluster: ClusterFactory) -> None:
@@ -36,7 +38,7 @@ async def test_sync_producer_and_push_consumer(make_cluster: ClusterFactory) -> 
         return "CONSUME_SUCCESS"
 
     def run_producer() -> tuple[SendResult, SendResult, SendResult]:
-        with SyncProducer("spg", addr) as p:
+        with SyncProducer("spg", addr, credentials=PRODUCER) as p:
             one = p.send(Message("T", b"sync-1"))
             batch = p.send_batch([Message("T", b"sync-2"), Message("T", b"sync-3")])
             future = p.send_async(Message("T", b"sync-4"))
@@ -46,7 +48,9 @@ async def test_sync_producer_and_push_consumer(make_cluster: ClusterFactory) -> 
             return one, batch, future.result(10)
 
     def start_consumer() -> SyncPushConsumer:
-        c = SyncPushConsumer("scg", addr, consume_from="FIRST", suspend_ms=300, commit_interval_s=0.1)
+        c = SyncPushConsumer(
+            "scg", addr, consume_from="FIRST", suspend_ms=300, commit_interval_s=0.1, credentials=CONSUMER
+        )
         c.subscribe("T")
         c.register_listener(listener)
         c.start()
@@ -56,7 +60,7 @@ async def test_sync_producer_and_push_consumer(make_cluster: ClusterFactory) -> 
     try:
         one, batch, later = await asyncio.to_thread(run_producer)
         assert one.status == "SEND_OK" and len(batch.items) == 2 and later.status == "SEND_OK"
-        await wait_until(lambda: len(got) == 5, what="five consumed")
+        await wait_until(lambda: len(got) == 5, WAIT_S, "five consumed")
         assert sorted(got) == [f"sync-{i}".encode() for i in range(1, 6)]
         assert all(t.startswith("consume-scg") for t in threads)  # sync listeners run on the pool
         assert len(await asyncio.to_thread(consumer.assigned_queues)) == 2
@@ -64,15 +68,15 @@ async def test_sync_producer_and_push_consumer(make_cluster: ClusterFactory) -> 
         assert stats.consumed == 5
     finally:
         await asyncio.to_thread(consumer.shutdown)
-    assert sum(o for (grp, _, _), o in cluster.groups[0].offsets.items() if grp == "scg") == 5
+    assert sum(cluster.groups[0].offsets("scg", "T").values()) == 5
 
 
 async def test_sync_pull_consumer(make_cluster: ClusterFactory) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
-    cluster.groups[0].put("T", 0, 2)
+    await cluster.groups[0].put("T", 0, 2)
 
     def run() -> None:
-        with SyncPullConsumer("spc", cluster.namesrv_addr) as pc:
+        with SyncPullConsumer("spc", cluster.namesrv_addr, credentials=CONSUMER) as pc:
             (mq,) = pc.fetch_message_queues("T")
             res = pc.pull(mq, 0)
             assert res.status is PullStatus.FOUND and len(res.messages) == 2

@@ -32,7 +32,7 @@ from broker.client.transport import (
     Transport,
     parse_addrs,
 )
-from tests.broker.client.fakes import wait_until
+from tests.dledger.harness import wait_until
 
 HOST = "127.0.0.1"
 WAIT_S = 5.0  # every wait on a condition fails after this, never hangs

@@ -1,8 +1,10 @@
-"""``mq-bench``: the pure parts (histogram, pacing, reports), runs with a fake SDK (exact counts
-under open-loop pacing), and short runs of the real Producer/PushConsumer against the fake cluster."""
+"""``mq-bench``: the pure parts (histogram, pacing, reports), runs with a scripted stand-in for the SDK
+(exact counts under open-loop pacing: the bench's own accounting, not the broker's), and short runs
+of the real Producer/PushConsumer against real broker groups on the in-process log."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -31,7 +33,7 @@ from broker.mqbench import (
     run_consume,
     run_produce,
 )
-from tests.broker.tools.fakes import FakeCluster
+from tests.broker.inproc_cluster import InProcBrokerCluster
 
 
 # -- histogram ------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def test_unreachable_namesrv_exits_1(capsys: pytest.CaptureFixture[str]) -> None
     assert "CONNECT_FAILED" in capsys.readouterr().err
 
 
-# -- runs with a fake SDK -------------------------------------------------------------------------
+# -- runs with a scripted SDK stand-in ------------------------------------------------------------
 class FakeProducer:
     """Answers at once; every 10th send is a broker error, every 15th a lost connection."""
 
@@ -214,10 +216,10 @@ def fake_sdk(producer: FakeProducer | None = None, consumer: Any = None) -> Any:
     )
 
 
-async def test_paced_produce_sends_exactly_rate_times_duration(cluster: FakeCluster) -> None:
+async def test_paced_produce_sends_exactly_rate_times_duration(cluster: InProcBrokerCluster) -> None:
     producer = FakeProducer()
     args = build_parser().parse_args(
-        ["produce", "-n", cluster.namesrv, "--rate", "200", "--duration", "0.3", "--json", "-s", "10"]
+        ["produce", "-n", cluster.namesrv_addr, "--rate", "200", "--duration", "0.3", "--json", "-s", "10"]
     )
     out, err = io.StringIO(), io.StringIO()
     assert await run_produce(args, sdk=fake_sdk(producer), out=out, err=err) == 0
@@ -234,13 +236,13 @@ async def test_paced_produce_sends_exactly_rate_times_duration(cluster: FakeClus
     assert "no route yet" in err.getvalue()  # the topic does not exist: auto-created on send
 
 
-async def test_batched_produce_reports_on_stdout(cluster: FakeCluster) -> None:
+async def test_batched_produce_reports_on_stdout(cluster: InProcBrokerCluster) -> None:
     producer = FakeProducer()
     args = build_parser().parse_args(
         [
             "produce",
             "-n",
-            cluster.namesrv,
+            cluster.namesrv_addr,
             "--batch",
             "5",
             "--rate",
@@ -280,7 +282,7 @@ class FakePushConsumer:
         pass
 
 
-async def test_consume_with_a_fake_consumer(cluster: FakeCluster) -> None:
+async def test_consume_with_a_scripted_consumer(cluster: InProcBrokerCluster) -> None:
     now_ns = time.time_ns()
     msgs = [
         SimpleNamespace(
@@ -290,7 +292,7 @@ async def test_consume_with_a_fake_consumer(cluster: FakeCluster) -> None:
     ]
     consumer = FakePushConsumer(msgs)
     args = build_parser().parse_args(
-        ["consume", "-n", cluster.namesrv, "-t", "T1", "--duration", "0.1", "--json"]
+        ["consume", "-n", cluster.namesrv_addr, "-t", "T1", "--duration", "0.1", "--json"]
     )
     out = io.StringIO()
     assert await run_consume(args, sdk=fake_sdk(consumer=consumer), out=out, err=io.StringIO()) == 0
@@ -299,54 +301,33 @@ async def test_consume_with_a_fake_consumer(cluster: FakeCluster) -> None:
     assert summary["messages"] == 7 and summary["rt_ms"]["avg"] >= 5.0 and summary["s2c_ms"]["avg"] >= 2.0
 
 
-# -- the real SDK against the fake cluster ---------------------------------------------------------
-def test_produce_then_consume_with_the_real_sdk(
-    cluster: FakeCluster, capsys: pytest.CaptureFixture[str]
+# -- the real SDK against the in-process cluster ------------------------------------------------
+async def test_produce_then_consume_with_the_real_sdk(
+    cluster: InProcBrokerCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import broker.client as sdk
-
-    assert sdk.Producer and sdk.PushConsumer
-    ns = cluster.namesrv
-    assert (
-        main(
-            [
-                "produce",
-                "-n",
-                ns,
-                "-t",
-                "BenchT",
-                "--duration",
-                "1",
-                "--rate",
-                "200",
-                "--threads",
-                "8",
-                "-s",
-                "100",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    ns = cluster.namesrv_addr
+    argv = ["produce", "-n", ns, "-t", "BenchT", "--duration", "1", "--rate", "200", "--threads", "8", "-s", "100",
+            "--json"]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, argv) == 0
     cap = capsys.readouterr()
     summary = json.loads(cap.out)
     assert summary["messages"] == 200 and summary["errors"] == {}, summary
     assert summary["rt_ms"]["max"] > 0
-    stored = [m for g in cluster.groups for q in g.queues.values() for m in q if m["topic"] == "BenchT"]
+    stored = [m for g in cluster.groups for q in range(4) for m in await g.messages("BenchT", q)]
     assert len(stored) == 200
     assert all(len(m["body"]) == 100 and "bench_ts_ns" in m["properties"] for m in stored)
     assert {m["broker_name"] for m in stored} == {"RaftNode00", "RaftNode01"}  # auto-created on both
 
-    assert main(["consume", "-n", ns, "-t", "BenchT", "--from", "FIRST", "--duration", "1.5", "--json"]) == 0
+    argv = ["consume", "-n", ns, "-t", "BenchT", "--from", "FIRST", "--duration", "1.5", "--json"]
+    assert await asyncio.to_thread(main, argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["messages"] == 200, summary
     assert 0 < summary["rt_ms"]["avg"] < 60_000
 
 
-def test_ctrl_c_ends_a_run_early_with_its_summary(cluster: FakeCluster) -> None:
-    import broker.client as sdk
-
-    assert sdk.Producer
+def _interrupt_a_run(namesrv: str) -> tuple[int, str, str]:
+    """``mq-bench produce`` as a process, SIGINT once its first report line is out."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -354,7 +335,7 @@ def test_ctrl_c_ends_a_run_early_with_its_summary(cluster: FakeCluster) -> None:
             "broker.mqbench",
             "produce",
             "-n",
-            cluster.namesrv,
+            namesrv,
             "--duration",
             "60",
             "--rate",
@@ -378,6 +359,14 @@ def test_ctrl_c_ends_a_run_early_with_its_summary(cluster: FakeCluster) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, err
+    return proc.returncode, out, err
+
+
+async def test_ctrl_c_ends_a_run_early_with_its_summary(cluster: InProcBrokerCluster) -> None:
+    """The process runs while the cluster serves from this test's loop (``to_thread``)."""
+    rc, out, err = await asyncio.to_thread(_interrupt_a_run, cluster.namesrv_addr)
+    assert rc == 0, err
     summary = json.loads(out)
     assert summary["messages"] > 0 and summary["elapsed_s"] < 30 and summary["errors"] == {}
+    stored = sum(g.max_offset("BenchmarkTest", q) for g in cluster.groups for q in range(4))
+    assert stored >= summary["messages"]  # every acknowledged send is stored

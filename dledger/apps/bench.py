@@ -1,4 +1,4 @@
-"""``python -m dledger.bench``: figures for a 3-process dledger group on this machine.
+"""``python -m dledger.apps.bench``: figures for a 3-process dledger group on this machine.
 
 Cases (each prints a line; ``--json`` prints one JSON document at the end):
   throughput   committed appends/s and messages/s for 100 B and 1 KiB bodies, single (1 body per
@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from dledger import cluster as local_cluster
+from dledger.apps import cluster as local_cluster
 
 
 @dataclass
@@ -303,7 +303,7 @@ def start_dledger(root: str, flush: str) -> Target:
         info = next(i for i, _ in planned if i.node_id == node)
         with open(info.log, "ab") as logf:
             target.procs[node] = subprocess.Popen(
-                [sys.executable, "-m", "dledger.server", "-c", info.conf, "--log-level", "WARNING"],
+                [sys.executable, "-m", "dledger.apps.node_server", "-c", info.conf, "--log-level", "WARNING"],
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -332,7 +332,7 @@ def start_stock(root: str) -> Target:
                 [
                     sys.executable,
                     "-m",
-                    "dledger.stock_reference",
+                    "dledger.apps.stock_reference",
                     "--self",
                     raft[i],
                     "--peers",
@@ -416,7 +416,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dledger.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dledger.apps.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document at the end")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per throughput/latency case")
     parser.add_argument("--batch", type=int, default=64, help="bodies per append in the batched cases")
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.batch < 1 or args.rate <= 0 or args.failover_rounds < 0:
-        print("dledger.bench: durations, batch and rate must be positive", file=sys.stderr)
+        print("dledger.apps.bench: durations, batch and rate must be positive", file=sys.stderr)
         return 2
     results = asyncio.run(run(args))
     if args.json:

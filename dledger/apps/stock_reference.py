@@ -1,8 +1,8 @@
 """The benchmark's reference: stock pysyncobj 0.3.17 (memory journal, default settings) behind the
 same ``/v1/append`` and ``/v1/status`` HTTP surface as a dledger node, so one load generator
-drives both. Nothing in dledger uses this module; ``python -m dledger.bench`` starts it.
+drives both. Nothing in dledger uses this module; ``python -m dledger.apps.bench`` starts it.
 
-    python -m dledger.stock_reference --self 127.0.0.1:41001 --peers 127.0.0.1:41002,127.0.0.1:41003 --http 41011
+    python -m dledger.apps.stock_reference --self 127.0.0.1:41001 --peers 127.0.0.1:41002,127.0.0.1:41003 --http 41011
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def make_app(obj: Counter, self_addr: str) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dledger.stock_reference")
+    parser = argparse.ArgumentParser(prog="dledger.apps.stock_reference")
     parser.add_argument("--self", required=True, dest="self_addr")
     parser.add_argument("--peers", required=True)
     parser.add_argument("--http", type=int, required=True)

@@ -28,8 +28,9 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
+from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.checkpoint import ApplyCheckpoint
-from dledger.config import ConfigError, DLedgerConfig, load_dledger_config
+from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -41,11 +42,9 @@ from dledger.node import (
     EntryTooLargeError,
     NotCommittedError,
     NotLeaderError,
-    RaftSettings,
 )
-from dledger.process_main import run_until_signalled, setup_logging
 
-log = logging.getLogger("dledger.server")
+log = logging.getLogger("dledger.apps.node_server")
 
 MAX_REQUEST_BYTES = 16 << 20
 MAX_READ_COUNT = 10_000
@@ -59,35 +58,6 @@ _STATUS_BY_ERROR: dict[type[DLedgerError], int] = {
     NotCommittedError: 404,
     EntryRemovedError: 410,
 }
-
-
-def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
-    return RaftSettings(
-        group=cfg.group,
-        self_id=cfg.self_id,
-        peers={p.id: p.address for p in cfg.peers},
-        data_dir=cfg.node_dir,
-        password=cfg.peer_password,
-        flush_policy=cfg.flush_policy,
-        flush_interval_ms=cfg.flush_interval_ms,
-        segment_bytes=cfg.segment_bytes,
-        election_min_ms=cfg.election_timeout_min_ms,
-        election_max_ms=cfg.election_timeout_max_ms,
-        heartbeat_ms=cfg.heartbeat_interval_ms,
-        stepdown_ms=cfg.leader_step_down_ms,
-        connection_timeout_ms=cfg.connection_timeout_ms,
-        connection_retry_ms=cfg.connection_retry_ms,
-        max_entry_bytes=cfg.max_entry_body_bytes,
-        retention_hours=cfg.file_reserved_hours,
-        disk_max_used_ratio=cfg.disk_max_used_space_ratio / 100,
-        disk_warning_ratio=cfg.disk_space_warning_level_ratio / 100,
-        retention_check_ms=cfg.retention_check_interval_ms,
-        raft_addresses=(
-            {p.id: cfg.peer_connect_addrs.get(p.id, p.address) for p in cfg.peers}
-            if cfg.peer_connect_addrs
-            else None
-        ),
-    )
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:

@@ -1,0 +1,153 @@
+"""The log-store interface: what the Raft journal, the node and the broker ask of the entry log.
+
+Two implementations keep the same contract and pass one conformance suite
+(tests/dledger/test_log_store_conformance.py):
+
+- ``dledger.entry_store.EntryStore``: segmented, checksummed files (production);
+- ``dledger.memory_store.MemoryLogStore``: in memory, with a model of what a crash keeps (the
+  deterministic simulator and fast tests).
+
+Contract (both):
+- Entries ``anchor_index + 1 .. last_index``, contiguous, terms non-decreasing; each entry's chain
+  CRC is derived from the one before (the first from the anchor's). ``anchor`` stands for everything
+  before the first held entry (retention or a re-anchor removed it).
+- Positions are global byte positions of entry headers, laid out the same way by both
+  implementations (``header_bytes`` + body per entry, segments of ``segment_bytes`` with a BLANK
+  marker where it fits): a message's position is the same whichever store holds it.
+- ``append``/``append_many`` reach volatile storage; ``flush`` makes everything appended durable.
+  ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are durable when they return.
+- One writer thread; reads may come from any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from dledger.entry_codec import CorruptEntryError, StoreError
+
+__all__ = [
+    "CorruptEntryError",
+    "CorruptStoreError",
+    "Entry",
+    "EntryTooLargeError",
+    "IndexOutOfRangeError",
+    "LogStore",
+    "PositionOutOfRangeError",
+    "SegmentInfo",
+    "StaleReadError",
+    "StoreClosedError",
+    "StoreError",
+]
+
+
+class CorruptStoreError(StoreError):
+    """The store's files contradict each other in a way a crash cannot explain; not repaired."""
+
+    code = "STORE_CORRUPT"
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class EntryTooLargeError(StoreError):
+    code = "STORE_ENTRY_TOO_LARGE"
+
+
+class IndexOutOfRangeError(StoreError):
+    code = "STORE_INDEX_OUT_OF_RANGE"
+
+
+class PositionOutOfRangeError(IndexOutOfRangeError):
+    code = "STORE_POSITION_OUT_OF_RANGE"
+
+
+class StaleReadError(StoreError):
+    """A read kept racing with truncate_suffix/reset; retry later."""
+
+    code = "STORE_STALE_READ"
+
+
+class StoreClosedError(StoreError):
+    code = "STORE_CLOSED"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    position: int
+    body: bytes
+    chain_crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    start_position: int
+    first_index: int  # last_index + 1 when the segment holds no entry
+    last_index: int
+    size_bytes: int
+    # When the segment was sealed (no more appends), on the store's injected wall clock; None for
+    # the segment being written. Retention compares it with the same clock, never with file times.
+    sealed_wall_s: float | None
+    path: str
+
+
+class LogStore(Protocol):
+    header_bytes: int
+    segment_bytes: int
+
+    @property
+    def anchor(self) -> tuple[int, int, int]: ...
+
+    @property
+    def first_index(self) -> int: ...
+
+    @property
+    def last_index(self) -> int: ...
+
+    @property
+    def last_term(self) -> int: ...
+
+    @property
+    def last_chain_crc(self) -> int: ...
+
+    @property
+    def next_position(self) -> int: ...
+
+    @property
+    def bytes_stored(self) -> int: ...
+
+    @property
+    def dirty(self) -> bool: ...
+
+    def read(self, index: int) -> Entry: ...
+
+    def read_range(self, first: int, max_count: int, max_bytes: int) -> list[Entry]: ...
+
+    def term_at(self, index: int) -> int: ...
+
+    def chain_crc_at(self, index: int) -> int: ...
+
+    def position_at(self, index: int) -> int: ...
+
+    def read_at_position(self, position: int, size: int) -> bytes: ...
+
+    def append(self, index: int, term: int, body: bytes) -> int: ...
+
+    def append_many(self, entries: Sequence[tuple[int, int, bytes]]) -> list[int]: ...
+
+    def flush(self) -> None: ...
+
+    def truncate_suffix(self, from_index: int) -> None: ...
+
+    def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None: ...
+
+    def segments(self) -> list[SegmentInfo]: ...
+
+    def delete_segments_before(self, index_floor: int) -> int: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,615 @@
+"""The Raft peer transport over TCP: authenticated, encrypted, bounded. No pickle on the wire.
+
+Replaces pysyncobj's TCPTransport/TcpConnection, which unpickled every frame (code execution for
+whoever held the password), buffered whatever length a frame's prefix claimed (a 100 MiB garbage
+frame cost a leader its leadership), never timed out unauthenticated connections, and closed its
+listener for good when ``accept`` failed with EMFILE.
+
+Handshake (initiator I = the peer whose address is greater, as in pysyncobj; acceptor A)::
+
+    I -> A  HELLO    "DLH1" | group | I's id | I's ephemeral X25519 key | nonce_I (16 random bytes)
+                     | key id (4 bytes: which password I uses; see below)
+    A -> I  ACCEPT   "DLA1" | A's id | A's ephemeral X25519 key | nonce_A | mac_A
+    I -> A  CONFIRM  "DLC1" | mac_I
+
+    psk   = PBKDF2-SHA256(password, salt = "dledger-peer|" + group, 200,000 iterations)
+    keys  = HKDF-SHA256(ikm = psk || X25519(eph_I, eph_A), salt = nonce_I || nonce_A,
+                        info = "dledger-peer-v1" || SHA-256(HELLO || ACCEPT without its mac))
+            -> k_mac | k_I->A | k_A->I
+    mac_A = HMAC(k_mac, "A" || transcript), mac_I = HMAC(k_mac, "I" || transcript || mac_A)
+
+Rolling password change: a node may hold a previous password besides its current one. It opens
+connections with the current one and accepts both (the key id, the first 4 bytes of
+SHA-256(psk), says which); so replicas switch one at a time without losing a link.
+
+Both sides prove they hold the password; each learns that the other is the configured peer it
+claims to be (ids are the addresses in dLegerPeers; an unknown id is refused); fresh nonces and
+ephemeral keys per connection give freshness (a recorded session cannot be replayed) and forward
+secrecy. After the handshake every frame is AES-256-GCM with a per-direction key and a nonce that
+is the frame's sequence number, so a frame replayed, dropped or reordered inside a session fails
+to decrypt and ends the connection.
+
+Framing: ``u32 length (big-endian) | body``. The length is checked before anything is buffered:
+at most ``HANDSHAKE_FRAME_MAX`` before the handshake completes, ``max_frame_bytes`` after.
+Bodies are ``peer_codec`` messages (msgpack, fixed schemas).
+
+Limits: a connection cap (extra connections are closed at accept), a handshake deadline, an idle
+timeout on established links (each side sends a keep-alive when it has been quiet), a cap on bytes
+queued towards a peer. ``accept`` failing for lack of descriptors pauses accepting briefly; the
+listener is never closed.
+
+``connect_via`` routes each link through another address (a Toxiproxy proxy per link in chaos
+runs) while peers keep their identities. ``blocked`` drops traffic to and from the listed peers
+(in-process partition tests).
+
+Thread ownership: everything runs on the node's tick thread (socket callbacks come from the
+SyncObj poller, timers from the tick callback).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.transport import Transport, TransportNotReadyError
+
+from dledger import clock as dl_clock
+from dledger import peer_codec
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_FRAME_MAX = 512
+PBKDF2_ITERATIONS = 200_000
+_LEN = struct.Struct(">I")
+_HELLO, _ACCEPT, _CONFIRM = b"DLH1", b"DLA1", b"DLC1"
+_PING = b""  # an empty body: keep-alive
+_NO_FD_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_psk_cache: dict[tuple[str, str], bytes] = {}
+
+
+def pre_shared_key(password: str, group: str) -> bytes:
+    """The key both sides derive from the peer password (cached: PBKDF2 is slow on purpose)."""
+    key = (password, group)
+    if key not in _psk_cache:
+        salt = b"dledger-peer|" + group.encode()
+        _psk_cache[key] = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, PBKDF2_ITERATIONS, 32)
+    return _psk_cache[key]
+
+
+class HandshakeError(Exception):
+    pass
+
+
+def _field(data: bytes, at: int) -> tuple[bytes, int]:
+    if at >= len(data):
+        raise HandshakeError("truncated handshake")
+    n = data[at]
+    value = data[at + 1 : at + 1 + n]
+    if len(value) != n:
+        raise HandshakeError("truncated handshake")
+    return value, at + 1 + n
+
+
+def _session_keys(psk: bytes, shared: bytes, nonce_i: bytes, nonce_a: bytes, transcript: bytes) -> bytes:
+    info = b"dledger-peer-v1" + hashlib.sha256(transcript).digest()
+    return HKDF(hashes.SHA256(), 96, nonce_i + nonce_a, info).derive(psk + shared)
+
+
+def _key_id(psk: bytes) -> bytes:
+    return hashlib.sha256(psk).digest()[:4]
+
+
+def _raw_public(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+class _Cipher:
+    """AES-256-GCM for one direction of one session; the nonce is the frame's sequence number."""
+
+    __slots__ = ("_aead", "_seq")
+
+    def __init__(self, key: bytes):
+        self._aead = AESGCM(key)
+        self._seq = 0
+
+    def seal(self, body: bytes) -> bytes:
+        nonce = self._seq.to_bytes(12, "big")
+        self._seq += 1
+        return self._aead.encrypt(nonce, body, None)
+
+    def open(self, frame: bytes | memoryview) -> bytes:
+        nonce = self._seq.to_bytes(12, "big")
+        self._seq += 1
+        return self._aead.decrypt(nonce, bytes(frame), None)  # InvalidTag on anything tampered
+
+
+class _Conn:
+    """One TCP connection, from accept/connect through the handshake to close."""
+
+    def __init__(self, sock: socket.socket, outbound: bool, peer: Any | None, now: float):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.outbound = outbound
+        self.peer = peer  # the Node: known up front for outbound, after HELLO for inbound
+        self.state = "connecting" if outbound else "hello"
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.deadline: float | None = None
+        self.last_recv = now
+        self.last_send = now
+        self.send_cipher: _Cipher | None = None
+        self.recv_cipher: _Cipher | None = None
+        self.eph: X25519PrivateKey | None = None
+        self.hello = b""
+        self.accept_body = b""
+        self.nonce = b""  # ours (initiator)
+        self.keys = b""  # k_mac | k_I->A | k_A->I (acceptor, until CONFIRM)
+        self.closed = False
+
+
+class TcpPeerTransport(Transport):
+    def __init__(
+        self,
+        sync_obj: Any,
+        self_node: Any,
+        other_nodes: Any,
+        *,
+        password: str,
+        group: str,
+        previous_password: str | None = None,
+        connect_via: dict[str, str] | None = None,
+        max_frame_bytes: int = 8 << 20,
+        max_connections: int = 16,
+        handshake_timeout_s: float = 2.0,
+        idle_timeout_s: float = 3.0,
+        connect_retry_s: float = 0.3,
+        max_queued_bytes: int = 64 << 20,
+    ):
+        super().__init__(sync_obj, self_node, other_nodes)
+        if not password:
+            raise ValueError("a peer password is required")
+        self._sync = sync_obj
+        self._self = self_node
+        self._nodes = {n.address: n for n in other_nodes}
+        self._group = group
+        self._psk = pre_shared_key(password, group)
+        self._psks = {_key_id(self._psk): self._psk}
+        if previous_password:
+            old = pre_shared_key(previous_password, group)
+            self._psks[_key_id(old)] = old
+        self.connect_via = dict(connect_via or {})
+        self.max_frame_bytes = max_frame_bytes
+        self.max_connections = max_connections
+        self.handshake_timeout_s = handshake_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.connect_retry_s = connect_retry_s
+        self.max_queued_bytes = max_queued_bytes
+        self.blocked: frozenset[str] = frozenset()
+        self._listener: socket.socket | None = None
+        self._listening = False
+        self._accept_paused_until: float | None = None
+        self._ready = False
+        self._last_bind_attempt: float | None = None
+        self._conns: dict[int, _Conn] = {}  # fd -> connection
+        self._links: dict[str, _Conn] = {}  # peer address -> established connection
+        self._last_connect: dict[str, float] = {}
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "accepted",
+                "refused_cap",
+                "handshake_failed",
+                "oversized_frames",
+                "bad_frames",
+                "timeouts",
+                "accept_errors",
+            ),
+            0,
+        )
+        sync_obj.addOnTickCallback(self._on_tick)
+
+    # -- pysyncobj's Transport ------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def tryGetReady(self) -> None:
+        if self._ready:
+            return
+        now = dl_clock.current_monotonic()
+        if self._last_bind_attempt is not None and now - self._last_bind_attempt < 1.0:
+            raise TransportNotReadyError
+        self._last_bind_attempt = now
+        host, _, port = self._self.address.rpartition(":")
+        bind_host = self._sync.conf.bindAddress.rpartition(":")[0] if self._sync.conf.bindAddress else host
+        sock = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bind_host, int(port)))
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            log.warning("cannot listen on %s (%s): retrying", self._self.address, exc)
+            raise TransportNotReadyError from None
+        self._listener = sock
+        self._listen(True)
+        self._ready = True
+
+    def send(self, node: Any, message: dict[str, Any]) -> bool:
+        conn = self._links.get(node.address)
+        if conn is None or conn.closed or node.address in self.blocked:
+            return False
+        if len(conn.outbuf) > self.max_queued_bytes:
+            self._close(conn, "the peer does not read what is sent to it")
+            return False
+        self._send_frame(conn, peer_codec.encode(message))
+        return True
+
+    def pending_bytes(self, node: Any) -> int:
+        conn = self._links.get(node.address)
+        return len(conn.outbuf) if conn is not None else 0
+
+    def is_up(self, address: str) -> bool:
+        return address in self._links
+
+    def addNode(self, node: Any) -> None:
+        raise NotImplementedError("dledger groups have fixed membership")
+
+    def dropNode(self, node: Any) -> None:
+        raise NotImplementedError("dledger groups have fixed membership")
+
+    def destroy(self) -> None:
+        for conn in list(self._conns.values()):
+            self._close(conn, None)
+        if self._listener is not None:
+            self._listen(False)
+            self._listener.close()
+            self._listener = None
+        self._ready = False
+
+    # -- listening ------------------------------------------------------------------------------
+    def _listen(self, on: bool) -> None:
+        assert self._listener is not None
+        if on and not self._listening:
+            self._sync._poller.subscribe(self._listener.fileno(), self._on_accept, POLL_EVENT_TYPE.READ)
+        elif not on and self._listening:
+            self._sync._poller.unsubscribe(self._listener.fileno())
+        self._listening = on
+
+    def _on_accept(self, _fd: int, _event: int) -> None:
+        listener = self._listener
+        if listener is None or not self._listening:
+            return
+        for _ in range(64):  # bounded per poll: established links get their turn
+            try:
+                sock, _addr = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in _NO_FD_ERRNOS:
+                    # Out of descriptors: stop accepting for a moment (the kernel keeps queueing
+                    # in the backlog), never close the listener.
+                    self.counters["accept_errors"] += 1
+                    if (
+                        self.counters["accept_errors"] in (1, 10, 100)
+                        or self.counters["accept_errors"] % 1000 == 0
+                    ):
+                        log.warning("accept failed (%s): pausing accepts for 0.5 s", exc)
+                    self._listen(False)
+                    self._accept_paused_until = dl_clock.current_monotonic() + 0.5
+                    return
+                log.warning("accept failed: %s", exc)
+                return
+            if len(self._conns) >= self.max_connections:
+                self.counters["refused_cap"] += 1
+                sock.close()
+                continue
+            self.counters["accepted"] += 1
+            self._adopt(sock, outbound=False, peer=None)
+
+    def _adopt(self, sock: socket.socket, outbound: bool, peer: Any | None) -> _Conn:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        now = dl_clock.current_monotonic()
+        conn = _Conn(sock, outbound, peer, now)
+        conn.deadline = now + self.handshake_timeout_s
+        self._conns[conn.fd] = conn
+        mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        if outbound:
+            mask |= POLL_EVENT_TYPE.WRITE
+        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+        return conn
+
+    # -- connecting -----------------------------------------------------------------------------
+    def _should_connect(self, address: str) -> bool:
+        return bool(self._self.address > address)
+
+    def _connect_missing(self, now: float) -> None:
+        for address, node in self._nodes.items():
+            if address in self._links or not self._should_connect(address) or address in self.blocked:
+                continue
+            if any(c.peer is node and not c.closed for c in self._conns.values()):
+                continue  # a connection is on its way
+            last = self._last_connect.get(address)
+            if last is not None and now - last < self.connect_retry_s:
+                continue
+            self._last_connect[address] = now
+            via = self.connect_via.get(address, address)
+            host, _, port = via.rpartition(":")
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            err = sock.connect_ex((host, int(port)))
+            if err not in (0, errno.EINPROGRESS):
+                sock.close()
+                continue
+            self._adopt(sock, outbound=True, peer=node)
+
+    # -- events -----------------------------------------------------------------------------------
+    def _on_event(self, fd: int, event: int) -> None:
+        conn = self._conns.get(fd)
+        if conn is None or conn.closed:
+            return
+        try:
+            if event & POLL_EVENT_TYPE.ERROR:
+                self._close(conn, "socket error")
+                return
+            if conn.state == "connecting" and event & POLL_EVENT_TYPE.WRITE:
+                err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    self._close(conn, None)
+                    return
+                self._send_hello(conn)
+            if event & POLL_EVENT_TYPE.READ:
+                self._read(conn)
+            if not conn.closed and event & POLL_EVENT_TYPE.WRITE:
+                self._flush(conn)
+        except (HandshakeError, peer_codec.PeerCodecError) as exc:
+            self.counters["handshake_failed" if conn.state != "ready" else "bad_frames"] += 1
+            self._close(conn, f"refused: {exc}")
+        except Exception as exc:  # a peer must never take the tick thread down
+            self.counters["bad_frames"] += 1
+            self._close(conn, f"dropped after {type(exc).__name__}: {exc}")
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 18)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._close(conn, f"read failed: {exc}")
+            return
+        if not data:
+            self._close(conn, None)
+            return
+        conn.last_recv = dl_clock.current_monotonic()
+        conn.inbuf += data
+        while not conn.closed:
+            if len(conn.inbuf) < 4:
+                return
+            (n,) = _LEN.unpack_from(conn.inbuf)
+            limit = self.max_frame_bytes if conn.state == "ready" else HANDSHAKE_FRAME_MAX
+            if n > limit:
+                self.counters["oversized_frames"] += 1
+                self._close(conn, f"refused: a frame of {n} bytes (limit {limit})")
+                return
+            if len(conn.inbuf) < 4 + n:
+                return
+            body = bytes(conn.inbuf[4 : 4 + n])
+            del conn.inbuf[: 4 + n]
+            self._on_frame(conn, body)
+
+    def _on_frame(self, conn: _Conn, body: bytes) -> None:
+        if conn.state == "ready":
+            assert conn.recv_cipher is not None and conn.peer is not None
+            try:
+                plain = conn.recv_cipher.open(body)
+            except Exception:
+                raise peer_codec.PeerCodecError("a frame failed authentication") from None
+            if plain == _PING or conn.peer.address in self.blocked:
+                return
+            self._onMessageReceived(conn.peer, peer_codec.decode(plain))
+        elif conn.state == "hello" and not conn.outbound:
+            self._on_hello(conn, body)
+        elif conn.state == "accept" and conn.outbound:
+            self._on_accept_frame(conn, body)
+        elif conn.state == "confirm" and not conn.outbound:
+            self._on_confirm(conn, body)
+        else:
+            raise HandshakeError(f"unexpected frame in state {conn.state}")
+
+    # -- the handshake -----------------------------------------------------------------------------
+    def _send_hello(self, conn: _Conn) -> None:
+        conn.eph = X25519PrivateKey.generate()
+        conn.nonce = os.urandom(16)
+        group, ident = self._group.encode(), self._self.address.encode()
+        conn.hello = (
+            _HELLO
+            + bytes([len(group)])
+            + group
+            + bytes([len(ident)])
+            + ident
+            + _raw_public(conn.eph)
+            + conn.nonce
+            + _key_id(self._psk)
+        )
+        conn.state = "accept"
+        self._queue_raw(conn, conn.hello)
+
+    def _on_hello(self, conn: _Conn, hello: bytes) -> None:
+        if not hello.startswith(_HELLO):
+            raise HandshakeError("not a dledger peer")
+        group, at = _field(hello, 4)
+        ident, at = _field(hello, at)
+        if group != self._group.encode():
+            raise HandshakeError(f"wrong group {group[:64]!r}")
+        peer = self._nodes.get(ident.decode(errors="replace"))
+        if peer is None:
+            raise HandshakeError(f"unknown peer {ident[:64]!r}")
+        if len(hello) != at + 52:
+            raise HandshakeError("malformed hello")
+        peer_pub, nonce_i, key_id = hello[at : at + 32], hello[at + 32 : at + 48], hello[at + 48 :]
+        psk = self._psks.get(key_id)
+        if psk is None:
+            raise HandshakeError("the peer uses a password this node does not hold")
+        eph = X25519PrivateKey.generate()
+        shared = eph.exchange(X25519PublicKey.from_public_bytes(peer_pub))
+        nonce_a = os.urandom(16)
+        ident_a = self._self.address.encode()
+        accept_body = _ACCEPT + bytes([len(ident_a)]) + ident_a + _raw_public(eph) + nonce_a
+        transcript = hello + accept_body
+        keys = _session_keys(psk, shared, nonce_i, nonce_a, transcript)
+        mac_a = hmac.new(keys[:32], b"A" + transcript, "sha256").digest()
+        conn.peer = peer
+        conn.hello, conn.accept_body = hello, accept_body + mac_a
+        conn.keys = keys
+        conn.state = "confirm"
+        self._queue_raw(conn, accept_body + mac_a)
+
+    def _on_accept_frame(self, conn: _Conn, frame: bytes) -> None:
+        if not frame.startswith(_ACCEPT) or conn.eph is None:
+            raise HandshakeError("not a dledger peer")
+        ident, at = _field(frame, 4)
+        if len(frame) != at + 32 + 16 + 32:
+            raise HandshakeError("malformed accept")
+        assert conn.peer is not None
+        if ident.decode(errors="replace") != conn.peer.address:
+            raise HandshakeError(f"expected peer {conn.peer.address}, reached {ident[:64]!r}")
+        peer_pub, nonce_a, mac_a = frame[at : at + 32], frame[at + 32 : at + 48], frame[at + 48 :]
+        accept_body = frame[: at + 48]
+        transcript = conn.hello + accept_body
+        shared = conn.eph.exchange(X25519PublicKey.from_public_bytes(peer_pub))
+        keys = _session_keys(self._psk, shared, conn.nonce, nonce_a, transcript)
+        if not hmac.compare_digest(mac_a, hmac.new(keys[:32], b"A" + transcript, "sha256").digest()):
+            raise HandshakeError("the peer does not know the password")
+        mac_i = hmac.new(keys[:32], b"I" + transcript + mac_a, "sha256").digest()
+        self._queue_raw(conn, _CONFIRM + mac_i)
+        conn.send_cipher, conn.recv_cipher = _Cipher(keys[32:64]), _Cipher(keys[64:96])
+        self._established(conn)
+
+    def _on_confirm(self, conn: _Conn, frame: bytes) -> None:
+        keys = conn.keys
+        transcript = conn.hello + conn.accept_body[:-32]
+        mac_a = conn.accept_body[-32:]
+        want = _CONFIRM + hmac.new(keys[:32], b"I" + transcript + mac_a, "sha256").digest()
+        if not hmac.compare_digest(frame, want):
+            raise HandshakeError("the peer does not know the password")
+        conn.send_cipher, conn.recv_cipher = _Cipher(keys[64:96]), _Cipher(keys[32:64])
+        self._established(conn)
+
+    def _established(self, conn: _Conn) -> None:
+        assert conn.peer is not None
+        conn.state = "ready"
+        conn.deadline = None
+        conn.eph = None
+        old = self._links.get(conn.peer.address)
+        if old is not None and old is not conn:
+            self._close(old, None, notify=False)  # the peer restarted: the new session wins
+        self._links[conn.peer.address] = conn
+        if old is None:
+            self._onNodeConnected(conn.peer)
+
+    # -- writing -----------------------------------------------------------------------------------
+    def _queue_raw(self, conn: _Conn, body: bytes) -> None:
+        conn.outbuf += _LEN.pack(len(body)) + body
+        self._flush(conn)
+
+    def _send_frame(self, conn: _Conn, plain: bytes) -> None:
+        assert conn.send_cipher is not None
+        sealed = conn.send_cipher.seal(plain)
+        conn.last_send = dl_clock.current_monotonic()
+        conn.outbuf += _LEN.pack(len(sealed)) + sealed
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.closed or conn.state == "connecting":
+            return
+        if conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._close(conn, f"write failed: {exc}")
+                return
+            del conn.outbuf[:sent]
+        mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        if conn.outbuf:
+            mask |= POLL_EVENT_TYPE.WRITE
+        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+
+    # -- timers (tick callback) ---------------------------------------------------------------------
+    def _on_tick(self) -> None:
+        if not self._ready:
+            return
+        now = dl_clock.current_monotonic()
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self._listen(True)
+        for conn in list(self._conns.values()):
+            if conn.closed:
+                continue
+            if conn.deadline is not None and now > conn.deadline:
+                self.counters["timeouts"] += 1
+                self._close(conn, "no handshake in time" if conn.state != "connecting" else None)
+            elif conn.state == "ready":
+                if now - conn.last_recv > self.idle_timeout_s:
+                    self.counters["timeouts"] += 1
+                    self._close(conn, f"silent for {self.idle_timeout_s} s")
+                elif now - conn.last_send > self.idle_timeout_s / 3:
+                    self._send_frame(conn, _PING)
+        self._connect_missing(now)
+
+    # -- closing ----------------------------------------------------------------------------------
+    def _close(self, conn: _Conn, reason: str | None, notify: bool = True) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.pop(conn.fd, None)
+        try:
+            self._sync._poller.unsubscribe(conn.fd)
+        except Exception:
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        if reason:
+            log.info(
+                "peer connection %s closed: %s", conn.peer.address if conn.peer else "(unidentified)", reason
+            )
+        peer = conn.peer
+        if peer is not None and self._links.get(peer.address) is conn:
+            del self._links[peer.address]
+            if notify:
+                self._onNodeDisconnected(peer)
+
+
+def tcp_transport_factory(
+    *, password: str, group: str, connect_via: dict[str, str], max_frame_bytes: int, idle_timeout_s: float
+) -> Callable[[Any, Any, Any], TcpPeerTransport]:
+    def make(sync_obj: Any, self_node: Any, other_nodes: Any) -> TcpPeerTransport:
+        return TcpPeerTransport(
+            sync_obj,
+            self_node,
+            other_nodes,
+            password=password,
+            group=group,
+            connect_via=connect_via,
+            max_frame_bytes=max_frame_bytes,
+            idle_timeout_s=idle_timeout_s,
+            connect_retry_s=sync_obj.conf.connectionRetryTime,
+        )
+
+    return make

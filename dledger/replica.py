@@ -1,0 +1,580 @@
+"""ReplicaCore: one replica's tick-thread half — Raft (DLedgerSyncObj), the log, applying, appends.
+
+Single-threaded: every method runs on the thread that calls ``tick`` (a node's tick thread, or the
+simulator). Nothing here blocks on another thread or reads a clock other than the injected one;
+the same code runs in production (``DLedgerNode`` wraps it with a thread and an asyncio bridge)
+and inside the deterministic simulator (``dledger.sim``).
+
+What a tick does (the tick callback, after SyncObj's election/commit/heartbeat work)::
+
+    submitted requests --group--> entries appended (leader only) --> replicate at once
+         --> flush per policy --> commit index --> apply committed entries in log order
+         --> resolve appends whose entry is committed (and applied) --> role changes
+         --> retention (every retention_check_ms)
+
+Invariants:
+- An append is acknowledged only when the commit index covers its entry *and* the entry at that
+  index still carries the term it was written with (so it is the same entry); the leader counts
+  itself only up to what it made durable (sync policy), followers fsync before they ack.
+- Entries are applied in log order, once: the state machine's durable ``applied_index()`` is
+  where applying resumes after a restart.
+- A leader that steps down answers every append still waiting with "outcome unknown" at once
+  (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
+  for their deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import random
+import shutil
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from pysyncobj import SyncObjConf
+
+from dledger import command_codec
+from dledger.clock import Clock
+from dledger.journal import RaftJournal
+from dledger.log_store import LogStore
+from dledger.meta_store import MetaStore
+from dledger.records import (
+    AppendFailedError,
+    AppendTimeoutError,
+    BodyLocation,
+    DLedgerError,
+    NotLeaderError,
+    RaftSettings,
+    RoleChange,
+    StateMachine,
+    to_committed,
+)
+from dledger.syncobj_patch import RAFT_STATE_CANDIDATE, RAFT_STATE_LEADER, DLedgerSyncObj
+
+log = logging.getLogger("dledger.node")
+
+ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
+APPLY_BUDGET_ENTRIES = 512  # per tick: a long catch-up must not starve heartbeats
+
+
+class Request:
+    """One append: its bodies, and where its outcome goes (called once, on the tick thread)."""
+
+    __slots__ = ("alive", "bodies", "done", "enqueued", "size")
+
+    def __init__(
+        self,
+        bodies: Sequence[bytes],
+        size: int,
+        done: Callable[[list[BodyLocation] | None, BaseException | None], None],
+        enqueued: float,
+        alive: Callable[[], bool] | None = None,
+    ):
+        self.bodies = bodies
+        self.size = size
+        self.done = done
+        self.enqueued = enqueued
+        self.alive = alive  # False once nobody waits any more (timed out): not worth writing
+
+
+@dataclasses.dataclass
+class _Waiting:
+    index: int
+    term: int
+    requests: list[tuple[Request, list[tuple[int, int, int]]]]  # (request, [(slot, position, size)])
+    results: Sequence[Any] | None = None  # per body, from the state machine's apply
+
+
+class CoreEvents(Protocol):
+    """What the core tells its owner (on the tick thread)."""
+
+    def role_changed(self, change: RoleChange) -> None: ...
+
+    def tick_done(self) -> None: ...
+
+
+TransportFactory = Callable[[Any, Any, Any], Any]
+
+
+class ReplicaCore:
+    def __init__(
+        self,
+        settings: RaftSettings,
+        store: LogStore,
+        meta: MetaStore,
+        state_machine: StateMachine | None,
+        *,
+        clock: Clock,
+        transport_factory: TransportFactory,
+        events: CoreEvents,
+        rng: random.Random | None = None,
+        disk_used_ratio: Callable[[str], float] | None = None,
+        prevote: bool = True,
+    ):
+        if settings.self_id not in settings.peers:
+            raise ValueError(f"self id {settings.self_id!r} is not among the peers")
+        self.settings = settings
+        self.store = store
+        self.journal = RaftJournal(store, meta)
+        self._sm = state_machine
+        self._clock = clock
+        self._transport_factory = transport_factory
+        self._events = events
+        self._rng = rng or random.Random()
+        self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
+        self._prevote = prevote
+        self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
+        self._self_address = settings.peers[settings.self_id]
+        self.sync: DLedgerSyncObj | None = None
+        self._queue: collections.deque[Request] = collections.deque()
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._waiting_indexes: set[int] = set()
+        # Published for readers on other threads (plain values: atomic under the GIL).
+        self.role = "FOLLOWER"
+        self.term = 0
+        self.leader_id: str | None = None
+        self.commit_index = 0
+        self.applied_index = 0
+        self.disk_full = False
+        self.leader_floor = 0
+        self._own_floor = 0
+        self._live_followers: int | None = None
+        self._durable_index = store.last_index
+        self._last_flush = clock.monotonic()
+        self._last_retention: float | None = None
+        self.counters: collections.Counter[str] = collections.Counter()
+        # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
+        self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
+
+    # -- lifecycle (tick thread) ------------------------------------------------------------------
+    def open(self) -> DLedgerSyncObj:
+        s = self.settings
+        conf = SyncObjConf(
+            password=None,  # peers authenticate in the transport (peer_tcp), not in pysyncobj
+            raftMinTimeout=s.election_min_ms / 1000,
+            raftMaxTimeout=s.election_max_ms / 1000,
+            appendEntriesPeriod=s.heartbeat_ms / 1000,
+            leaderFallbackTimeout=s.stepdown_ms / 1000,
+            connectionTimeout=s.connection_timeout_ms / 1000,
+            connectionRetryTime=s.connection_retry_ms / 1000,
+            sendBufferSize=4 << 20,
+            recvBufferSize=1 << 20,
+            commandsWaitLeader=False,
+            onStateChanged=None,
+        )
+        others = [addr for pid, addr in s.peers.items() if pid != s.self_id]
+        sync = DLedgerSyncObj(
+            self._self_address,
+            others,
+            conf,
+            self.journal,
+            self,
+            transport_factory=self._transport_factory,
+            rng=self._rng,
+            prevote=self._prevote,
+            batch_bytes=s.replication_batch_bytes,
+        )
+        self.sync = sync
+        applied = self._sm.applied_index() if self._sm is not None else 0
+        self.applied_index = max(applied, self.store.anchor[0])
+        sync.dl_skip_replay(self.applied_index)
+        sync.addOnTickCallback(self._on_tick)
+        return sync
+
+    def tick(self, wait_s: float) -> None:
+        assert self.sync is not None
+        self.sync.doTick(wait_s)
+
+    def close(self, before_log_close: Callable[[], None] | None = None) -> None:
+        """Stop: appends still waiting get "outcome unknown"; the log is flushed; SyncObj destroyed;
+        ``before_log_close`` runs (the state machine's last snapshot may still read the log); then
+        the log closes."""
+        self.fail_queue(DLedgerError("node stopped"))
+        self._fail_waiting(
+            AppendTimeoutError("node stopped before the entry committed: the outcome is unknown")
+        )
+        try:
+            if self.store.dirty:
+                self.store.flush()
+            if self.sync is not None:
+                self.sync._doDestroy()
+            if before_log_close is not None:
+                before_log_close()
+        finally:
+            self.journal.close()
+
+    # -- NodeHooks for DLedgerSyncObj (tick thread) ---------------------------------------------
+    def before_ack(self) -> None:
+        if self.settings.flush_policy == "sync":
+            self._flush()
+
+    def self_match_index(self) -> int:
+        """How far the leader may count itself toward a majority: what it made durable (sync)."""
+        if self.settings.flush_policy != "sync" or not self.store.dirty:
+            return int(self.store.last_index)
+        return min(self._durable_index, int(self.store.last_index))
+
+    def on_install_anchor(self, anchor_index: int) -> None:
+        self.applied_index = anchor_index
+        self.commit_index = max(self.commit_index, anchor_index)
+        self._durable_index = anchor_index
+        self.counters["installs"] += 1
+        if self._sm is not None:
+            self._sm.on_install(anchor_index)
+
+    def retention_floor(self) -> int:
+        return self._own_floor
+
+    def on_leader_floor(self, floor: int) -> None:
+        self.leader_floor = floor
+
+    # -- requests (tick thread) -------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Queue one append; it is written at the next tick if this replica leads, else refused.
+
+        The one method other threads may call: a deque append is atomic, and the owner wakes the
+        tick thread after it. Everything else about the request happens on the tick thread.
+        """
+        self._queue.append(request)
+
+    def fail_queue(self, exc: DLedgerError) -> None:
+        while self._queue:
+            req = self._queue.popleft()
+            req.done(None, exc)
+
+    def _fail_waiting(self, exc: DLedgerError) -> None:
+        while self._waiting:
+            waiting = self._waiting.popleft()
+            self._waiting_indexes.discard(waiting.index)
+            for req, _ in waiting.requests:
+                req.done(None, exc)
+
+    # -- the tick callback ------------------------------------------------------------------------
+    def _on_tick(self) -> None:
+        sync = self.sync
+        assert sync is not None
+        appended = False
+        if self._queue:
+            if sync.dl_state == RAFT_STATE_LEADER:
+                appended = self._append_queued(sync)
+            else:
+                self.fail_queue(NotLeaderError(self.leader_id))
+        if appended:
+            # Replicate before the local flush so followers write while the leader syncs. Safe: the
+            # leader counts itself only up to what it made durable (self_match_index).
+            sync.dl_send_now()
+        self._flush_per_policy()
+        old_commit = self.commit_index
+        self.commit_index = sync.raftCommitIndex
+        if self.commit_index > old_commit and not appended and sync.dl_state == RAFT_STATE_LEADER:
+            # Tell followers at once (an empty append carries the commit index): they apply, and
+            # serve the new entries to readers, one round trip later rather than a heartbeat later.
+            sync.dl_send_now()
+        if self.applied_index < self.commit_index:
+            self._apply_committed()
+        if self._waiting:
+            self._complete_waiting()
+        self._publish_role(sync)
+        self._events.tick_done()
+        now = self._clock.monotonic()
+        if (
+            self._last_retention is None
+            or now - self._last_retention >= self.settings.retention_check_ms / 1000
+        ):
+            self._last_retention = now
+            self._retention_tick(sync)
+
+    def _append_queued(self, sync: DLedgerSyncObj) -> bool:
+        term = sync.raftCurrentTerm
+        # An entry never outgrows a segment (requests themselves are bounded by max_entry_bytes).
+        target = min(self.settings.entry_target_bytes, self.store.segment_bytes - self.store.header_bytes)
+        appended = False
+        while self._queue:
+            group: list[Request] = []
+            size = command_codec.PREFIX_BYTES
+            while self._queue and (not group or size + self._queue[0].size <= target):
+                req = self._queue.popleft()
+                if req.alive is not None and not req.alive():
+                    req.done(
+                        None, AppendTimeoutError("the caller stopped waiting before the entry was written")
+                    )
+                    continue
+                group.append(req)
+                size += req.size - command_codec.PREFIX_BYTES
+            if not group:
+                continue
+            bodies = [b for req in group for b in req.bodies]
+            payload = command_codec.encode_batch(bodies)
+            index = self.store.last_index + 1
+            position = self.store.append(index, term, payload)
+            offsets = command_codec.body_offsets(bodies)
+            body_base = position + self.store.header_bytes
+            waiting = _Waiting(index, term, [])
+            k = 0
+            for req in group:
+                locs = []
+                for body in req.bodies:
+                    locs.append((k, body_base + offsets[k], len(body)))
+                    k += 1
+                waiting.requests.append((req, locs))
+            self._waiting.append(waiting)
+            self._waiting_indexes.add(index)
+            self.counters["entries_appended"] += 1
+            self.counters["bodies_appended"] += len(bodies)
+            appended = True
+        return appended
+
+    def _flush(self) -> bool:
+        if not self.store.dirty:
+            return False
+        self.store.flush()
+        self._durable_index = self.store.last_index
+        self._last_flush = self._clock.monotonic()
+        self.counters["fsync"] += 1
+        return True
+
+    def _flush_per_policy(self) -> None:
+        if not self.store.dirty:
+            return
+        now = self._clock.monotonic()
+        if (
+            self.settings.flush_policy == "sync"
+            or now - self._last_flush >= self.settings.flush_interval_ms / 1000
+        ):
+            self._flush()
+
+    def _complete_waiting(self) -> None:
+        store = self.store
+        while self._waiting:
+            w = self._waiting[0]
+            if w.index > store.last_index or (
+                w.index >= store.first_index and store.term_at(w.index) != w.term
+            ):
+                self._waiting.popleft()
+                self._waiting_indexes.discard(w.index)
+                for req, _ in w.requests:
+                    req.done(
+                        None, AppendFailedError(f"entry {w.index} was replaced by a newer leader's entry")
+                    )
+                continue
+            # With a state machine, an append resolves once it is applied too: the caller reads
+            # what applying it produced (BodyLocation.result).
+            if w.index > self.commit_index or (self._sm is not None and w.index > self.applied_index):
+                return
+            self._waiting.popleft()
+            self._waiting_indexes.discard(w.index)
+            now = self._clock.monotonic()
+            results = w.results
+            for req, locs in w.requests:
+                self.commit_latency_ms.append((now - req.enqueued) * 1000)
+                req.done(
+                    [
+                        BodyLocation(w.index, w.term, s, p, n, results[s] if results is not None else None)
+                        for s, p, n in locs
+                    ],
+                    None,
+                )
+
+    def _apply_committed(self) -> None:
+        budget = APPLY_BUDGET_ENTRIES
+        while self.applied_index < self.commit_index and budget > 0:
+            first = self.applied_index + 1
+            count = min(budget, self.commit_index - self.applied_index)
+            if self._sm is None:
+                self.applied_index += count
+                return
+            raw = self.store.read_range(first, count, 8 << 20)
+            if not raw:
+                return
+            results = self._sm.apply([to_committed(e, self.store) for e in raw])
+            if results is not None and self._waiting_indexes:
+                for e, res in zip(raw, results, strict=True):
+                    if e.index in self._waiting_indexes:
+                        self._attach_results(e.index, res)
+            self.applied_index = raw[-1].index
+            budget -= len(raw)
+
+    def _attach_results(self, index: int, results: Sequence[Any] | None) -> None:
+        for w in self._waiting:
+            if w.index == index:
+                w.results = results
+                return
+
+    def _publish_role(self, sync: DLedgerSyncObj) -> None:
+        role = ROLE_NAMES[sync.dl_state]
+        leader = sync.dl_leader
+        leader_id = self._addr_to_id.get(leader.address) if leader is not None else None
+        if sync.dl_state == RAFT_STATE_LEADER:
+            leader_id = self.settings.self_id
+        term = sync.raftCurrentTerm
+        if role == self.role and term == self.term and leader_id == self.leader_id:
+            return
+        if sync.dl_state == RAFT_STATE_CANDIDATE and self.role == "CANDIDATE" and leader_id == self.leader_id:
+            self.term = term  # repeated candidacies: not worth an event each
+            return
+        if role == "CANDIDATE" and self.role != "CANDIDATE":
+            self.counters["elections"] += 1
+        was_leader = self.role == "LEADER"
+        self.role, self.term, self.leader_id = role, term, leader_id
+        log.info("role %s term %d leader %s", role, term, leader_id)
+        if role != "LEADER":
+            self.fail_queue(NotLeaderError(leader_id))
+            if was_leader and self._waiting:
+                self._fail_waiting(
+                    AppendTimeoutError(
+                        "this replica stopped leading before the entry committed: the outcome is unknown"
+                    )
+                )
+        self._events.role_changed(RoleChange(role, term, leader_id, self._clock.wall()))
+
+    # -- retention --------------------------------------------------------------------------------
+    def _retention_tick(self, sync: DLedgerSyncObj) -> None:
+        s = self.settings
+        self.counters["retention_checks"] += 1
+        floor = self.applied_index
+        if self._sm is not None:
+            self._sm.checkpoint()
+            # Entries the state machine has applied but not made durable must stay: after a
+            # crash it re-applies them from the log (found by the simulator: a restart resumed
+            # past entries retention had removed, and skipped them).
+            floor = min(floor, self._sm.durable_applied_index())
+        if sync.dl_state == RAFT_STATE_LEADER:
+            now = self._clock.monotonic()
+            responses = sync.dl_last_response()
+            live = 0
+            for node, match in sync.dl_match_index().items():
+                last = responses.get(node)
+                if last is not None and now - last <= s.live_follower_s:
+                    floor = min(floor, match)
+                    live += 1
+            self._live_followers = live
+        else:
+            self._live_followers = None
+            floor = min(floor, self.leader_floor)
+        self._own_floor = floor
+        used = self._disk_used_ratio(s.data_dir)
+        self.disk_full = used >= s.disk_warning_ratio
+        segments = self.store.segments()
+        if len(segments) <= 1:
+            return
+        cutoff = self._clock.wall() - s.retention_hours * 3600
+        expired_floor = 0
+        for seg in segments[:-1]:
+            if seg.sealed_wall_s is not None and seg.sealed_wall_s < cutoff:
+                expired_floor = seg.last_index + 1
+        if used >= s.disk_max_used_ratio:
+            expired_floor = max(expired_floor, segments[0].last_index + 1)
+        target = min(expired_floor, floor + 1)
+        if target > self.store.first_index:
+            removed = self.store.delete_segments_before(target)
+            if removed:
+                self.counters["segments_removed"] += removed
+                log.info(
+                    "retention removed %d segment(s); log now starts after index %d (disk %.0f %%)",
+                    removed,
+                    self.store.anchor[0],
+                    used * 100,
+                )
+
+    def run_retention_now(self) -> None:
+        assert self.sync is not None
+        self._retention_tick(self.sync)
+
+    # -- status and transfer ----------------------------------------------------------------------
+    def installs_sent(self) -> int:
+        return int(self.sync.dl_installs_sent) if self.sync is not None else 0
+
+    def start_transfer(self, target_id: str | None) -> str:
+        sync = self.sync
+        assert sync is not None
+        if sync.dl_state != RAFT_STATE_LEADER:
+            raise NotLeaderError(self.leader_id)
+        target = None
+        if target_id is not None:
+            if target_id == self.settings.self_id:
+                raise DLedgerError("this node is already the leader")
+            address = self.settings.peers.get(target_id)
+            if address is None:
+                raise DLedgerError(f"unknown peer id {target_id!r}")
+            target = next((n for n in sync.otherNodes if n.address == address), None)
+        outcome: list[Any] = []
+        sync.transferLeadership(target, callback=lambda res, err: outcome.append(err))
+        if outcome and outcome[0] != 0:
+            raise DLedgerError(f"transfer refused (target not connected or not caught up): code {outcome[0]}")
+        return target_id or "the most caught-up follower"
+
+    def status(self) -> dict[str, Any]:
+        sync = self.sync
+        assert sync is not None
+        store = self.store
+        peers: dict[str, Any] = {}
+        match = {n.address: v for n, v in sync.dl_match_index().items()}
+        nxt = {n.address: v for n, v in sync.dl_next_index().items()}
+        view = self.settings.view()
+        for pid, addr in self.settings.peers.items():
+            if pid == self.settings.self_id:
+                continue
+            node = next((n for n in sync.otherNodes if n.address == addr), None)
+            peers[pid] = {
+                "address": addr,
+                "connect_address": view.get(pid, addr),
+                "connected": bool(node is not None and sync.isNodeConnected(node)),
+                "match_index": match.get(addr),
+                "next_index": nxt.get(addr),
+                "lag": (store.last_index - match[addr]) if addr in match and self.role == "LEADER" else None,
+            }
+        return {
+            "group": self.settings.group,
+            "self_id": self.settings.self_id,
+            "role": self.role,
+            "term": self.term,
+            "leader_id": self.leader_id,
+            "commit_index": self.commit_index,
+            "applied_index": self.applied_index,
+            "first_index": store.first_index,
+            "last_index": store.last_index,
+            "last_term": store.last_term,
+            "anchor_index": store.anchor[0],
+            "chain_crc_at_commit": (
+                store.chain_crc_at(self.commit_index)
+                if store.anchor[0] <= self.commit_index <= store.last_index
+                else None
+            ),
+            "bytes_stored": store.bytes_stored,
+            "segments": len(store.segments()),
+            "flush_policy": self.settings.flush_policy,
+            "disk_full": self.disk_full,
+            "retention_floor": self._own_floor,
+            "live_followers": self._live_followers,
+            "peers": peers,
+            "counters": {
+                **dict(self.counters),
+                **sync.dl_counters,
+                "truncations_skipped": self.journal.truncations_skipped,
+                "entries_truncated": self.journal.entries_truncated,
+                "rewinds_prevented": sync.dl_rewinds_prevented,
+                "installs_sent": sync.dl_installs_sent,
+                "appends_received": sync.dl_appends_received,
+            },
+            "max_append_gap_ms": round(sync.dl_max_append_gap_s * 1000, 3),
+            "waiting_entries": len(self._waiting),
+            "commit_latency_ms": _latency_summary(list(self.commit_latency_ms)),
+        }
+
+
+def _latency_summary(samples: list[float]) -> dict[str, float | int]:
+    if not samples:
+        return {"count": 0}
+    samples.sort()
+
+    def at(q: float) -> float:
+        return round(samples[min(len(samples) - 1, int(q * len(samples)))], 3)
+
+    return {"count": len(samples), "p50": at(0.5), "p99": at(0.99), "max": round(samples[-1], 3)}
+
+
+def _disk_used_ratio(path: str) -> float:
+    usage = shutil.disk_usage(path)
+    return (usage.total - usage.free) / usage.total if usage.total else 0.0

@@ -1,0 +1,101 @@
+"""Planted bugs: each switch puts one known Raft mistake into the code the simulator runs.
+
+They exist to show the simulator has teeth (tests/dledger/test_sim.py runs each against the CI
+seeds and requires a Violation). Each is a context manager that patches the defect in and takes it
+out again; the simulator runs in one thread, so the patch affects only the run inside it.
+
+- ``truncate-non-conflicting``: the follower deletes every entry after ``prevLogIdx`` when an
+  AppendEntries arrives (stock pysyncobj), instead of only at the first conflict.
+- ``ack-before-fsync``: the leader counts its own entries toward a majority before they are
+  durable, and does not fsync them itself.
+- ``commit-old-term``: the leader advances the commit index on an entry of an older term by
+  counting replicas (Raft §5.4.2 forbids it; Figure 8 shows the loss).
+- ``vote-not-durable``: a vote reaches memory only; a crash forgets it (and the term).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from dledger import syncobj_patch
+from dledger.meta_store import MemoryMetaStore
+from dledger.replica import ReplicaCore
+from dledger.sim.world import SimOptions, SimResult, run_seed
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _stock_align(message: dict[str, Any], *_args: Any) -> tuple[dict[str, Any], bool]:
+    return message, False  # pysyncobj then deletes everything after prevLogIdx
+
+
+def _commit_any_term(
+    commit_index: int,
+    self_match: int,
+    peer_match: Sequence[int],
+    current_term: int,
+    term_at: Callable[[int], int],
+) -> int:
+    ranked = sorted([self_match, *peer_match], reverse=True)
+    return max(commit_index, ranked[len(ranked) // 2])
+
+
+@contextlib.contextmanager
+def _ack_before_fsync() -> Iterator[None]:
+    def self_match_index(core: ReplicaCore) -> int:
+        return int(core.store.last_index)
+
+    original_flush = ReplicaCore._flush_per_policy
+
+    def flush_per_policy(core: ReplicaCore) -> None:
+        if core.role != "LEADER":
+            original_flush(core)
+
+    with (
+        _patched(ReplicaCore, "self_match_index", self_match_index),
+        _patched(ReplicaCore, "_flush_per_policy", flush_per_policy),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _vote_not_durable() -> Iterator[None]:
+    def save_term_vote(meta: MemoryMetaStore, term: int, voted_for: str | None) -> None:
+        meta.term, meta.voted_for = term, voted_for  # never reaches the durable copy
+
+    with _patched(MemoryMetaStore, "save_term_vote", save_term_vote):
+        yield
+
+
+PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "truncate-non-conflicting": lambda: _patched(syncobj_patch, "align_append_entries", _stock_align),
+    "ack-before-fsync": _ack_before_fsync,
+    "commit-old-term": lambda: _patched(syncobj_patch, "quorum_commit_index", _commit_any_term),
+    "vote-not-durable": _vote_not_durable,
+}
+
+
+def plant(name: str | None) -> contextlib.AbstractContextManager[None]:
+    if name is None:
+        return contextlib.nullcontext()
+    try:
+        return PLANTS[name]()
+    except KeyError:
+        raise ValueError(f"unknown plant {name!r}; known: {', '.join(sorted(PLANTS))}") from None
+
+
+def run_job(job: tuple[int, SimOptions, str | None]) -> SimResult:
+    """One seed, with a plant or without (a module-level function: worker processes import it)."""
+    seed, options, planted = job
+    with plant(planted):
+        return run_seed(seed, options)

@@ -1,0 +1,449 @@
+"""The deterministic simulator: N replicas of the production code in one thread, driven by one seed.
+
+Everything that could differ between two runs comes from the seed: simulated time (an event
+queue, no sleeps), each node's clock (offset and drift), the network's delays, losses,
+duplicates and partitions, crashes (losing unflushed writes) and restarts, pauses, slow fsyncs,
+the client's requests and the election timeouts (each node's own ``random.Random``). The same
+seed replays the same run bit for bit (``trace_crc`` says so), whatever PYTHONHASHSEED is.
+
+A run::
+
+    fault phase (``steps`` events: ticks, deliveries, client requests, faults)
+      -> heal everything (restart, resume, reconnect, clean network)
+      -> liveness: a leader commits a new request within ``liveness_s`` simulated seconds, and
+         every replica reaches the same commit index with the same chain CRC
+      -> every acknowledged request is in the committed log
+
+The checker (``checker.py``) runs after every event; a broken property raises ``Violation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from dledger import clock as dl_clock
+from dledger import peer_codec
+from dledger.records import AppendFailedError, AppendTimeoutError, BodyLocation, NotLeaderError, RaftSettings
+from dledger.replica import Request
+from dledger.sim.checker import Checker, Violation
+from dledger.sim.network import LinkModel, SimNetwork
+from dledger.sim.replica import ClientOp, SimClock, SimReplica
+
+TICK_S = 0.010
+RAFT_LEADER = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SimOptions:
+    nodes: int = 3
+    steps: int = 3000
+    faults: bool = True
+    liveness_s: float = 30.0
+    client_interval_s: float = 0.02
+    crash_after_vote: float = 0.05  # chance that a node crashes right after it sends a vote
+    crash_after_ack: float = 0.002  # ... right after a follower acknowledges entries
+
+
+@dataclasses.dataclass
+class SimResult:
+    seed: int
+    ok: bool
+    error: str | None
+    steps: int
+    sim_time_s: float
+    acked: int
+    elections: int
+    crashes: int
+    messages: int
+    trace_crc: int
+    leader_terms: int
+
+    def line(self) -> str:
+        status = "ok" if self.ok else f"FAIL: {self.error}"
+        return (
+            f"seed {self.seed}: {status} | steps {self.steps}, sim {self.sim_time_s:.1f} s, acked {self.acked}, "
+            f"leader terms {self.leader_terms}, crashes {self.crashes}, messages {self.messages}, "
+            f"trace {self.trace_crc:08x}"
+        )
+
+
+class World:
+    def __init__(self, seed: int, options: SimOptions = SimOptions()):
+        self.seed = seed
+        self.opts = options
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.checker = Checker()
+        self.network = SimNetwork(random.Random(self.rng.getrandbits(64)), self.after)
+        self.network.model = LinkModel()
+        self.trace_crc = 0
+        self._next_tick: dict[str, float] = {}
+        self.ops: list[ClientOp] = []
+        self.events = 0
+        self._faults_on = False
+        self._client_on = False
+        ids = [f"n{k}" for k in range(options.nodes)]
+        peers = {nid: f"10.0.0.{k + 1}:40911" for k, nid in enumerate(ids)}
+        segment_bytes = self.rng.choice([16 << 10, 64 << 10, 1 << 20])
+        retention = self.rng.random() < 0.3
+        batch_bytes = self.rng.choice([2048, 16 << 10, 1 << 20])  # small: catch-up in many messages
+        self.replicas: dict[str, SimReplica] = {}
+        for nid in ids:
+            settings = RaftSettings(
+                group="SimGroup",
+                self_id=nid,
+                peers=peers,
+                data_dir=f"/sim/{nid}",
+                password="",
+                segment_bytes=segment_bytes,
+                entry_target_bytes=4096,
+                replication_batch_bytes=batch_bytes,
+                max_entry_bytes=8192,
+                retention_hours=(2.0 / 3600) if retention else 72.0,
+                retention_check_ms=500,
+                live_follower_s=2.0,
+            )
+            clock = SimClock(
+                lambda: self.now,
+                offset_s=self.rng.choice([1.0, 60.0, 3600.0, 7 * 3600.0]) + self.rng.random() * 100,
+                drift=self.rng.uniform(-1e-3, 1e-3),
+                wall_base_s=1.8e9,
+            )
+            self.replicas[nid] = SimReplica(
+                nid,
+                settings,
+                self.network,
+                self.checker,
+                clock,
+                random.Random(self.rng.getrandbits(64)),
+                self.poke,
+                segment_bytes,
+            )
+        self._install_targeted_crashes()
+
+    # -- the event queue ------------------------------------------------------------------------------
+    def after(self, delay_s: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + max(0.0, delay_s), self._seq, action))
+
+    def _run_one(self) -> bool:
+        if not self._queue:
+            return False
+        at, _seq, action = heapq.heappop(self._queue)
+        self.now = max(self.now, at)
+        self.events += 1
+        self.checker.step = self.events
+        action()
+        return True
+
+    def _trace(self, *fields: Any) -> None:
+        self.trace_crc = zlib.crc32(repr(fields).encode(), self.trace_crc)
+
+    # -- replicas -----------------------------------------------------------------------------------
+    def poke(self, node: str) -> None:
+        """A message reached ``node``: it ticks soon (its poll returns on input)."""
+        self._schedule_tick(node, 0.0005)
+
+    def _schedule_tick(self, node: str, delay_s: float) -> None:
+        at = self.now + delay_s
+        if self._next_tick.get(node, float("inf")) <= at:
+            return
+        self._next_tick[node] = at
+        self.after(delay_s, lambda: self._tick(node, at))
+
+    def _tick(self, node: str, scheduled_at: float) -> None:
+        if self._next_tick.get(node) != scheduled_at:
+            return  # superseded by an earlier tick
+        del self._next_tick[node]
+        r = self.replicas[node]
+        if r.core is None:
+            return
+        if self.now < r.paused_until:
+            self._schedule_tick(node, r.paused_until - self.now)
+            return
+        dl_clock.use(r.clock)
+        r.core.tick(0)
+        r.observe()
+        sync = r.core.sync if r.core is not None else None
+        if sync is not None:
+            self._trace(
+                "t", node, round(self.now, 6), sync.dl_state, sync.raftCurrentTerm, r.store.last_index
+            )
+        self._schedule_tick(node, TICK_S / (1.0 + r.clock.drift))  # type: ignore[attr-defined]
+
+    def _start(self, node: str) -> None:
+        r = self.replicas[node]
+        if r.core is not None:
+            return
+        dl_clock.use(r.clock)
+        r.start()
+        self._trace("start", node, round(self.now, 6))
+        self._schedule_tick(node, 0.0)
+
+    def _crash(self, node: str, restart_after_s: float | None) -> None:
+        r = self.replicas[node]
+        if r.core is None:
+            return
+        r.crash()
+        self._next_tick.pop(node, None)
+        self._trace("crash", node, round(self.now, 6), r.store.last_index)
+        if restart_after_s is not None:
+            self.after(restart_after_s, lambda: self._start(node))
+
+    def _install_targeted_crashes(self) -> None:
+        """Crash a node right after it votes or acknowledges, now and then: the moments where a
+        missing fsync would matter."""
+        deliver = self.network.deliver
+
+        def deliver_and_maybe_crash(src: str, dst: str, frame: bytes) -> bool:
+            sent = deliver(src, dst, frame)
+            code = frame[2]  # [VERSION, type_code, ...]: msgpack fixarray, fixint, fixint
+            if code == 4:  # response_vote: the voter must remember it (Figure 2)
+                voter = next(n for n, r in self.replicas.items() if r.address == src)
+                self.checker.on_vote_sent(voter, peer_codec.decode(frame)["term"])
+            if not self._faults_on:
+                return sent
+            p = self.opts.crash_after_vote if code == 4 else self.opts.crash_after_ack if code == 2 else 0.0
+            if p and self.rng.random() < p:
+                node = next(n for n, r in self.replicas.items() if r.address == src)
+                self.after(self.rng.uniform(0, 0.003), lambda: self._crash(node, self.rng.uniform(0.01, 0.5)))
+            return sent
+
+        self.network.deliver = deliver_and_maybe_crash  # type: ignore[method-assign]
+
+    # -- the client -------------------------------------------------------------------------------------
+    def _client(self) -> None:
+        leaders = [r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"]
+        if leaders:
+            r = self.rng.choice(leaders)
+            op = ClientOp(len(self.ops), r.id, self.now)
+            self.ops.append(op)
+            size = self.rng.choice([16, 100, 1000, 5000])
+            bodies = [struct.pack("<Q", op.op_id) + bytes(size)]
+            assert r.core is not None
+            r.core.submit(Request(bodies, size + 16, self._done_for(op), r.clock.monotonic()))
+            self.poke(r.id)
+        if self._client_on:
+            self.after(self.rng.uniform(0.5, 1.5) * self.opts.client_interval_s, self._client)
+
+    def _done_for(self, op: ClientOp) -> Callable[[list[BodyLocation] | None, BaseException | None], None]:
+        return lambda result, exc: self._done(op, result, exc)
+
+    def _done(self, op: ClientOp, result: list[BodyLocation] | None, exc: BaseException | None) -> None:
+        if result is not None:
+            op.outcome, op.index, op.term = "ok", result[0].index, result[0].term
+            self.checker.on_ack(op.index, op.term)
+        elif isinstance(exc, (NotLeaderError, AppendFailedError)):
+            op.outcome = "failed"
+        elif isinstance(exc, AppendTimeoutError):
+            op.outcome = "unknown"
+        else:
+            op.outcome = f"error: {exc!r}"
+
+    # -- faults -------------------------------------------------------------------------------------------
+    def _nemesis(self) -> None:
+        if not self._faults_on:
+            return
+        rng = self.rng
+        ids = list(self.replicas)
+        kind = rng.choices(
+            [
+                "crash",
+                "crash_leader",
+                "pause",
+                "isolate",
+                "split",
+                "one_way",
+                "network",
+                "slow_fsync",
+                "none",
+            ],
+            weights=[3, 3, 2, 2, 2, 2, 2, 1, 2],
+        )[0]
+        duration = rng.uniform(0.05, 3.0)
+        self._trace("nemesis", kind, round(self.now, 6))
+        if kind in ("crash", "crash_leader"):
+            leaders = [n for n, r in self.replicas.items() if r.core is not None and r.core.role == "LEADER"]
+            node = rng.choice(leaders) if kind == "crash_leader" and leaders else rng.choice(ids)
+            self._crash(node, rng.uniform(0.01, 2.0))
+        elif kind == "pause":
+            r = self.replicas[rng.choice(ids)]
+            r.paused_until = max(r.paused_until, self.now + duration)
+        elif kind == "isolate":
+            node = self.replicas[rng.choice(ids)].address
+            for other in self.replicas.values():
+                if other.address != node:
+                    self.network.cut(node, other.address)
+            self.after(duration, self.network.heal_all)
+        elif kind == "split":
+            addrs = [r.address for r in self.replicas.values()]
+            rng.shuffle(addrs)
+            cut_at = rng.randint(1, len(addrs) - 1)
+            for a in addrs[:cut_at]:
+                for b in addrs[cut_at:]:
+                    if len(addrs) >= 5 and rng.random() < 0.2:
+                        continue  # a bridge: some links of the cut survive
+                    self.network.cut(a, b)
+            self.after(duration, self.network.heal_all)
+        elif kind == "one_way":
+            a, b = rng.sample([r.address for r in self.replicas.values()], 2)
+            self.network.cut(a, b, one_way=True)
+            self.after(duration, self.network.heal_all)
+        elif kind == "network":
+            self.network.model = LinkModel(
+                delay_max_s=rng.choice([0.002, 0.02, 0.1]),
+                loss=rng.choice([0.0, 0.05, 0.3]),
+                duplicate=rng.choice([0.0, 0.05, 0.2]),
+                spike=rng.choice([0.0, 0.05, 0.2]),
+            )
+            self.after(duration, self._clean_network)
+        elif kind == "slow_fsync":
+            node = rng.choice(ids)
+            self.network.send_delay_s[self.replicas[node].address] = rng.uniform(0.005, 0.2)
+            self.after(duration, lambda: self.network.send_delay_s.clear())
+        self.after(rng.uniform(0.1, 1.0), self._nemesis)
+
+    def _clean_network(self) -> None:
+        self.network.model = LinkModel()
+
+    def _heal(self) -> None:
+        self._faults_on = False
+        self.network.heal_all()
+        self._clean_network()
+        self.network.send_delay_s.clear()
+        for node, r in self.replicas.items():
+            r.paused_until = 0.0
+            if r.core is None:
+                self._start(node)
+            self._schedule_tick(node, 0.0)
+
+    # -- a run ---------------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        error: str | None = None
+        try:
+            with dl_clock.restored():
+                self._run_phases()
+        except Violation as exc:
+            error = str(exc)
+        elapsed = self.now
+        return SimResult(
+            seed=self.seed,
+            ok=error is None,
+            error=error,
+            steps=self.events,
+            sim_time_s=elapsed,
+            acked=sum(1 for op in self.ops if op.outcome == "ok"),
+            elections=len(self.checker.leaders),
+            crashes=sum(r.crashes for r in self.replicas.values()),
+            messages=self.network.sent,
+            trace_crc=self.trace_crc,
+            leader_terms=len(self.checker.leaders),
+        )
+
+    def _run_phases(self) -> None:
+        self._faults_on = self.opts.faults
+        self._client_on = True
+        for node in self.replicas:
+            self._start(node)
+        self.after(0.5, self._client)
+        if self._faults_on:
+            self.after(1.0, self._nemesis)
+        while self.events < self.opts.steps and self._run_one():
+            pass
+        self._heal()
+        self._client_on = False
+        self._await_liveness()
+        self._final_checks()
+
+    def _await_liveness(self) -> None:
+        deadline = self.now + self.opts.liveness_s
+        probe: ClientOp | None = None
+        while self.now < deadline:
+            leaders = [r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"]
+            if (probe is None or probe.outcome in ("failed", "unknown")) and leaders:
+                r = leaders[0]
+                probe = ClientOp(len(self.ops), r.id, self.now)
+                self.ops.append(probe)
+                assert r.core is not None
+                r.core.submit(Request([b"probe"], 16, self._done_for(probe), r.clock.monotonic()))
+                self.poke(r.id)
+            if probe is not None and probe.outcome == "ok" and self._converged(probe.index):
+                return
+            if not self._run_one():
+                break
+        raise Violation(
+            f"liveness: no leader committed a request and brought every replica to it within "
+            f"{self.opts.liveness_s} s after the faults healed (probe: {probe})"
+        )
+
+    def _converged(self, index: int) -> bool:
+        states = set()
+        for r in self.replicas.values():
+            if r.core is None or r.core.commit_index < index or r.core.applied_index < index:
+                return False
+            commit = min(r.core.commit_index, r.store.last_index)
+            states.add((commit, r.store.chain_crc_at(commit)))
+        return len(states) == 1
+
+    def _final_checks(self) -> None:
+        for op in self.ops:
+            if op.outcome == "ok":
+                committed = self.checker.committed.get(op.index)
+                if committed is None or committed[0] != op.term:
+                    raise Violation(
+                        f"acknowledged op {op.op_id} at ({op.index}, term {op.term}) is not committed"
+                    )
+        for r in self.replicas.values():
+            store = r.store
+            for index in (r.core.commit_index if r.core else 0,):
+                if store.first_index <= index <= store.last_index:
+                    want = self.checker.committed.get(index)
+                    if want is not None and want != (store.term_at(index), store.chain_crc_at(index)):
+                        raise Violation(f"{r.id}: committed index {index} differs at the end")
+
+
+    # -- scripted scenarios (tests) ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every replica and the client, without faults (then drive the world by hand)."""
+        self._faults_on = False
+        self._client_on = True
+        with dl_clock.restored():
+            for node in self.replicas:
+                self._start(node)
+        self.after(0.5, self._client)
+
+    def run_for(self, seconds: float) -> None:
+        end = self.now + seconds
+        with dl_clock.restored():
+            while self._queue and self._queue[0][0] <= end:
+                self._run_one()
+        self.now = max(self.now, end)
+
+    def leader(self) -> SimReplica | None:
+        leaders = [r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"]
+        return leaders[0] if len(leaders) == 1 else None
+
+    def isolate(self, node: str) -> None:
+        addr = self.replicas[node].address
+        for other in self.replicas.values():
+            if other.address != addr:
+                self.network.cut(addr, other.address)
+
+    def heal(self) -> None:
+        self.network.heal_all()
+
+    def pause(self, node: str, seconds: float) -> None:
+        r = self.replicas[node]
+        r.paused_until = self.now + seconds
+
+
+def run_seed(seed: int, options: SimOptions = SimOptions()) -> SimResult:
+    return World(seed, options).run()
