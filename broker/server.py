@@ -304,6 +304,9 @@ class BrokerServer:
             "applied_index": node["applied_index"],
             "first_index": node["first_index"],
             "last_index": node["last_index"],
+            "last_term": node["last_term"],
+            "chain_crc_at_commit": node["chain_crc_at_commit"],
+            "entries_truncated": node["counters"]["entries_truncated"],
             "peers": {
                 pid: {"lag": p["lag"], "connected": p["connected"], "match_index": p["match_index"]}
                 for pid, p in node["peers"].items()

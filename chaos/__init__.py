@@ -12,8 +12,13 @@ schedules and failover drills (docs/CHAOS.md).
 - ``target``    the small interface faults and drills act on, and its local-process implementation
 - ``local``     the local cluster of a run: NameServer, brokers and the Toxiproxy server, started
                 and stopped by PID
-- ``faults``    fault objects (apply / heal, logged to faults.jsonl)
-- ``workload``  producers and consumers driving the SDK, writing the history; the final drain
+- ``faults``    fault objects (apply / heal, logged to faults.jsonl); composites; the standard mix
+- ``damage``    the bitflip and truncate faults: damaged segments, refused, repaired or served?
+- ``workload``  producers, orderly consumers (sessions) and a zombie offset client driving the SDK,
+                writing the history; the final drain
+- ``sampler``   every replica's commit index, term, chain CRC at the commit index and stored
+                consumer offsets, every few hundred ms
+- ``plants``    deliberate defects for the audit's sensitivity tests (``--plant``; test-only)
 - ``runner``    ``chaos run``: cluster, workload, schedule, recovery, drain, run.json, audit
 - ``drill``     ``chaos drill``: kill the leader N rounds, time route change and first ack
 - ``cli``       the ``chaos`` command

@@ -16,8 +16,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from chaos import plants
 from chaos.drill import DrillError, DrillOptions, run_drill
-from chaos.faults import fault_names, make_fault, parse_toxic_params
+from chaos.faults import (
+    SKEW_DEFAULT,
+    STANDARD_FAULTS,
+    expand_faults,
+    fault_names,
+    make_fault,
+    parse_toxic_params,
+)
 from chaos.layout import DEFAULT_PORT_BASE, PORT_SPAN, Ports
 from chaos.runner import Run, RunOptions, audit_available
 from chaos.toxi import ToxiproxyMissing, find_server_binary
@@ -53,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="a cluster behind Toxiproxy, a workload, faults, drain, audit")
     run.add_argument("--dir", required=True, help="the run directory (new or empty)")
-    run.add_argument("--faults", required=True, help="comma-separated fault names (chaos faults lists them)")
+    run.add_argument("--faults", required=True,
+                     help="comma-separated fault names (chaos faults lists them); 'standard' is the standard mix")
     run.add_argument("--interval", type=_bounded(float, 1, 3600), default=30.0, help="seconds per window (30)")
     run.add_argument("--duration", type=_bounded(float, 2, 86400), default=600.0, help="seconds of windows (600)")
     run.add_argument("--recovery", type=_bounded(float, 0, 3600), default=30.0,
@@ -83,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress", type=_bounded(float, 0.5, 600), default=5.0, help="seconds between progress lines")
     run.add_argument("--no-audit", action="store_true", help="skip the Spark audit (exit code from the quick check)")
     run.add_argument("--toxiproxy-server", default=None, help="path of toxiproxy-server (default: .ci/bin, PATH)")
+    run.add_argument("--sample-interval", type=_bounded(float, 0.05, 60), default=0.25,
+                     help="seconds between two samples of every replica (0.25)")
+    run.add_argument("--zombie-interval", type=_bounded(float, 0, 600), default=3.0,
+                     help="seconds between two rounds of the zombie offset client, 0 for none (3)")
+    run.add_argument("--skew", default=f"{SKEW_DEFAULT[0]:g},{SKEW_DEFAULT[1]:g}", metavar="OFFSET_S,DRIFT_PPM",
+                     help="largest clock offset and drift a skew-* fault picks (%(default)s)")
+    run.add_argument("--plant", action="append", default=[], metavar="NAME",
+                     help="TEST ONLY: plant a known defect (chaos plants lists them) to see the audit catch it")
 
     drill = sub.add_parser("drill", help="kill -9 the leader N rounds; time route change and first ack")
     drill.add_argument("--rounds", type=_bounded(int, 1, 1000), default=10)
@@ -110,12 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--keep", action="store_true", help="leave the compose cluster running")
     cd.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
 
-    sub.add_parser("faults", help="list the fault names")
+    sub.add_parser("faults", help="list the fault names and the standard mix")
+    sub.add_parser("plants", help="list the deliberate defects --plant can put in (sensitivity tests)")
     return parser
 
 
+def _skew(text: str) -> tuple[float, float]:
+    try:
+        offset, drift = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--skew takes OFFSET_S,DRIFT_PPM, got {text!r}") from None
+    if not (0 <= offset <= 86_400 and 0 <= drift <= 100_000):
+        raise UsageError("--skew: offset in 0..86400 s, drift in 0..100000 ppm")
+    return offset, drift
+
+
 def run_options(args: argparse.Namespace) -> RunOptions:
-    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    faults = tuple(expand_faults([f.strip() for f in args.faults.split(",") if f.strip()]))
     if not faults:
         raise UsageError("--faults names no fault")
     for f in faults:
@@ -135,6 +163,10 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         raise UsageError(str(exc)) from None
     if any("=" not in kv for kv in args.set):
         raise UsageError("--set takes KEY=VALUE")
+    try:
+        plants.lookup(args.plant)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not args.no_audit and not audit_available():
         raise UsageError("the audit (spark_jobs.audit) is not installed: pass --no-audit, or install the "
                          "project with its spark extra (bash .ci/setup.sh)")
@@ -143,10 +175,12 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         run_dir=args.dir, faults=faults, interval_s=args.interval, duration_s=args.duration,
         recovery_s=args.recovery, settle_s=args.settle,
         workload=WorkloadConfig(topic=args.topic, queues=args.queues, producers=args.producers, keyed=keyed,
-                                consumers=args.consumers, rate=args.rate, body_bytes=args.body_bytes),
+                                consumers=args.consumers, rate=args.rate, body_bytes=args.body_bytes,
+                                zombie_interval_s=args.zombie_interval),
         groups=args.groups, port_base=args.port_base, flush=args.flush, seed=seed, order=args.order,
         fixed_node=args.fixed_node, toxic_params=toxic_params, extra=dict(kv.split("=", 1) for kv in args.set),
         progress_s=args.progress, audit=not args.no_audit, toxiproxy_server=args.toxiproxy_server,
+        plants=tuple(args.plant), sample_interval_s=args.sample_interval, skew=_skew(args.skew),
     )
 
 
@@ -156,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "faults":
             print("\n".join(fault_names()))
+            print("a+b[+c]: faults together; standard: " + ",".join(STANDARD_FAULTS))
+            return 0
+        if args.command == "plants":
+            for p in plants.PLANTS.values():
+                print(f"{p.name:<26} {p.side:<7} {p.defect}")
             return 0
         if args.command == "run":
             opts = run_options(args)

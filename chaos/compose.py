@@ -117,6 +117,15 @@ class ComposeTarget:
     async def lose_unsynced(self, m: Member) -> LossReport:
         raise NotSupported("page-cache loss is not modelled for containers")
 
+    def set_env(self, m: Member, env: dict[str, str] | None) -> None:
+        raise NotSupported("a container's environment is fixed by docker-compose.yml")
+
+    def data_path(self, m: Member) -> str:
+        raise NotSupported("the replicas' data lives in docker volumes")
+
+    async def set_aside(self, m: Member, dest: str) -> None:
+        raise NotSupported("the replicas' data lives in docker volumes")
+
     async def status(self, m: Member) -> dict[str, Any] | None:
         try:
             st = await self.transport.call(m.control_addr, "GET", "/v1/status", timeout_s=STATUS_TIMEOUT_S)

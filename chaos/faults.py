@@ -6,12 +6,27 @@ Names (``chaos run --faults a,b,...``):
     suspend-<sel>     SIGSTOP; heal: SIGCONT (a paused process: peers and clients see silence)
     crash-<sel>       SIGKILL, then lose everything written since each file's last fsync
                       (chaos.unsynced); heal: start them again
+    skew-<sel>        restart the replicas on a skewed clock (DLEDGER_CLOCK_SKEW="offset_s,drift_ppm",
+                      random signs, magnitudes up to --skew); heal: restart them on the host's clock
+    bitflip-<sel>     stop the replicas, flip one bit in the body of one committed message of each
+                      one's log, start them: the store must refuse to open it or repair it, never
+                      serve the damaged bytes (the message is read back from it: detail.probe);
+                      heal: a replica that refused to start gets its data set aside
+                      (cluster/damaged/) and starts empty, catching up from the leader
+    truncate-<sel>    the same with the newest log segment cut short by up to 2 KiB (a torn write)
     partition-<shape> cut the Raft links between the sides (Toxiproxy: proxies disabled);
                       heal: enable them
     <toxic>[-<scope>] a Toxiproxy toxic on the links in scope; heal: remove it
+    consumer-restart  stop one of the workload's consumers; heal: start it again (a new instance)
+    consumer-join     start one more consumer; heal: stop it (both rebalance the group)
+    a+b[+c...]        the faults together, applied in order, healed in reverse order ("partition a
+                      follower and kill the leader": partition-follower+kill-leader); a later
+                      part's follower/random/minority/majority choice avoids the nodes an earlier
+                      part hit ("pause one node while crashing another": suspend-random+crash-random)
 
-    <sel>   leader | random | minority | majority | fixed | all   (chaos.selection; fixed: --fixed-node)
-    <shape> leader | random | minority | bridge
+    <sel>   leader | follower | random | minority | majority | fixed | all
+            (chaos.selection; fixed: --fixed-node)
+    <shape> leader | follower | random | minority | bridge
     <toxic> latency | bandwidth | timeout | reset-peer | slicer   (chaos.toxi.TOXIC_DEFAULTS)
     <scope> all (default) | raft | client | leader
 
@@ -27,6 +42,7 @@ import random
 import time
 from typing import Any, Protocol
 
+from chaos.damage import DAMAGE_KINDS, DamageFault
 from chaos.history import FaultRecord, JsonlWriter, now_us
 from chaos.layout import ProxySpec
 from chaos.selection import (
@@ -44,6 +60,18 @@ from chaos.toxi import TOXIC_DEFAULTS
 
 NODE_ACTIONS = ("kill", "suspend", "crash")
 TOXICS = ("latency", "bandwidth", "timeout", "reset-peer", "slicer")
+CONSUMER_FAULTS = ("consumer-restart", "consumer-join")
+SKEW_DEFAULT = (600.0, 50_000.0)  # offset_s, drift_ppm: the largest magnitudes a skew fault picks
+SKEW_ENV = "DLEDGER_CLOCK_SKEW"  # dledger.clock.process_clock() reads it
+
+
+class ConsumerControl(Protocol):
+    """What the consumer faults ask of the workload (``chaos.workload.Workload``)."""
+
+    async def leave(self, rng: random.Random) -> str | None: ...
+    async def rejoin(self, name: str) -> None: ...
+    async def join(self) -> str: ...
+    async def part(self, name: str) -> None: ...
 
 
 @dataclasses.dataclass
@@ -54,8 +82,17 @@ class FaultContext:
     fixed_node: str | None = None  # a node id ("n0"): the fixed selector picks it in every group
     leader_wait_s: float = 5.0
     toxic_params: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    workload: ConsumerControl | None = None
+    skew: tuple[float, float] = SKEW_DEFAULT
+    damaged_dir: str | None = None  # where replicas that refused their damaged data are set aside
+    # Within one window: the nodes its faults hit so far (a later part avoids them), and the
+    # composite fault's name (recorded with every part's lines).
+    taken: set[str] = dataclasses.field(default_factory=set)
+    composite: str | None = None
 
     def record(self, fault: str, action: str, targets: list[str], detail: dict[str, Any], at_us: int) -> None:
+        if self.composite is not None:
+            detail = {**detail, "composite": self.composite}
         self.log.write(FaultRecord(at_us, fault, action, tuple(targets), detail))  # type: ignore[arg-type]
         self.log.flush()
 
@@ -94,11 +131,13 @@ class NodeFault:
             leaders[group] = leader
             fixed = next((m.name for m in members if m.node_id == ctx.fixed_node), ctx.fixed_node)
             try:
-                names = choose_nodes(self.selector, [m.name for m in members], leader, ctx.rng, fixed)
+                names = choose_nodes(self.selector, [m.name for m in members], leader, ctx.rng, fixed,
+                                     frozenset(ctx.taken))
             except NoTarget as exc:
                 skipped.append(f"{group}: {exc}")
                 continue
             self.victims += [m for m in members if m.name in names]
+        ctx.taken.update(m.name for m in self.victims)
         at_us, t0 = now_us(), time.monotonic()
         detail: dict[str, Any] = {"leaders": leaders}
         losses = {}
@@ -113,7 +152,7 @@ class NodeFault:
             detail["lost_unsynced"] = losses
         if skipped:
             detail["skipped"] = skipped
-        detail["took_ms"] = _ms_since(t0)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "apply", [m.name for m in self.victims], detail, at_us)
 
     async def heal(self, ctx: FaultContext) -> None:
@@ -123,7 +162,7 @@ class NodeFault:
                 await ctx.target.resume(m)
             else:
                 await ctx.target.start(m)
-        detail = {"took_ms": _ms_since(t0)}
+        detail = {"took_ms": ms_since(t0)}
         ctx.record(self.name, "heal", [m.name for m in self.victims], detail, at_us)
         self.victims = []
 
@@ -139,25 +178,28 @@ class PartitionFault:
         detail: dict[str, Any] = {}
         self.links, skipped = [], []
         for group, members in sorted(groups_of(ctx.target.members()).items()):
-            leader = await _leader(ctx, members, self.shape == "leader")
+            leader = await _leader(ctx, members, self.shape in ("leader", "follower"))
             try:
-                pairs = partition_pairs(self.shape, [m.name for m in members], leader, ctx.rng)
+                pairs = partition_pairs(self.shape, [m.name for m in members], leader, ctx.rng,
+                                        frozenset(ctx.taken))
             except NoTarget as exc:
                 skipped.append(f"{group}: {exc}")
                 continue
             self.links += links_of_pairs(pairs, net.links(group))
             detail[group] = {"leader": leader, "cut_pairs": [list(p) for p in pairs]}
+            if self.shape != "bridge":  # the isolated node: a later fault of the window avoids it
+                ctx.taken.update(_isolated(pairs))
         at_us, t0 = now_us(), time.monotonic()
         await net.cut(self.links)
         if skipped:
             detail["skipped"] = skipped
-        detail["took_ms"] = _ms_since(t0)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "apply", [x.link for x in self.links], detail, at_us)
 
     async def heal(self, ctx: FaultContext) -> None:
         at_us, t0 = now_us(), time.monotonic()
         await ctx.network().restore(self.links)
-        ctx.record(self.name, "heal", [x.link for x in self.links], {"took_ms": _ms_since(t0)}, at_us)
+        ctx.record(self.name, "heal", [x.link for x in self.links], {"took_ms": ms_since(t0)}, at_us)
         self.links = []
 
 
@@ -181,7 +223,7 @@ class ToxicFault:
         at_us, t0 = now_us(), time.monotonic()
         await net.add_toxic(self.links, self.toxic, attrs)
         detail: dict[str, Any] = {"toxic": self.toxic, "attributes": attrs, "streams": ["upstream", "downstream"],
-                                  "leaders": leaders, "took_ms": _ms_since(t0)}
+                                  "leaders": leaders, "took_ms": ms_since(t0)}
         if skipped:
             detail["skipped"] = skipped
         ctx.record(self.name, "apply", [x.link for x in self.links], detail, at_us)
@@ -189,27 +231,192 @@ class ToxicFault:
     async def heal(self, ctx: FaultContext) -> None:
         at_us, t0 = now_us(), time.monotonic()
         await ctx.network().remove_toxics(self.links)
-        ctx.record(self.name, "heal", [x.link for x in self.links], {"toxic": self.toxic, "took_ms": _ms_since(t0)},
+        ctx.record(self.name, "heal", [x.link for x in self.links], {"toxic": self.toxic, "took_ms": ms_since(t0)},
                    at_us)
         self.links = []
 
 
-def _ms_since(t0: float) -> float:
+def _isolated(pairs: list[tuple[str, str]]) -> set[str]:
+    """The nodes on the small side of a partition: those in every cut pair (one node isolated from
+    the rest appears in all of them)."""
+    if not pairs:
+        return set()
+    common = set(pairs[0])
+    for p in pairs[1:]:
+        common &= set(p)
+    return common
+
+
+class SkewFault:
+    """Restart replicas on skewed clocks (``DLEDGER_CLOCK_SKEW``); heal: on the host's clock."""
+
+    def __init__(self, name: str, selector: str):
+        assert selector in NODE_SELECTORS
+        self.name, self.selector = name, selector
+        self.victims: list[Member] = []
+
+    async def apply(self, ctx: FaultContext) -> None:
+        self.victims, leaders, skipped = await pick_victims(ctx, self.selector)
+        at_us, t0 = now_us(), time.monotonic()
+        max_offset, max_drift = ctx.skew
+        skews = {}
+        for m in self.victims:
+            offset = round(ctx.rng.uniform(0.1, 1.0) * max_offset * ctx.rng.choice((-1, 1)), 3)
+            drift = round(ctx.rng.uniform(0.1, 1.0) * max_drift * ctx.rng.choice((-1, 1)), 1)
+            skews[m.name] = f"{offset},{drift}"
+            await ctx.target.kill(m)
+            ctx.target.set_env(m, {SKEW_ENV: skews[m.name]})
+            await ctx.target.start(m)
+        detail: dict[str, Any] = {"leaders": leaders, "skew": skews, "took_ms": ms_since(t0)}
+        if skipped:
+            detail["skipped"] = skipped
+        ctx.record(self.name, "apply", [m.name for m in self.victims], detail, at_us)
+
+    async def heal(self, ctx: FaultContext) -> None:
+        at_us, t0 = now_us(), time.monotonic()
+        for m in self.victims:
+            await ctx.target.kill(m)
+            ctx.target.set_env(m, None)
+            await ctx.target.start(m)
+        ctx.record(self.name, "heal", [m.name for m in self.victims], {"took_ms": ms_since(t0)}, at_us)
+        self.victims = []
+
+
+async def pick_victims(ctx: FaultContext, selector: str) -> tuple[list[Member], dict[str, str | None], list[str]]:
+    """The members ``selector`` picks in every group (avoiding ``ctx.taken``), marked taken."""
+    victims: list[Member] = []
+    leaders: dict[str, str | None] = {}
+    skipped: list[str] = []
+    for group, members in sorted(groups_of(ctx.target.members()).items()):
+        leader = await _leader(ctx, members, selector in ("leader", "follower"))
+        leaders[group] = leader
+        fixed = next((m.name for m in members if m.node_id == ctx.fixed_node), ctx.fixed_node)
+        try:
+            names = choose_nodes(selector, [m.name for m in members], leader, ctx.rng, fixed, frozenset(ctx.taken))
+        except NoTarget as exc:
+            skipped.append(f"{group}: {exc}")
+            continue
+        victims += [m for m in members if m.name in names]
+    ctx.taken.update(m.name for m in victims)
+    return victims, leaders, skipped
+
+
+class ConsumerFault:
+    """``consumer-restart``: one consumer leaves and comes back; ``consumer-join``: one more joins
+    and parts. Both make the group rebalance (targets: ``consumer:<name>``)."""
+
+    def __init__(self, name: str):
+        assert name in CONSUMER_FAULTS
+        self.name = name
+        self.consumer: str | None = None
+
+    async def apply(self, ctx: FaultContext) -> None:
+        at_us, t0 = now_us(), time.monotonic()
+        detail: dict[str, Any] = {}
+        if ctx.workload is None:
+            detail["skipped"] = "no workload to act on"
+        elif self.name == "consumer-restart":
+            self.consumer = await ctx.workload.leave(ctx.rng)
+            if self.consumer is None:
+                detail["skipped"] = "fewer than two consumers running"
+        else:
+            self.consumer = await ctx.workload.join()
+        detail["took_ms"] = ms_since(t0)
+        ctx.record(self.name, "apply", [f"consumer:{self.consumer}"] if self.consumer else [], detail, at_us)
+
+    async def heal(self, ctx: FaultContext) -> None:
+        at_us, t0 = now_us(), time.monotonic()
+        targets = [f"consumer:{self.consumer}"] if self.consumer else []
+        if self.consumer is not None and ctx.workload is not None:
+            if self.name == "consumer-restart":
+                await ctx.workload.rejoin(self.consumer)
+            else:
+                await ctx.workload.part(self.consumer)
+        ctx.record(self.name, "heal", targets, {"took_ms": ms_since(t0)}, at_us)
+        self.consumer = None
+
+
+class CompositeFault:
+    """Several faults in one window: applied in order, healed in reverse (module doc)."""
+
+    def __init__(self, name: str, parts: list[Fault]):
+        self.name, self.parts = name, parts
+
+    async def apply(self, ctx: FaultContext) -> None:
+        ctx.composite = self.name
+        try:
+            for part in self.parts:
+                await part.apply(ctx)
+        finally:
+            ctx.composite = None
+
+    async def heal(self, ctx: FaultContext) -> None:
+        ctx.composite = self.name
+        try:
+            for part in reversed(self.parts):
+                await part.heal(ctx)
+        finally:
+            ctx.composite = None
+
+
+def ms_since(t0: float) -> float:
     return round((time.monotonic() - t0) * 1000, 1)
 
 
+# The standard mix (``chaos run --faults standard``): single faults, two faults at once, coordinated
+# power loss, consumer churn during faults, clock skew and damaged files. With the default 10 s
+# windows, 300 s run every one of them once.
+STANDARD_FAULTS = (
+    "kill-leader",
+    "partition-leader",
+    "crash-all",
+    "partition-follower+kill-leader",
+    "suspend-random+crash-random",
+    "skew-random",
+    "crash-leader+consumer-restart",
+    "bitflip-random",
+    "kill-random+consumer-join",
+    "truncate-follower",
+    "latency",
+    "partition-bridge+consumer-restart",
+    "suspend-leader",
+    "crash-majority",
+    "skew-leader+partition-follower",
+)
+
+
+def expand_faults(names: list[str]) -> list[str]:
+    """``standard`` stands for STANDARD_FAULTS."""
+    out: list[str] = []
+    for n in names:
+        out += list(STANDARD_FAULTS) if n == "standard" else [n]
+    return out
+
+
 def fault_names() -> list[str]:
-    names = [f"{a}-{s}" for a in NODE_ACTIONS for s in NODE_SELECTORS]
+    names = [f"{a}-{s}" for a in (*NODE_ACTIONS, "skew", *DAMAGE_KINDS) for s in NODE_SELECTORS]
     names += [f"partition-{s}" for s in PARTITION_SHAPES]
     names += [t for t in TOXICS] + [f"{t}-{s}" for t in TOXICS for s in LINK_SCOPES]
+    names += list(CONSUMER_FAULTS)
     return names
 
 
 def make_fault(name: str) -> Fault:
-    """The fault object for a name (ValueError with the known names otherwise)."""
+    """The fault object for a name, ``a+b`` composites included (ValueError with the known names
+    otherwise)."""
+    if "+" in name:
+        parts = name.split("+")
+        return CompositeFault(name, [make_fault(p) for p in parts])
+    if name in CONSUMER_FAULTS:
+        return ConsumerFault(name)
     for action in NODE_ACTIONS:
         if name.startswith(action + "-") and name[len(action) + 1 :] in NODE_SELECTORS:
             return NodeFault(name, action, name[len(action) + 1 :])
+    if name.startswith("skew-") and name[len("skew-") :] in NODE_SELECTORS:
+        return SkewFault(name, name[len("skew-") :])
+    for kind in DAMAGE_KINDS:
+        if name.startswith(kind + "-") and name[len(kind) + 1 :] in NODE_SELECTORS:
+            return DamageFault(name, kind, name[len(kind) + 1 :])
     if name.startswith("partition-") and name[len("partition-") :] in PARTITION_SHAPES:
         return PartitionFault(name, name[len("partition-") :])
     for toxic in TOXICS:

@@ -9,6 +9,8 @@ leaves valid (shorter) files behind.
     RUN_DIR/history/sends-<producer>.jsonl SendRecord
     RUN_DIR/history/receipts-<consumer>.jsonl ReceiptRecord (type "receipt")
     RUN_DIR/history/drain.jsonl            ReceiptRecord (type "drain", consumer "drain")
+    RUN_DIR/history/samples.jsonl          SampleRecord (the sampler: every replica, every few 100 ms)
+    RUN_DIR/history/offsets-<client>.jsonl OffsetRecord (offset fetches and commits of a client)
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import dataclasses
 import json
 import os
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
-HISTORY_VERSION = 1  # recorded in run.json; bumped with any change to the line formats
+HISTORY_VERSION = 2  # recorded in run.json; bumped with any change to the line formats
 
 Outcome = Literal["ok", "fail", "unknown"]
 
@@ -45,6 +48,7 @@ class SendRecord:
     queue_offset: int | None = None
     msg_id: str | None = None
     store_us: int | None = None
+    body_crc: int | None = None  # CRC-32 of the body sent
 
     def to_dict(self) -> dict[str, Any]:
         assert self.outcome in ("ok", "fail", "unknown"), self.outcome
@@ -69,6 +73,8 @@ class ReceiptRecord:
     producer: str | None
     born_us: int
     store_us: int
+    session: int | None = None  # the consumer's session of this queue (a new one at every (re)assignment)
+    body_crc: int | None = None  # CRC-32 of the body received
     kind: Literal["receipt", "drain"] = "receipt"
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +97,56 @@ class FaultRecord:
         }
 
 
-def receipt_from_message(m: Any, consumer: str, time_us: int, kind: Literal["receipt", "drain"]) -> ReceiptRecord:
+@dataclasses.dataclass(frozen=True)
+class SampleRecord:
+    """One replica's state as the sampler read it (``GET /v1/status``, then ``GET /v1/offsets`` of
+    the workload's consumer group): the commit index with the chain CRC at it, and the group's
+    stored offsets, read right after the status (so at an applied index >= ``applied_index``)."""
+
+    time_us: int
+    replica: str  # process name, "RaftNode00-n1"
+    group: str
+    node_id: str
+    pid: int | None
+    role: str | None
+    term: int | None
+    leader_id: str | None
+    commit_index: int | None
+    applied_index: int | None
+    last_index: int | None
+    last_term: int | None
+    chain_crc_at_commit: int | None
+    entries_truncated: int | None
+    offsets: dict[str, int] | None  # queue id -> stored offset of the consumer group (None: not read)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "sample", **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class OffsetRecord:
+    """A client's offset fetch (``action`` "fetch": what it read) or commit ("commit": what it
+    wrote, and how that went). ``stale`` marks a commit of a value read earlier (a zombie client)."""
+
+    client: str
+    action: Literal["fetch", "commit"]
+    invoke_us: int
+    complete_us: int
+    group: str
+    topic: str
+    broker: str
+    offsets: dict[str, int]  # queue id -> offset
+    outcome: Outcome
+    error: str | None = None
+    stale: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "offset", **dataclasses.asdict(self)}
+
+
+def receipt_from_message(
+    m: Any, consumer: str, time_us: int, kind: Literal["receipt", "drain"], session: int | None = None
+) -> ReceiptRecord:
     """A ReceiptRecord for a ``MessageExt`` (the SDK's) or an API message dict."""
     def get(name: str) -> Any:
         return m.get(name) if isinstance(m, dict) else getattr(m, name)
@@ -113,6 +168,8 @@ def receipt_from_message(m: Any, consumer: str, time_us: int, kind: Literal["rec
         producer=props.get("producer"),
         born_us=int(get("born_ts")) * 1000,
         store_us=int(get("store_ts")) * 1000,
+        session=session,
+        body_crc=zlib.crc32(bytes(get("body") or b"")),
         kind=kind,
     )
 
@@ -126,7 +183,7 @@ class JsonlWriter:
         self.lines = 0
         self._f = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 (closed by close())
 
-    def write(self, record: SendRecord | ReceiptRecord | FaultRecord) -> None:
+    def write(self, record: SendRecord | ReceiptRecord | FaultRecord | SampleRecord | OffsetRecord) -> None:
         self._f.write(json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n")
         self.lines += 1
 

@@ -62,8 +62,10 @@ class LocalChaosCluster:
         flush: str = "sync",
         extra: dict[str, str] | None = None,
         toxiproxy_binary: str | None = None,
+        broker_env: dict[str, str] | None = None,
     ):
         self.root = os.path.join(os.path.abspath(run_dir), "cluster")
+        self.broker_env = dict(broker_env or {})  # e.g. DLEDGER_TEST_PLANT: every broker start
         self.layout: ChaosLayout = plan_chaos_cluster(self.root, ports=ports, groups=groups, flush=flush, extra=extra)
         self.toxiproxy = ToxiproxyServer(
             self.layout.host, ports.toxiproxy_api, os.path.join(self.root, "logs", "toxiproxy.log"), toxiproxy_binary
@@ -85,7 +87,7 @@ class LocalChaosCluster:
             if p.kind == "namesrv":
                 p.pid = start_namesrv(p)
             else:
-                p.pid = launch_broker(p, os.path.join(self.root, "synced", f"{p.name}.table"))
+                p.pid = launch_broker(p, os.path.join(self.root, "synced", f"{p.name}.table"), self.broker_env)
             self.started.append(dataclasses.replace(p))
             self._save()
         with open(os.path.join(self.root, "layout.json"), "w") as f:
@@ -116,7 +118,8 @@ class LocalChaosCluster:
 
     def target(self) -> LocalTarget:
         assert self.proxies is not None, "up() first"
-        return LocalTarget(self.root, restart="launch", network=LocalNetwork(self.proxies, self.layout.proxies))
+        return LocalTarget(self.root, restart="launch", network=LocalNetwork(self.proxies, self.layout.proxies),
+                           broker_env=self.broker_env)
 
     def down(self) -> None:
         """Stop every process this cluster started (brokers first), then Toxiproxy. Safe to call twice."""

@@ -23,13 +23,15 @@ import sys
 import time
 from typing import Any
 
-from chaos.faults import Fault, FaultContext, make_fault
+from chaos import plants as plant_registry
+from chaos.faults import SKEW_DEFAULT, Fault, FaultContext, make_fault
 from chaos.history import HISTORY_VERSION, FaultRecord, JsonlWriter, now_us, read_jsonl
 from chaos.layout import Ports, data_dir
 from chaos.local import LocalChaosCluster
+from chaos.sampler import Sampler
 from chaos.schedule import Window, build_schedule, window_at
 from chaos.target import LocalTarget, find_leader, groups_of, wait_for
-from chaos.workload import Workload, WorkloadConfig, create_topic, drain, quick_check
+from chaos.workload import CONSUMER_GROUP, Workload, WorkloadConfig, create_topic, drain, quick_check
 
 TOOL_VERSION = "0.1.0"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +57,10 @@ class RunOptions:
     progress_s: float = 5.0
     audit: bool = True
     toxiproxy_server: str | None = None
+    plants: tuple[str, ...] = ()  # chaos.plants names: deliberate defects (sensitivity tests only)
+    sample_interval_s: float = 0.25
+    skew: tuple[float, float] = SKEW_DEFAULT
+    audit_args: tuple[str, ...] = ()
 
 
 def audit_available() -> bool:
@@ -75,7 +81,7 @@ def git_commit() -> str | None:
 def progress_line(elapsed_s: float, fault: str | None, window: Window | None, rate: float,
                   counts: dict[str, Any], leaders: dict[str, str | None]) -> str:
     where = f"{fault} ({max(0.0, window.end_s - elapsed_s):.0f}s left)" if fault and window else "no fault"
-    lead = " ".join(f"{g}={(n or '-').rsplit('-', 1)[-1]}" for g, n in sorted(leaders.items()))
+    lead = " ".join(f"{g}={n.rsplit('-', 1)[-1] if n else '-'}" for g, n in sorted(leaders.items()))
     return (f"[{elapsed_s:6.0f}s] {where:<32} | sends/s {rate:6.1f} | acks {counts['ok']} | "
             f"fail {counts['fail']} | unknown {counts['unknown']} | receipts {counts['receipts']} | leader {lead}")
 
@@ -105,8 +111,10 @@ class Run:
         if os.path.isdir(self.dir) and os.listdir(self.dir):
             raise RuntimeError(f"{self.dir} is not empty: every run needs a new directory")
         os.makedirs(os.path.join(self.dir, "history"), exist_ok=True)
+        planted = plant_registry.lookup(list(o.plants))
         cluster = LocalChaosCluster(self.dir, ports=Ports(o.port_base), groups=o.groups, flush=o.flush,
-                                    extra=o.extra, toxiproxy_binary=o.toxiproxy_server)
+                                    extra=o.extra, toxiproxy_binary=o.toxiproxy_server,
+                                    broker_env=plant_registry.broker_env(planted))
         self.info = {
             "version": 1, "history_version": HISTORY_VERSION, "tool": "chaos run", "tool_version": TOOL_VERSION,
             "git_commit": git_commit(), "start_us": now_us(), "end_us": None, "status": "running",
@@ -114,19 +122,29 @@ class Run:
             "topics": [{"topic": o.workload.topic, "queues": o.workload.queues}],
             "cluster_dir": "cluster", "layout": cluster.layout.to_json(),
             "schedule": [dataclasses.asdict(w) for w in self.schedule],
+            "plants": [{"name": p.name, "side": p.side, "spec": p.spec, "defect": p.defect} for p in planted],
         }
         self.write_run_json()
         self.say(f"chaos run: {self.dir} (seed {o.seed}); faults {', '.join(o.faults)}; "
                  f"{len(self.schedule)} windows of {o.interval_s:g} s, recovery {o.recovery_s:g} s")
+        if planted:
+            self.say("TEST PLANTS (deliberate defects): " + ", ".join(f"{p.name} ({p.side})" for p in planted))
+            plant_registry.apply_client(planted)
         log_handler = _log_to(os.path.join(self.dir, "chaos.log"))
         faults_log = JsonlWriter(os.path.join(self.dir, "faults.jsonl"))
         target: LocalTarget | None = None
         workload: Workload | None = None
+        sampler: Sampler | None = None
         try:
             await asyncio.to_thread(cluster.up)
             target = cluster.target()
             self.info["namesrv_addr"] = target.namesrv_addr
             await create_topic(target, o.workload.topic, o.workload.queues)
+            sampler = Sampler(target, JsonlWriter(os.path.join(self.dir, "history", "samples.jsonl")),
+                              group=CONSUMER_GROUP, topic=o.workload.topic, interval_s=o.sample_interval_s)
+            sampler.start()
+            self.info["sampler"] = {"group": CONSUMER_GROUP, "topic": o.workload.topic,
+                                    "interval_s": o.sample_interval_s}
             workload = Workload(os.path.join(self.dir, "history"), target.namesrv_addr, o.workload,
                                 random.Random(o.seed + 1))
             await workload.start()
@@ -134,12 +152,20 @@ class Run:
             await wait_for(lambda: c.ok >= o.workload.producers, 60, "the first acknowledged sends", 0.05)
             self.say(f"cluster up, topic {o.workload.topic} ({o.workload.queues} queues), "
                      f"{o.workload.producers} producers, {o.workload.consumers} consumers; acks flowing")
-            ctx = FaultContext(target, faults_log, self.rng, fixed_node=o.fixed_node, toxic_params=o.toxic_params)
+            ctx = FaultContext(target, faults_log, self.rng, fixed_node=o.fixed_node, toxic_params=o.toxic_params,
+                               workload=workload, skew=o.skew,
+                               damaged_dir=os.path.join(self.dir, "cluster", "damaged"))
             await self._play(ctx, target, workload)
             await self._wind_down(target, workload)
         finally:
             if workload is not None:
                 await workload.close()
+            if sampler is not None:
+                await sampler.stop()
+                sampler.out.close()
+                self.info["sampler"] = {**self.info.get("sampler", {}), "samples": sampler.samples}
+            if planted:
+                plant_registry.unplant_all()
             if target is not None:
                 if target.network is not None:
                     with contextlib.suppress(Exception):
@@ -166,6 +192,7 @@ class Run:
                 if w.fault is not None:
                     active = make_fault(w.fault)
                     self.current = (w.fault, w)
+                    ctx.taken = set()  # nodes hit within this window (a composite's later parts avoid them)
                     await active.apply(ctx)
                     await _sleep_until(t0 + w.end_s)
                     await active.heal(ctx)
@@ -215,7 +242,8 @@ class Run:
             return 2
         self.say(f"audit: python -m spark_jobs.audit {self.dir}")
         started = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "spark_jobs.audit", self.dir], cwd=REPO, check=False)
+        r = subprocess.run([sys.executable, "-m", "spark_jobs.audit", self.dir, *self.opts.audit_args], cwd=REPO,
+                           check=False)
         self.info["audit"] = {"ran": True, "exit_code": r.returncode, "took_s": round(time.monotonic() - started, 1)}
         self.write_run_json()
         self.say(f"audit exit code {r.returncode} ({'clean' if r.returncode == 0 else 'lost or diverged'})")

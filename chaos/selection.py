@@ -1,12 +1,16 @@
 """Which replicas and which links a fault hits: pure functions over names, a leader and a seeded RNG.
 
-Node selectors (OpenChaos's names): ``leader``; ``random`` (one node); ``minority`` ((n-1)//2
-nodes, at least one); ``majority`` (n//2 + 1 nodes: the group loses its quorum); ``fixed`` (one
-named node); ``all`` (the whole group: with ``crash``, Jepsen's coordinated power loss).
+Node selectors (OpenChaos's names): ``leader``; ``follower`` (one node that does not lead);
+``random`` (one node); ``minority`` ((n-1)//2 nodes, at least one); ``majority`` (n//2 + 1 nodes:
+the group loses its quorum); ``fixed`` (one named node); ``all`` (the whole group: with ``crash``,
+Jepsen's coordinated power loss). ``exclude`` (the nodes another fault of the same window already
+hit) is never picked by ``follower``, ``random``, ``minority`` or ``majority``: "pause one node
+while crashing *another*".
 
 Partition shapes cut the pairs of a group (both directed links of a pair):
 
     leader     the leader alone | the rest               n0* | n1 n2
+    follower   one follower alone | the rest             n2  | n0* n1
     random     one random node  | the rest               n1  | n0 n2
     minority   a random minority | the majority          (= random for 3 nodes)
     bridge     two halves that share one bridge node     n0 - n1 - n2: n0 and n2 cannot talk,
@@ -25,11 +29,11 @@ from typing import Literal
 
 from chaos.layout import ProxySpec
 
-NodeSelector = Literal["leader", "random", "minority", "majority", "fixed", "all"]
-PartitionShape = Literal["leader", "random", "minority", "bridge"]
+NodeSelector = Literal["leader", "follower", "random", "minority", "majority", "fixed", "all"]
+PartitionShape = Literal["leader", "follower", "random", "minority", "bridge"]
 LinkScope = Literal["all", "raft", "client", "leader"]
-NODE_SELECTORS: tuple[str, ...] = ("leader", "random", "minority", "majority", "fixed", "all")
-PARTITION_SHAPES: tuple[str, ...] = ("leader", "random", "minority", "bridge")
+NODE_SELECTORS: tuple[str, ...] = ("leader", "follower", "random", "minority", "majority", "fixed", "all")
+PARTITION_SHAPES: tuple[str, ...] = ("leader", "follower", "random", "minority", "bridge")
 LINK_SCOPES: tuple[str, ...] = ("all", "raft", "client", "leader")
 
 
@@ -45,8 +49,20 @@ def majority_size(n: int) -> int:
     return n // 2 + 1
 
 
+def _free(members: Sequence[str], exclude: frozenset[str], n: int) -> list[str]:
+    free = [m for m in members if m not in exclude]
+    if len(free) < n:
+        raise NoTarget(f"{n} node(s) wanted, {len(free)} not already hit by this window's faults")
+    return free
+
+
 def choose_nodes(
-    selector: str, members: Sequence[str], leader: str | None, rng: random.Random, fixed: str | None = None
+    selector: str,
+    members: Sequence[str],
+    leader: str | None,
+    rng: random.Random,
+    fixed: str | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The members a node fault acts on, in ``members`` order."""
     if not members:
@@ -55,12 +71,18 @@ def choose_nodes(
         if leader is None or leader not in members:
             raise NoTarget("no leader")
         chosen = {leader}
+    elif selector == "follower":
+        if leader is None or leader not in members:
+            raise NoTarget("no leader: nobody is a follower")
+        chosen = {rng.choice(_free([m for m in members if m != leader], exclude, 1))}
     elif selector == "random":
-        chosen = {rng.choice(list(members))}
+        chosen = {rng.choice(_free(members, exclude, 1))}
     elif selector == "minority":
-        chosen = set(rng.sample(list(members), minority_size(len(members))))
+        n = minority_size(len(members))
+        chosen = set(rng.sample(_free(members, exclude, n), n))
     elif selector == "majority":
-        chosen = set(rng.sample(list(members), majority_size(len(members))))
+        n = majority_size(len(members))
+        chosen = set(rng.sample(_free(members, exclude, n), n))
     elif selector == "fixed":
         if fixed is None or fixed not in members:
             raise NoTarget(f"fixed node {fixed!r} is not one of {list(members)}")
@@ -73,19 +95,29 @@ def choose_nodes(
 
 
 def partition_pairs(
-    shape: str, members: Sequence[str], leader: str | None, rng: random.Random
+    shape: str,
+    members: Sequence[str],
+    leader: str | None,
+    rng: random.Random,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
-    """The unordered pairs (in ``members`` order) whose traffic a partition cuts."""
+    """The unordered pairs (in ``members`` order) whose traffic a partition cuts. The isolated side
+    of ``follower``, ``random`` and ``minority`` avoids ``exclude``."""
     order = list(members)
-    if shape in ("leader", "random", "minority"):
+    if shape in ("leader", "follower", "random", "minority"):
         if shape == "leader":
             if leader is None or leader not in members:
                 raise NoTarget("no leader")
             side = {leader}
+        elif shape == "follower":
+            if leader is None or leader not in members:
+                raise NoTarget("no leader: nobody is a follower")
+            side = {rng.choice(_free([m for m in order if m != leader], exclude, 1))}
         elif shape == "random":
-            side = {rng.choice(order)}
+            side = {rng.choice(_free(order, exclude, 1))}
         else:
-            side = set(rng.sample(order, minority_size(len(order))))
+            n = minority_size(len(order))
+            side = set(rng.sample(_free(order, exclude, n), n))
         left, right = side, {m for m in order if m not in side}
     elif shape == "bridge":
         if len(order) < 3:

@@ -6,6 +6,8 @@ implementation for local processes (a directory written by ``dledger-cluster up`
     start(m)                     start the recorded command     docker start
     suspend(m) / resume(m)       SIGSTOP / SIGCONT              docker pause / unpause
     lose_unsynced(m)             cut files to fsynced sizes     (not supported)
+    set_env(m, env)              environment of the next starts (not supported)
+    data_path(m), set_aside(m)   the data dir; move it away     (not supported)
     network                      Toxiproxy proxies (or None)    docker network disconnect
 
 ``status(m)`` reads a replica's ``GET /v1/status`` on its own client port (never through a proxy,
@@ -70,6 +72,9 @@ class Target(Protocol):
     async def resume(self, m: Member) -> None: ...
     async def lose_unsynced(self, m: Member) -> LossReport: ...
     async def status(self, m: Member) -> dict[str, Any] | None: ...
+    def set_env(self, m: Member, env: dict[str, str] | None) -> None: ...
+    def data_path(self, m: Member) -> str: ...
+    async def set_aside(self, m: Member, dest: str) -> None: ...
 
 
 def groups_of(members: Sequence[Member]) -> dict[str, list[Member]]:
@@ -124,11 +129,20 @@ class LocalTarget:
     ``dledger-cluster start --dir DIR NAME`` (any cluster from ``dledger-cluster up``).
     """
 
-    def __init__(self, cluster_dir: str, *, restart: str = "cluster", network: Network | None = None):
+    def __init__(
+        self,
+        cluster_dir: str,
+        *,
+        restart: str = "cluster",
+        network: Network | None = None,
+        broker_env: dict[str, str] | None = None,
+    ):
         assert restart in ("launch", "cluster")
         self.dir = os.path.abspath(cluster_dir)
         self.restart_mode = restart
         self.network = network
+        self.broker_env = dict(broker_env or {})  # every broker start (test plants)
+        self._member_env: dict[str, dict[str, str]] = {}  # one member's next starts (clock skew)
         self.credentials = cluster_credentials(self.dir)  # the cluster's admin account, if ACL is on
         self.transport = Transport(timeout_s=STATUS_TIMEOUT_S, credentials=self.credentials)
         procs = self._load()
@@ -189,8 +203,28 @@ class LocalTarget:
             return
         procs = self._load()
         p = next(q for q in procs if q.name == m.name)
-        p.pid = launch_broker(p, self.table_path(m))
+        p.pid = launch_broker(p, self.table_path(m), {**self.broker_env, **self._member_env.get(m.name, {})})
         self._save(procs)
+
+    def set_env(self, m: Member, env: dict[str, str] | None) -> None:
+        """Extra environment for ``m``'s next starts (None: back to the cluster's)."""
+        if self.restart_mode != "launch":
+            raise NotSupported("a start environment needs replicas started by a chaos run (chaos.launch)")
+        if env:
+            self._member_env[m.name] = dict(env)
+        else:
+            self._member_env.pop(m.name, None)
+
+    def data_path(self, m: Member) -> str:
+        return data_dir(self.process(m), self.dir)
+
+    async def set_aside(self, m: Member, dest: str) -> None:
+        """Move a stopped replica's data directory to ``dest``: it starts again empty and catches up
+        from the leader (an operator replacing a damaged disk)."""
+        if self.is_running(m):
+            raise RuntimeError(f"{m.name} is running: stop it before moving its data")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        await asyncio.to_thread(os.replace, self.data_path(m), dest)
 
     async def suspend(self, m: Member) -> None:
         p = self.process(m)
@@ -249,11 +283,13 @@ def reap(pid: int) -> None:
         del _CHILDREN[pid]
 
 
-def launch_broker(p: ProcessInfo, table_path: str) -> int:
-    """Start a broker through ``chaos.launch`` (fsync sizes recorded in ``table_path``)."""
+def launch_broker(p: ProcessInfo, table_path: str, extra_env: dict[str, str] | None = None) -> int:
+    """Start a broker through ``chaos.launch`` (fsync sizes recorded in ``table_path``), with
+    ``extra_env`` on top of this process's environment."""
     assert p.kind == "broker"
     os.makedirs(os.path.dirname(table_path), exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+           **(extra_env or {})}
     return spawn([sys.executable, "-m", "chaos.launch", "--synced-table", table_path, "broker.server", "-c", p.conf],
                  p.log, env)
 

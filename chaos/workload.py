@@ -1,50 +1,74 @@
 """The workload of a chaos run: producers and consumers driving the cluster through the SDK, every
-send and every receipt written to the history; then the final drain of every queue.
+send and every receipt written to the history; a zombie offset client; then the final drain.
 
 Producers (``p0``, ``p1``, ...) each own a ``Producer`` and send one message at a time (sync
 sends, the SDK's retries inside), paced to ``rate`` sends/s. Every message gets its unique id
 before the first attempt (so failed sends are in the history too), the properties ``producer`` and
 ``seq``, and — for the keyed producers (the last ``keyed`` ones) — a sharding key as its first key,
-sent with ``HashKeySelector`` (one key, one queue, in order); ``seq`` then counts per key.
+sent with ``HashKeySelector`` (one key, one queue, in order); ``seq`` then counts per key. The
+send line carries the CRC-32 of the body, so a receipt of damaged bytes is recognised.
 
-Outcome of a send: ``ok`` (acknowledged), ``unknown`` when the SDK says ``outcome_unknown`` (a
-timeout or lost connection in this or an earlier attempt), otherwise ``fail``.
+Outcome of a send: ``ok`` (acknowledged), ``unknown`` when the SDK says ``outcome_unknown`` (an
+attempt may have stored it), otherwise ``fail`` (the SDK says it cannot be stored).
 
-Consumers (``c0``, ...) are push consumers of one clustering group, consuming from the first offset;
-their listener writes one receipt per message. ``drain`` reads every queue of every group's leader
-from its min to its max offset, directly (not through a proxy).
+Consumers (``c0``, ...) are *orderly* push consumers of one clustering group, consuming from the
+first offset: each queue's messages reach the listener one at a time, in offset order, for as long
+as the queue stays assigned. Each (re)assignment of a queue to a consumer (a rebalance, a restart of
+the consumer) starts a new *session* (the SDK hands a new ``ConsumeContext`` object to the
+listener); receipts carry their session, so the audit can demand gap-free, increasing offsets
+within one session. Consumers can be stopped and started again (``leave``/``rejoin``) and extra
+ones can join and part (``join``/``part``): the faults ``consumer-restart`` and ``consumer-join``.
+
+The zombie (``z0``, every ``zombie_interval_s``) reads the group's committed offsets with a
+``PullConsumer`` and, once a value it read is ``ZOMBIE_STALE_S`` old and lower than what it reads
+now, commits that old value again (a consumer that lost its queues in a rebalance and still
+commits). A broker must ignore it: stored offsets only move forward. Its fetches and commits go to
+``offsets-z0.jsonl``.
+
+``drain`` reads every queue of every group's leader from its min to its max offset, directly (not
+through a proxy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from broker.client import (
     CONSUME_SUCCESS,
     ClientError,
+    ConsumeContext,
     HashKeySelector,
     Message,
     MessageExt,
+    MessageQueue,
     Producer,
+    PullConsumer,
     PushConsumer,
     UniqueIdGenerator,
 )
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
-from chaos.history import JsonlWriter, Outcome, SendRecord, now_us, receipt_from_message
+from chaos.history import JsonlWriter, OffsetRecord, Outcome, SendRecord, now_us, receipt_from_message
 from chaos.target import Member, Target, find_leader, groups_of, wait_for
 
 log = logging.getLogger(__name__)
 
 CONSUMER_GROUP = "chaos_consumer"
 PULL_BATCH = 1024
+ZOMBIE_STALE_S = 5.0  # the zombie commits values at least this old
+# Consumers commit their offsets every 5 s (RocketMQ's persistConsumerOffsetInterval): a stored offset
+# that a broker wrongly let move back stays back until the next commit, long enough for the sampler.
+COMMIT_INTERVAL_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +82,7 @@ class WorkloadConfig:
     rate: float = 50.0  # sends/s per producer (0: as fast as acknowledged)
     body_bytes: int = 128
     send_timeout_s: float = 3.0
+    zombie_interval_s: float = 3.0  # 0: no zombie offset client
 
 
 @dataclasses.dataclass
@@ -117,9 +142,10 @@ class ProducerWorker:
         seq = self.seq_by_key[key]
         self.seq_by_key[key] = seq + 1
         uid = self.ids.next()
-        msg = Message(self.cfg.topic, body_for(self.name, key, seq, self.cfg.body_bytes),
-                      keys=(key,) if key else (), properties={"producer": self.name, "seq": str(seq)},
-                      unique_id=uid)
+        body = body_for(self.name, key, seq, self.cfg.body_bytes)
+        crc = zlib.crc32(body)
+        msg = Message(self.cfg.topic, body, keys=(key,) if key else (),
+                      properties={"producer": self.name, "seq": str(seq)}, unique_id=uid)
         c = self.counters
         c.sends += 1
         invoke = now_us()
@@ -131,17 +157,18 @@ class ProducerWorker:
         except ClientError as exc:
             log.info("send %s of %s (key %s, seq %d): %s", uid, self.name, key, seq, exc)
             outcome: Outcome = "unknown" if exc.outcome_unknown else "fail"
-            rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), outcome, exc.code)
+            rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), outcome, exc.code,
+                             body_crc=crc)
             c.errors[exc.code] += 1
         except Exception as exc:  # anything else: we cannot say whether it was stored
             log.warning("send %s of %s: unexpected %r", uid, self.name, exc)
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), "unknown",
-                             type(exc).__name__)
+                             type(exc).__name__, body_crc=crc)
             c.errors[type(exc).__name__] += 1
         else:
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), "ok", None,
                              r.message_queue.broker_name, r.message_queue.queue_id, r.queue_offset, r.msg_id,
-                             r.store_ts * 1000)
+                             r.store_ts * 1000, crc)
             c.acked.add(uid)
             c.acked_store_ms[uid] = r.store_ts
             c.acked_at[uid] = time.monotonic()
@@ -155,56 +182,192 @@ class ProducerWorker:
 
 
 class ConsumerWorker:
+    """One named consumer (``c0``...): an orderly PushConsumer that can be stopped and started again
+    (a new instance, a new client id); its receipts go to one file, with their session."""
+
     def __init__(self, name: str, namesrv: str, cfg: WorkloadConfig, out: JsonlWriter, counters: Counters):
-        self.name, self.out, self.counters = name, out, counters
-        self.consumer = PushConsumer(
-            CONSUMER_GROUP, namesrv, consume_from="FIRST", client_id=f"chaos-{name}-{os.getpid()}",
-            commit_interval_s=1.0, rebalance_interval_s=5.0, heartbeat_interval_s=2.0, suspend_ms=2000,
+        self.name, self.namesrv, self.cfg, self.out, self.counters = name, namesrv, cfg, out, counters
+        self.consumer: PushConsumer | None = None
+        self.incarnation = 0
+        self._contexts: dict[MessageQueue, ConsumeContext] = {}
+        self._sessions: dict[MessageQueue, int] = {}
+        self._next_session = itertools.count(1)
+
+    @property
+    def running(self) -> bool:
+        return self.consumer is not None
+
+    async def start(self) -> None:
+        if self.consumer is not None:
+            return
+        self.incarnation += 1
+        consumer = PushConsumer(
+            CONSUMER_GROUP, self.namesrv, consume_from="FIRST", orderly=True,
+            client_id=f"chaos-{self.name}-{os.getpid()}-{self.incarnation}",
+            commit_interval_s=COMMIT_INTERVAL_S, rebalance_interval_s=5.0, heartbeat_interval_s=2.0, suspend_ms=2000,
             route_refresh_interval_s=5.0,
         )
-        self.consumer.subscribe(cfg.topic, "*")
-        self.consumer.register_listener(self._on_messages)
+        consumer.subscribe(self.cfg.topic, "*")
+        consumer.register_listener(self._on_messages)
+        self.consumer = consumer
+        await consumer.start()
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is None:
+            return
+        try:
+            await asyncio.wait_for(consumer.shutdown(), timeout_s)
+        except Exception:  # after faults: never block the run
+            log.warning("consumer %s did not shut down cleanly", self.name, exc_info=True)
+
+    def _session(self, ctx: ConsumeContext) -> int:
+        """The SDK gives every assignment of a queue its own context object: a new one is a new session."""
+        mq = ctx.message_queue
+        if self._contexts.get(mq) is not ctx:
+            self._contexts[mq] = ctx
+            self._sessions[mq] = next(self._next_session)
+        return self._sessions[mq]
 
     async def _on_messages(self, msgs: list[MessageExt], ctx: Any) -> Any:
         t = now_us()
+        session = self._session(ctx)
         for m in msgs:
-            self.out.write(receipt_from_message(m, self.name, t, "receipt"))
+            self.out.write(receipt_from_message(m, self.name, t, "receipt", session))
             self.counters.receipts += 1
             self.counters.received.add(m.unique_id)
         return CONSUME_SUCCESS
 
 
+class OffsetZombie:
+    """Reads the consumer group's committed offsets and commits old values again (module doc)."""
+
+    def __init__(self, name: str, namesrv: str, cfg: WorkloadConfig, out: JsonlWriter, rng: random.Random):
+        self.name, self.cfg, self.out, self.rng = name, cfg, out, rng
+        self.client = PullConsumer(CONSUMER_GROUP, namesrv, timeout_s=2.0)
+        self.seen: collections.deque[tuple[float, MessageQueue, int]] = collections.deque(maxlen=10_000)
+        self.latest: dict[MessageQueue, int] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.client.start()
+        try:
+            while not stop.is_set():
+                try:
+                    await self.round()
+                except ClientError as exc:
+                    log.info("zombie round: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.cfg.zombie_interval_s):
+                        await stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.client.shutdown()
+
+    async def round(self) -> None:
+        mqs = await self.client.fetch_message_queues(self.cfg.topic)
+        by_broker: dict[str, list[MessageQueue]] = collections.defaultdict(list)
+        for mq in mqs:
+            by_broker[mq.broker_name].append(mq)
+        for broker, queues in sorted(by_broker.items()):
+            invoke, got, error = now_us(), {}, None
+            for mq in queues:
+                try:
+                    off = await self.client.fetch_consume_offset(mq)
+                except ClientError as exc:
+                    error = exc.code
+                    break
+                if off is not None:
+                    got[str(mq.queue_id)] = off
+                    self.latest[mq] = off
+                    self.seen.append((time.monotonic(), mq, off))
+            self.out.write(OffsetRecord(self.name, "fetch", invoke, now_us(), CONSUMER_GROUP, self.cfg.topic, broker,
+                                        got, "ok" if error is None else "fail", error))
+        await self.commit_stale()
+
+    async def commit_stale(self) -> None:
+        old = time.monotonic() - ZOMBIE_STALE_S
+        candidates = [(mq, off) for t, mq, off in self.seen if t <= old and off < self.latest.get(mq, off)]
+        if not candidates:
+            return
+        mq, off = self.rng.choice(candidates)
+        self.client.update_consume_offset(mq, off)
+        invoke, error = now_us(), None
+        outcome: Outcome = "ok"
+        try:
+            await self.client.commit()
+        except ClientError as exc:
+            error, outcome = exc.code, ("unknown" if exc.outcome_unknown else "fail")
+        self.out.write(OffsetRecord(self.name, "commit", invoke, now_us(), CONSUMER_GROUP, self.cfg.topic,
+                                    mq.broker_name, {str(mq.queue_id): off}, outcome, error, stale=True))
+
+
 class Workload:
-    """Producers and consumers of one run, with their history files under ``history_dir``."""
+    """Producers, consumers and the zombie of one run, with their history files under ``history_dir``."""
 
     def __init__(self, history_dir: str, namesrv: str, cfg: WorkloadConfig, rng: random.Random):
         self.cfg = cfg
+        self.history_dir = history_dir
+        self.namesrv = namesrv
         self.counters = Counters()
         self.writers: list[JsonlWriter] = []
         self.producers = []
         for i in range(cfg.producers):
             name = f"p{i}"
-            w = JsonlWriter(os.path.join(history_dir, f"sends-{name}.jsonl"))
-            self.writers.append(w)
+            w = self._writer(f"sends-{name}.jsonl")
             keyed = i >= cfg.producers - cfg.keyed
             self.producers.append(ProducerWorker(name, namesrv, cfg, keyed, w, self.counters,
                                                  random.Random(rng.randrange(1 << 30))))
-        self.consumers = []
+        self.consumers: dict[str, ConsumerWorker] = {}
         for i in range(cfg.consumers):
-            name = f"c{i}"
-            w = JsonlWriter(os.path.join(history_dir, f"receipts-{name}.jsonl"))
-            self.writers.append(w)
-            self.consumers.append(ConsumerWorker(name, namesrv, cfg, w, self.counters))
+            self._consumer(f"c{i}")
+        self.extra_consumers: list[str] = []  # joined by a fault, parting at its heal
+        self.zombie: OffsetZombie | None = None
+        if cfg.zombie_interval_s > 0:
+            self.zombie = OffsetZombie("z0", namesrv, cfg, self._writer("offsets-z0.jsonl"),
+                                       random.Random(rng.randrange(1 << 30)))
         self._stop_producing = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._consumers_started: list[ConsumerWorker] = []
+
+    def _writer(self, name: str) -> JsonlWriter:
+        w = JsonlWriter(os.path.join(self.history_dir, name))
+        self.writers.append(w)
+        return w
+
+    def _consumer(self, name: str) -> ConsumerWorker:
+        c = ConsumerWorker(name, self.namesrv, self.cfg, self._writer(f"receipts-{name}.jsonl"), self.counters)
+        self.consumers[name] = c
+        return c
 
     async def start(self) -> None:
-        for c in self.consumers:
-            await c.consumer.start()
-            self._consumers_started.append(c)
+        for c in self.consumers.values():
+            await c.start()
         self._tasks = [asyncio.create_task(p.run(self._stop_producing), name=f"chaos-{p.name}")
                        for p in self.producers]
+        if self.zombie is not None:
+            self._tasks.append(asyncio.create_task(self.zombie.run(self._stop_producing), name="chaos-z0"))
+
+    # -- consumer churn (the consumer-* faults) ---------------------------------------------------
+    async def leave(self, rng: random.Random) -> str | None:
+        """Stop one running consumer (its queues move to the others); None when only one runs."""
+        running = sorted(n for n, c in self.consumers.items() if c.running)
+        if len(running) <= 1:
+            return None
+        name = rng.choice(running)
+        await self.consumers[name].stop()
+        return name
+
+    async def rejoin(self, name: str) -> None:
+        await self.consumers[name].start()
+
+    async def join(self) -> str:
+        """Start one more consumer (a new name): a rebalance takes queues from the others."""
+        name = f"c{len(self.consumers)}"
+        await self._consumer(name).start()
+        self.extra_consumers.append(name)
+        return name
+
+    async def part(self, name: str) -> None:
+        await self.consumers[name].stop()
 
     async def stop_producers(self) -> None:
         self._stop_producing.set()
@@ -213,12 +376,8 @@ class Workload:
         self._tasks = []
 
     async def stop_consumers(self) -> None:
-        while self._consumers_started:
-            c = self._consumers_started.pop()
-            try:
-                await asyncio.wait_for(c.consumer.shutdown(), 30)
-            except Exception:  # after faults: never block the cleanup
-                pass
+        for c in reversed(list(self.consumers.values())):
+            await c.stop()
 
     def flush(self) -> None:
         for w in self.writers:

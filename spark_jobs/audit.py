@@ -33,29 +33,45 @@ from typing import Any
 if __package__ in (None, ""):  # spark-submit spark_jobs/audit.py: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spark_jobs import report
-from spark_jobs.history import HistoryStats, ingest_history
+from spark_jobs import evidence, report
+from spark_jobs.history import HistoryStats, ingest_history, ingest_samples
 from spark_jobs.replica_tables import ReplicaSummary, scan_replicas
-from spark_jobs.rules import Window, fault_recovery, pair_faults
+from spark_jobs.rules import FaultWindow, Window, fault_recovery, pair_faults
 from spark_jobs.run_dir import RunDir, UsageError
 
-CHECKS = (
+# Failing checks first (the default --fail-on), then notes and inputs the audit had to skip.
+DEFAULT_FAIL_ON = (
     "lost",
+    "unseen",
     "divergence",
     "unexpected",
     "cq_mismatch",
     "key_order",
     "replica_damage",
-    "queue_order",
+    "inconsistent_offsets",
+    "ack_offset_mismatch",
+    "send_order",
+    "poll_order",
+    "aborted_read",
+    "corrupt_read",
+    "offset_regression",
+    "committed_prefix",
+    "commit_crc_mismatch",
+    "nonconflicting_truncation",
+    "drain_incomplete",
+)
+CHECKS = (
+    *DEFAULT_FAIL_ON,
     "duplicate_deliveries",
     "duplicate_log_entries",
     "unavailability",
-    "fail_but_stored",
+    "elections_without_fault",
     "cq_damaged",
     "bad_history_lines",
     "retained_away",
 )
-DEFAULT_FAIL_ON = ("lost", "divergence", "unexpected", "cq_mismatch", "key_order", "replica_damage")
+DAMAGE_FAULTS = ("bitflip-", "truncate-")
+ELECTION_GRACE_US = 10_000_000  # after a heal, elections still belong to the fault (restarts, rejoins)
 DETAIL_ROWS_MAX = 100_000
 SAMPLE_ROWS = 20
 
@@ -196,6 +212,9 @@ class Audit:
         stats = ingest_history(
             self.run.send_files, self.run.receipt_files, self.run.drain_file, self.work_dir
         )
+        self.extra["samples"] = ingest_samples(
+            self.run.samples_file, self.run.offset_files, self.work_dir, self.run.sampler[1], stats
+        )
         done()
         done = self.timer.step("read_replicas")
         summaries = scan_replicas(self.run.replicas, self.work_dir, self.args.workers)
@@ -204,6 +223,8 @@ class Audit:
 
     def run_checks(self, spark: Any, stats: HistoryStats, summaries: list[ReplicaSummary]) -> None:
         from spark_jobs import checks as C
+        from spark_jobs import checks_history as H
+        from spark_jobs import checks_samples as S
         from spark_jobs.frames import Frames, distinct_values
 
         commits = commit_table(summaries, self.run, self.warnings)
@@ -216,43 +237,90 @@ class Audit:
                 )
         done = self.timer.step("load")
         fr = Frames.load(spark, self.work_dir, commits, retention_floors(summaries), self.run.topics)
+        fault_windows = pair_faults((f.time_us, f.fault, f.action, f.targets) for f in self.run.faults)
+        damage = spark.createDataFrame(damage_windows(fault_windows), "replica string, apply_us long, heal_us long")
+        finals = spark.createDataFrame(
+            [(x.group, x.name, x.first_index, x.last_index) for x in summaries],
+            "group string, replica string, first_index long, last_index long",
+        )
+        windows = spark.createDataFrame(
+            [(w.apply_us, w.heal_us) for w in fault_windows], "apply_us long, heal_us long"
+        )
+        resets = self._resets(fr)
+        samples, sample_offsets = fr.samples, fr.sample_offsets
         done()
         check_consumed = bool(self.run.receipt_files or self.run.drain_file)
         done = self.timer.step("checks")
         per_replica, per_group = C.divergence(fr.entries, fr.replicas)
         bounds = C.cq_bounds(fr.entries, fr.records, fr.commands, fr.cq_units, fr.replicas)
+        units = H.unit_ids(fr.cq_units, fr.entries, fr.records, fr.replicas, fr.topics)
+        receipts, drain = fr.workload(fr.receipts), fr.workload(fr.drain)
+        delivered = fr.workload(fr.delivered)
         got = self._collect(
             {
                 "lost": C.lost(fr.sends, fr.committed, fr.delivered, fr.floors, check_consumed, fr.records),
-                "duplicate_deliveries": C.duplicate_deliveries(fr.workload(fr.receipts)),
+                "duplicate_deliveries": C.duplicate_deliveries(receipts),
                 "duplicate_log_entries": C.duplicate_log_entries(fr.workload(fr.committed)),
-                "unexpected": C.unexpected(fr.workload(fr.delivered), fr.sends),
-                "fail_but_stored": C.fail_but_stored(fr.sends, fr.committed, fr.delivered),
-                "queue_order": C.queue_order(fr.workload(fr.receipts)),
+                "unexpected": C.unexpected(delivered, fr.sends),
+                "aborted_read": C.aborted_read(fr.sends, fr.committed, fr.delivered),
                 "key_order": C.key_order(fr.committed, fr.sends),
                 "divergence": per_replica,
                 "compared": per_group,
                 "cq_bounds": bounds,
                 "cq_suspects": C.cq_suspects(fr.entries, fr.records, fr.cq_units, fr.replicas, bounds),
+                "inconsistent_offsets": H.inconsistent_offsets(fr.sends, receipts, drain, units),
+                "ack_offset_mismatch": H.ack_offset_mismatch(fr.sends, units),
+                "send_order": H.send_order(fr.sends),
+                "poll_order": H.poll_order(receipts),
+                "corrupt_read": H.corrupt_read(fr.sends, delivered),
+                "committed_prefix": S.committed_prefix(samples, damage, named_entries(fr.entries), finals),
+                "commit_crc_mismatch": S.commit_crc_mismatch(samples),
+                "nonconflicting_truncation": S.nonconflicting_truncation(samples),
+                "offset_regression": S.offset_regression(samples, sample_offsets, resets),
+                "elections_without_fault": S.elections_without_fault(samples, windows, ELECTION_GRACE_US),
             }
         )
         lost_rows, _ = got.pop("lost")
         self._record("lost", [r for r in lost_rows if r["lost"]])
-        self._record("retained_away", [r for r in lost_rows if not r["lost"]])
+        self._record("unseen", [r for r in lost_rows if r["unseen"]])
+        self._record("retained_away", [r for r in lost_rows if not r["lost"] and not r["unseen"]])
         self.extra["compared"] = got.pop("compared")[0]
         self._cq_mismatch(spark, fr, bounds, got.pop("cq_bounds")[0], got.pop("cq_suspects")[0])
+        corrupt_rows, _ = got.pop("corrupt_read")
+        self._record("corrupt_read", corrupt_rows + corrupt_probes(self.run.faults))
         for name, (rows, count) in got.items():
             self._record(name, rows, count)
+        self._record("drain_incomplete", [{"error": e} for e in self.run.drain_errors])
         done()
         done = self.timer.step("availability")
         self._availability(spark, fr)
         done()
         done = self.timer.step("latency")
         self.extra["latency"], self.extra["series"] = report.latency_and_series(fr, self.extra["span"])
+        self.extra["commit_series"] = report.commit_series(self.work_dir)
         done()
         self._replica_findings(summaries)
         self._record("bad_history_lines", [{"file": f, **v} for f, v in stats.bad_lines.items()])
         self.extra["commits"] = commits
+
+    def _resets(self, fr: Any) -> dict[tuple[str, str], list[int]]:
+        """Indexes of committed ``offset.reset`` commands of the sampled consumer group, per (broker
+        group, topic): offsets may move backwards there."""
+        from pyspark.sql import functions as F
+
+        cgroup, _topic = self.run.sampler
+        rows = (
+            fr.commands.where((F.col("op") == "offset.reset") & (F.col("cgroup") == cgroup))
+            .join(fr.replicas.select("group", "group_commit").distinct(), ["group"])
+            .where(F.col("index") <= F.col("group_commit"))
+            .select("group", "topic", "index")
+            .distinct()
+            .collect()
+        )
+        out: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for r in rows:
+            out[(r["group"], r["topic"])].append(int(r["index"]))
+        return {k: sorted(v) for k, v in out.items()}
 
     def _cq_mismatch(
         self,
@@ -332,9 +400,15 @@ class Audit:
         self.extra["faults"] = faults
 
     def _replica_findings(self, summaries: list[ReplicaSummary]) -> None:
+        damaged = {r for w in pair_faults((f.time_us, f.fault, f.action, f.targets) for f in self.run.faults)
+                   if w.fault.startswith(DAMAGE_FAULTS) for r in w.targets}
         self._record(
             "replica_damage",
-            [{"group": s.group, "replica": s.replica, **(s.damage or {})} for s in summaries if s.damage],
+            [
+                {"group": s.group, "replica": s.replica, **(s.damage or {}), "damaged_by_a_fault": s.name in damaged}
+                for s in summaries
+                if s.damage
+            ],
         )
         self._record(
             "cq_damaged",
@@ -377,6 +451,7 @@ class Audit:
         }
 
     def summary(self, stats: HistoryStats) -> dict[str, Any]:
+        self.findings = {k: self.findings[k] for k in CHECKS if k in self.findings}  # failing ones first
         failed = verdict({k: v["count"] for k, v in self.findings.items()}, self.fail_on)
         return {
             "version": 1,
@@ -401,6 +476,33 @@ class Audit:
             "warnings": self.warnings,
             "timings_s": {**self.timer.steps, "total": self.timer.total_s},
         }
+
+
+def damage_windows(windows: list[FaultWindow]) -> list[tuple[str, int, int | None]]:
+    """(replica, apply_us, heal_us) of every bitflip/truncate fault window, per replica it hit."""
+    return [(r, w.apply_us, w.heal_us) for w in windows if w.fault.startswith(DAMAGE_FAULTS) for r in w.targets]
+
+
+def corrupt_probes(faults: Sequence[Any]) -> list[dict[str, Any]]:
+    """Damage faults whose read-back found the replica serving the damaged message (faults.jsonl)."""
+    out = []
+    for k, f in enumerate(faults):
+        if not f.fault.startswith("bitflip-"):
+            continue
+        per = f.detail.get("damage") if f.action == "apply" else f.detail.get("replicas")
+        for replica, d in (per or {}).items():
+            if isinstance(d, dict) and d.get("probe") == "corrupt":
+                out.append({"source": f"probe after {f.action} of {f.fault}", "replica": replica,
+                            "unique_id": d.get("unique_id"), "time_us": f.time_us, "fault_line": k})
+    return out
+
+
+def named_entries(entries: Any) -> Any:
+    """The replica tables name replicas by node id (``n1``); samples and faults by process name
+    (``RaftNode00-n1``)."""
+    from pyspark.sql import functions as F
+
+    return entries.withColumn("replica", F.concat(F.col("group"), F.lit("-"), F.col("replica")))
 
 
 def run_audit(run: RunDir, out_dir: str, args: argparse.Namespace, fail_on: list[str]) -> dict[str, Any]:
@@ -430,7 +532,17 @@ def run_audit(run: RunDir, out_dir: str, args: argparse.Namespace, fail_on: list
             shutil.rmtree(audit.work_dir, ignore_errors=True)
     done = audit.timer.step("report")
     summary = audit.summary(stats)
-    report.write(out_dir, summary, audit.details, audit.extra.get("series", {}), plots=not args.no_plots)
+    proof = evidence.for_findings(run.path, summary["findings"])
+    summary["proof"] = proof
+    report.write(
+        out_dir,
+        summary,
+        audit.details,
+        audit.extra.get("series", {}),
+        plots=not args.no_plots,
+        commits=audit.extra.get("commit_series"),
+        proof=proof,
+    )
     done()
     summary["timings_s"] = {**audit.timer.steps, "total": audit.timer.total_s}
     report.write_summary(out_dir, summary)

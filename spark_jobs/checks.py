@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 __all__ = [
+    "aborted_read",
     "committed_messages",
     "cq_bounds",
     "cq_mismatch",
@@ -31,12 +32,10 @@ __all__ = [
     "divergence",
     "duplicate_deliveries",
     "duplicate_log_entries",
-    "fail_but_stored",
     "key_order",
     "latency_first_deliveries",
     "lost",
     "percentiles",
-    "queue_order",
     "recovery",
     "replica_messages",
     "unavailability_gaps",
@@ -72,7 +71,10 @@ def replica_messages(entries: DataFrame, records: DataFrame, replicas: DataFrame
 
 def deliveries(receipts: DataFrame, drain: DataFrame) -> DataFrame:
     """Receipts and drain lines together (``source``: receipt | drain)."""
-    cols = ["unique_id", "consumer", "file", "topic", "broker", "queue_id", "queue_offset", "time_us"]
+    cols = [
+        "unique_id", "consumer", "file", "line", "topic", "broker", "queue_id", "queue_offset", "time_us",
+        "session", "body_crc",
+    ]
     return (
         receipts.select(*cols)
         .withColumn("source", F.lit("receipt"))
@@ -92,15 +94,18 @@ def lost(
     check_consumed: bool,
     records: DataFrame | None = None,
 ) -> DataFrame:
-    """Ok sends not in their group's committed log, or never received nor drained.
+    """Ok sends that are lost or unseen (``rules.lost_and_unseen``), or retained away.
 
-    ``floors`` (broker, floor_position): groups whose every replica lost a log prefix to retention;
-    an ok send whose msg id points below the floor cannot be looked up (``retained_away``) and is
-    not called lost for being absent from the log. Rows: every lost or retained-away send, with
-    ``in_log`` and ``consumed``; with ``records`` (all, committed or not) also
-    ``in_uncommitted_tail``: the message sits past the recorded commit index in some replica (a
-    stale commit index, or an entry a new leader will truncate). Two anti-joins find the suspects;
-    the flags come from those alone.
+    Lost: not in the group's committed log (unless ``retained_away``), or read by nobody (no receipt,
+    no drain line) although reads of its queue went past its acknowledged offset (``read_past``).
+    Unseen: in the log, read by nobody, and no read went past it. ``floors`` (broker,
+    floor_position): groups whose every replica lost a log prefix to retention; an ok send whose
+    msg id points below the floor cannot be looked up (``retained_away``) and is not called lost for
+    being absent from the log. Rows: every lost, unseen or retained-away send, with ``in_log``,
+    ``consumed``, ``read_past``, the send's ``file``/``line`` and, with ``records`` (all, committed
+    or not), ``in_uncommitted_tail``: the message sits past the recorded commit index in some
+    replica (a stale commit index, or an entry a new leader will truncate). Consumption is judged
+    only when ``check_consumed`` (there are receipts or a drain).
     """
     ok = _ok_sends(sends).select(
         "unique_id",
@@ -114,6 +119,8 @@ def lost(
         "seq",
         "invoke_us",
         "complete_us",
+        "file",
+        "line",
     )
     stored = committed.select(F.col("group").alias("broker"), "unique_id")
     flags = (
@@ -129,11 +136,14 @@ def lost(
     else:
         flags = flags.withColumn("consumed", F.lit(None).cast("boolean"))
     position = F.conv(F.substring_index("msg_id", ":", -1), 16, 10).cast("long")
+    highest = delivered.groupBy("broker", "topic", "queue_id").agg(F.max("queue_offset").alias("read_up_to"))
     j = (
         ok.join(F.broadcast(flags), ["unique_id"])
         .join(F.broadcast(floors), ["broker"], "left")
+        .join(F.broadcast(highest), ["broker", "topic", "queue_id"], "left")
         .withColumn("in_log", F.coalesce("in_log", F.lit(True)))
         .withColumn("consumed", F.coalesce("consumed", F.lit(True)))
+        .withColumn("read_past", F.coalesce(F.col("read_up_to") > F.col("queue_offset"), F.lit(False)))
         .withColumn(
             "retained_away",
             ~F.col("in_log") & F.col("floor_position").isNotNull() & (position < F.col("floor_position")),
@@ -151,11 +161,13 @@ def lost(
             .withColumn("in_uncommitted_tail", ~F.col("in_log") & F.coalesce("anywhere", F.lit(False)))
             .drop("anywhere")
         )
-    is_lost = (~F.col("in_log") & ~F.col("retained_away")) | ~F.col("consumed")
+    is_lost = (~F.col("in_log") & ~F.col("retained_away")) | (~F.col("consumed") & F.col("read_past"))
+    is_unseen = F.col("in_log") & ~F.col("consumed") & ~F.col("read_past")
     return (
         j.withColumn("lost", is_lost)
-        .where(F.col("lost") | F.col("retained_away"))
-        .drop("floor_position")
+        .withColumn("unseen", ~is_lost & is_unseen)
+        .where(F.col("lost") | F.col("unseen") | F.col("retained_away"))
+        .drop("floor_position", "read_up_to")
         .dropDuplicates(["unique_id"])
     )
 
@@ -206,34 +218,47 @@ def unexpected(delivered: DataFrame, sends: DataFrame) -> DataFrame:
     )
 
 
-def fail_but_stored(sends: DataFrame, committed: DataFrame, delivered: DataFrame) -> DataFrame:
-    """Unique ids whose every send line says ``fail`` (definitely not stored) yet were stored."""
-    failed_lines = F.broadcast(sends.where(F.col("outcome") == "fail").select("unique_id", "producer"))
+def aborted_read(sends: DataFrame, committed: DataFrame, delivered: DataFrame) -> DataFrame:
+    """Unique ids whose every send line says ``fail`` (definitely not stored) yet are in the
+    committed log (``in_log``) or were read (``read``): an aborted read. With the send line and the
+    first read's."""
+    failed_lines = F.broadcast(
+        sends.where(F.col("outcome") == "fail").select("unique_id", "producer", "error", "file", "line")
+    )
     other_outcome = (
         sends.where(F.col("outcome") != "fail")
         .select("unique_id")
         .join(failed_lines.select("unique_id"), ["unique_id"], "left_semi")
     )
-    failed = F.broadcast(failed_lines.join(F.broadcast(other_outcome), ["unique_id"], "left_anti").distinct())
-    in_log = failed.join(committed.select("unique_id"), ["unique_id"], "left_semi")
-    received = failed.join(delivered.select("unique_id"), ["unique_id"], "left_semi")
-    return in_log.unionByName(received).distinct()
-
-
-def queue_order(receipts: DataFrame) -> DataFrame:
-    """Per-queue order violations of each consumer's receipts (``rules.queue_order_violations``).
-    Both windows run on one partitioning (the second's keys extend the first's)."""
-    part = ["file", "consumer", *_QUEUE]
-    before = Window.partitionBy(*part).orderBy("line").rowsBetween(Window.unboundedPreceding, -1)
-    sightings = Window.partitionBy(*part, "queue_offset").orderBy("line")
-    r = (
-        receipts.where(F.col("queue_offset").isNotNull())
-        .repartition(*part)
-        .withColumn("prev_max_offset", F.max("queue_offset").over(before))
-        .withColumn("sighting", F.row_number().over(sightings))
+    failed = F.broadcast(
+        failed_lines.join(F.broadcast(other_outcome), ["unique_id"], "left_anti").dropDuplicates(["unique_id"])
     )
-    return r.where((F.col("queue_offset") < F.col("prev_max_offset")) & (F.col("sighting") == 1)).select(
-        "consumer", "file", *_QUEUE, "queue_offset", "prev_max_offset", "line", "unique_id", "time_us"
+    in_log = failed.join(committed.select("unique_id").distinct(), ["unique_id"], "left_semi").select(
+        "unique_id", F.lit(True).alias("in_log")
+    )
+    read = (
+        delivered.join(failed.select("unique_id"), ["unique_id"], "left_semi")
+        .groupBy("unique_id")
+        .agg(F.min(F.struct("time_us", "file", "line", "source")).alias("first_read"))
+    )
+    return (
+        failed.join(F.broadcast(in_log), ["unique_id"], "left")
+        .join(read, ["unique_id"], "left")
+        .withColumn("in_log", F.coalesce("in_log", F.lit(False)))
+        .withColumn("read", F.col("first_read").isNotNull())
+        .where(F.col("in_log") | F.col("read"))
+        .select(
+            "unique_id",
+            "producer",
+            "error",
+            "in_log",
+            "read",
+            "file",
+            "line",
+            F.col("first_read.source").alias("read_source"),
+            F.col("first_read.file").alias("read_file"),
+            F.col("first_read.line").alias("read_line"),
+        )
     )
 
 

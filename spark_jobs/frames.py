@@ -11,7 +11,14 @@ from pyspark.sql import functions as F
 
 from spark_jobs import checks
 from spark_jobs._arrow import pa, pc, pq
-from spark_jobs.history import RECEIPT_SCHEMA, SEND_SCHEMA, with_extra_columns
+from spark_jobs.history import (
+    OFFSET_OP_SCHEMA,
+    RECEIPT_SCHEMA,
+    SAMPLE_OFFSET_SCHEMA,
+    SAMPLE_SCHEMA,
+    SEND_SCHEMA,
+    with_extra_columns,
+)
 from spark_jobs.replica_tables import SCHEMAS
 
 _REPLICAS_SCHEMA = (
@@ -31,6 +38,9 @@ class Frames:
     replicas: DataFrame  # one row per replica (``audit.commit_table``)
     floors: DataFrame  # broker, floor_position (``audit.retention_floors``)
     topics: list[str]  # the workload's topics: run.json's and every topic a send named
+    samples: DataFrame  # the sampler's lines (``history.ingest_samples``)
+    sample_offsets: DataFrame
+    offset_ops: DataFrame
     committed: DataFrame = dataclasses.field(init=False)
     delivered: DataFrame = dataclasses.field(init=False)
 
@@ -72,6 +82,9 @@ class Frames:
             replicas=spark.createDataFrame(rows, _REPLICAS_SCHEMA),
             floors=spark.createDataFrame(floors, "broker string, floor_position long"),
             topics=topics,
+            samples=table("samples", SAMPLE_SCHEMA),
+            sample_offsets=table("sample_offsets", SAMPLE_OFFSET_SCHEMA),
+            offset_ops=table("offset_ops", OFFSET_OP_SCHEMA),
         )
 
     def workload(self, df: DataFrame) -> DataFrame:

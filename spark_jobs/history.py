@@ -1,4 +1,6 @@
-"""History JSONL (docs/CHAOS.md) into Parquet for Spark: ``sends/``, ``receipts/``, ``drain/``.
+"""History JSONL (docs/CHAOS.md) into Parquet for Spark: ``sends/``, ``receipts/``, ``drain/``, and the
+small tables ``samples/``, ``sample_offsets/`` (the sampler's lines) and ``offset_ops/`` (offset
+clients' fetches and commits).
 
 Parsing uses pyarrow's multithreaded JSON reader with the contract's schema (a few times faster than
 Spark's JSON source on a small machine), streaming batch by batch into one Parquet file per input
@@ -20,7 +22,17 @@ from typing import Any
 
 from spark_jobs._arrow import pa, pj, pq
 
-__all__ = ["RECEIPT_SCHEMA", "SEND_SCHEMA", "HistoryStats", "ingest_history", "with_extra_columns"]
+__all__ = [
+    "OFFSET_OP_SCHEMA",
+    "RECEIPT_SCHEMA",
+    "SAMPLE_OFFSET_SCHEMA",
+    "SAMPLE_SCHEMA",
+    "SEND_SCHEMA",
+    "HistoryStats",
+    "ingest_history",
+    "ingest_samples",
+    "with_extra_columns",
+]
 
 _S, _I = pa.string(), pa.int64()
 SEND_SCHEMA = pa.schema(
@@ -40,6 +52,7 @@ SEND_SCHEMA = pa.schema(
         ("queue_offset", _I),
         ("msg_id", _S),
         ("store_us", _I),
+        ("body_crc", _I),
     ]
 )
 RECEIPT_SCHEMA = pa.schema(
@@ -58,6 +71,46 @@ RECEIPT_SCHEMA = pa.schema(
         ("producer", _S),
         ("born_us", _I),
         ("store_us", _I),
+        ("session", _I),
+        ("body_crc", _I),
+    ]
+)
+# One row per sample line (``line``: its place in samples.jsonl), and one per (sample, queue) offset.
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("group", _S),
+        ("replica", _S),
+        ("node_id", _S),
+        ("line", _I),
+        ("time_us", _I),
+        ("pid", _I),
+        ("role", _S),
+        ("term", _I),
+        ("commit_index", _I),
+        ("applied_index", _I),
+        ("last_index", _I),
+        ("last_term", _I),
+        ("chain_crc", _I),
+        ("entries_truncated", _I),
+    ]
+)
+SAMPLE_OFFSET_SCHEMA = pa.schema(
+    [("group", _S), ("replica", _S), ("line", _I), ("topic", _S), ("queue_id", _I), ("offset", _I)]
+)
+OFFSET_OP_SCHEMA = pa.schema(
+    [
+        ("client", _S),
+        ("line", _I),
+        ("action", _S),
+        ("invoke_us", _I),
+        ("complete_us", _I),
+        ("cgroup", _S),
+        ("topic", _S),
+        ("broker", _S),
+        ("queue_id", _I),
+        ("offset", _I),
+        ("outcome", _S),
+        ("stale", _I),
     ]
 )
 _EXTRA = [("file", _S), ("line", _I)]
@@ -106,6 +159,76 @@ def ingest_history(
             )
         stats.rows[table] = total
     return stats
+
+
+def ingest_samples(
+    samples_file: str | None, offset_files: list[str], out_dir: str, topic: str | None, stats: HistoryStats
+) -> int:
+    """``samples.jsonl`` -> ``samples/`` and ``sample_offsets/`` (offsets of ``topic``, the one the
+    sampler reads), ``offsets-*.jsonl`` -> ``offset_ops/`` (one row per queue). Small files, read
+    with the json module; bad lines are counted like the other histories'. Returns the samples read."""
+    samples: list[dict[str, Any]] = []
+    offsets: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for lineno, raw in enumerate(_lines(samples_file) if samples_file else []):
+        try:
+            d = json.loads(raw)
+            row = {
+                "group": str(d["group"]), "replica": str(d["replica"]), "node_id": str(d["node_id"]),
+                "line": lineno, "time_us": _opt_int(d["time_us"]), "pid": _opt_int(d.get("pid")),
+                "role": d.get("role") if isinstance(d.get("role"), str) else None,
+                "term": _opt_int(d.get("term")), "commit_index": _opt_int(d.get("commit_index")),
+                "applied_index": _opt_int(d.get("applied_index")), "last_index": _opt_int(d.get("last_index")),
+                "last_term": _opt_int(d.get("last_term")), "chain_crc": _opt_int(d.get("chain_crc_at_commit")),
+                "entries_truncated": _opt_int(d.get("entries_truncated")),
+            }
+            if row["time_us"] is None:
+                raise ValueError("time_us must be an integer")
+            for q, off in dict(d.get("offsets") or {}).items():
+                if _opt_int(off) is not None:
+                    offsets.append({"group": row["group"], "replica": row["replica"], "line": lineno,
+                                    "topic": topic, "queue_id": int(q), "offset": off})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            bad.append(f"line {lineno + 1}: {exc!r}"[:200])
+            continue
+        samples.append(row)
+    if bad and samples_file:
+        stats.bad_lines[os.path.basename(samples_file)] = {"count": len(bad), "samples": bad[:5]}
+    ops: list[dict[str, Any]] = []
+    for path in offset_files:
+        op_bad: list[str] = []
+        for lineno, raw in enumerate(_lines(path)):
+            try:
+                d = json.loads(raw)
+                for q, off in dict(d["offsets"]).items():
+                    ops.append({
+                        "client": str(d["client"]), "line": lineno, "action": str(d["action"]),
+                        "invoke_us": int(d["invoke_us"]), "complete_us": int(d["complete_us"]),
+                        "cgroup": str(d["group"]), "topic": str(d["topic"]), "broker": str(d["broker"]),
+                        "queue_id": int(q), "offset": int(off), "outcome": str(d["outcome"]),
+                        "stale": int(bool(d.get("stale"))),
+                    })
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                op_bad.append(f"line {lineno + 1}: {exc!r}"[:200])
+        if op_bad:
+            stats.bad_lines[os.path.basename(path)] = {"count": len(op_bad), "samples": op_bad[:5]}
+    for name, rows, schema in (
+        ("samples", samples, SAMPLE_SCHEMA),
+        ("sample_offsets", offsets, SAMPLE_OFFSET_SCHEMA),
+        ("offset_ops", ops, OFFSET_OP_SCHEMA),
+    ):
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(out_dir, name, "part-00000.parquet"))
+        stats.rows[name] = len(rows)
+    return len(samples)
+
+
+def _opt_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{v!r} is not an integer")
+    return v
 
 
 def with_extra_columns(schema: pa.Schema) -> pa.Schema:

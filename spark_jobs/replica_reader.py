@@ -284,6 +284,7 @@ class CommandRecord:
     position: int
     op: str
     topic: str | None
+    group: str | None = None  # the consumer group of offset commands
 
 
 def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord], int]:
@@ -335,9 +336,14 @@ def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord]
             except (ValueError, msgpack.UnpackException):
                 bad += 1
                 continue
-            topic = cmd.get("topic")
+            topic, group = cmd.get("topic"), cmd.get("group")
             out.append(
-                CommandRecord(base + offset, str(cmd.get("op")), topic if isinstance(topic, str) else None)
+                CommandRecord(
+                    base + offset,
+                    str(cmd.get("op")),
+                    topic if isinstance(topic, str) else None,
+                    group if isinstance(group, str) else None,
+                )
             )
         else:
             bad += 1

@@ -6,7 +6,7 @@ entry body several replicas hold byte for byte is decoded once. Tables under ``o
     entries/   per replica: group replica index term position total_size chain_crc body_crc body_hash records
     records/   per distinct (group, index, body_hash): group index body_hash rel size topic queue_id
                unique_id key producer seq born_us store_us          (message records of that body)
-    commands/  the same for command records: group index body_hash rel op topic
+    commands/  the same for command records: group index body_hash rel op topic cgroup (consumer group)
     cq_units/  per replica: group replica topic queue_id offset position size prev_position
 
 A record's log position in a replica is that replica's entry position + ``rel`` (header + offset
@@ -85,7 +85,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ]
     ),
     "commands": pa.schema(
-        [("group", _S), ("index", _I), ("body_hash", _I), ("rel", _I), ("op", _S), ("topic", _S)]
+        [("group", _S), ("index", _I), ("body_hash", _I), ("rel", _I), ("op", _S), ("topic", _S), ("cgroup", _S)]
     ),
     "cq_units": pa.schema(
         [
@@ -291,7 +291,7 @@ def _write_records(
     for r in recs:
         rel = r.position - e.position
         if isinstance(r, CommandRecord):
-            commands.add((e.index, body_hash, rel, r.op, r.topic))
+            commands.add((e.index, body_hash, rel, r.op, r.topic, r.group))
         else:
             records.add(
                 (

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
@@ -16,17 +15,35 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999)
 SERIES_BUCKETS = 400
 
 DEFINITIONS = {
-    "lost": "ok send absent from its group's committed log, or never received nor drained",
+    "lost": "ok send absent from its group's committed log, or read by nobody although reads of its queue "
+    "went past its acknowledged offset",
+    "unseen": "ok send in the committed log that nobody read, and no read went past it (never delivered after "
+    "heal and drain)",
     "divergence": "replica whose (term, chain CRC, body) differs from the majority at a committed index",
     "unexpected": "received or drained unique id that no send line names",
     "cq_mismatch": "consume queue whose units differ from the committed log's messages of that queue",
     "key_order": "ok send of a producer's key stored after a higher seq of the same key (log order)",
     "replica_damage": "replica file damaged beyond a torn tail (the store would refuse to open)",
-    "queue_order": "first delivery of a queue offset after a higher offset, to one consumer",
+    "inconsistent_offsets": "one (broker, topic, queue, offset) named with two different unique ids by acks, "
+    "receipts, the drain or a replica's consume queue",
+    "ack_offset_mismatch": "ok send whose acknowledged queue offset is not where a replica's consume queue "
+    "holds the message",
+    "send_order": "a producer's ok sends to one queue whose acknowledged offsets do not grow (non-monotonic send)",
+    "poll_order": "within one consumer session of a queue, a receipt that is not the previous offset + 1 "
+    "(backwards: non-monotonic poll; skip: poll skip)",
+    "aborted_read": "unique id whose every send said 'fail' (definitely not stored) that was stored or read",
+    "corrupt_read": "a read (or a damaged replica's read-back) whose body differs from the bytes sent",
+    "offset_regression": "stored consumer offset lower than one read at a lower applied index (offsets moved "
+    "backwards without a reset)",
+    "committed_prefix": "replica whose committed prefix changed or shrank (later samples or its final log)",
+    "commit_crc_mismatch": "two replicas reporting one committed index with different chain CRCs",
+    "nonconflicting_truncation": "replica that truncated entries while its log already ended in the current term "
+    "(they could not conflict)",
+    "drain_incomplete": "a queue the final drain could not read to its end",
     "duplicate_deliveries": "unique id received more than once",
     "duplicate_log_entries": "unique id stored more than once in a group's committed log",
     "unavailability": "period with send attempts but no ok send completing, at least the threshold long",
-    "fail_but_stored": "unique id whose sends all said 'fail' (definitely not stored) but was stored",
+    "elections_without_fault": "a new term first seen outside every fault window (plus 10 s after its heal)",
     "cq_damaged": "consume queue files that contradict each other (the broker rebuilds them from the log)",
     "bad_history_lines": "history lines that are not JSON objects of the documented types (skipped)",
     "retained_away": "ok send pointing below every replica's retained log (cannot be checked in the log)",
@@ -94,6 +111,24 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
     return latency, series
 
 
+def commit_series(work_dir: str) -> dict[str, Any]:
+    """The sampled commit indexes over time: {group: {replica: [[time_us, commit_index, term], ...]}}
+    (read with pyarrow: the samples are small)."""
+    from spark_jobs._arrow import pq
+
+    path = os.path.join(work_dir, "samples")
+    if not os.path.isdir(path):
+        return {}
+    t = pq.read_table(path, columns=["group", "replica", "time_us", "commit_index", "term"]).to_pylist()
+    out: dict[str, dict[str, list[list[int]]]] = {}
+    for r in sorted(t, key=lambda r: r["time_us"]):
+        if r["commit_index"] is not None:
+            out.setdefault(r["group"], {}).setdefault(r["replica"], []).append(
+                [r["time_us"], r["commit_index"], r["term"]]
+            )
+    return out
+
+
 def _quantiles(n: int, qs: list[int] | None, mx: int | None) -> dict[str, Any]:
     if not n or qs is None:
         return {"count": n or 0}
@@ -115,6 +150,8 @@ def write(
     details: dict[str, list[dict[str, Any]]],
     series: dict[str, Any],
     plots: bool = True,
+    commits: dict[str, Any] | None = None,
+    proof: dict[str, list[Any]] | None = None,
 ) -> None:
     details_dir = os.path.join(out_dir, "details")
     shutil.rmtree(details_dir, ignore_errors=True)
@@ -123,7 +160,9 @@ def write(
         _atomic_json(os.path.join(details_dir, f"{name}.json"), rows)
     write_summary(out_dir, summary)
     images = _plots(summary, series) if plots and series else {}
-    page = render_html(summary, images)
+    if plots and commits:
+        images["commits"] = _commit_plot(summary, commits, series.get("t0_us"))
+    page = render_html(summary, images, proof or {})
     tmp = os.path.join(out_dir, "report.html.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(page)
@@ -206,6 +245,38 @@ def _plots(summary: dict[str, Any], series: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _commit_plot(summary: dict[str, Any], commits: dict[str, Any], t0_us: int | None) -> str:
+    """One panel per group: every replica's sampled commit index over time, fault windows shaded and
+    named, elections without a fault marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted(commits)
+    t0 = t0_us or min(p[0] for g in groups for pts in commits[g].values() for p in pts)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.8 * len(groups)), squeeze=False)
+    elections = summary["findings"].get("elections_without_fault", {}).get("sample", [])
+    for ax, group in zip(axes[:, 0], groups, strict=True):
+        for replica, pts in sorted(commits[group].items()):
+            ax.step([(p[0] - t0) / 1e6 for p in pts], [p[1] for p in pts], where="post", lw=1, label=replica)
+        top = ax.get_ylim()[1]
+        for f in summary.get("faults", []):
+            start = (f["apply_us"] - t0) / 1e6
+            end = ((f["heal_us"] or f["apply_us"]) - t0) / 1e6
+            ax.axvspan(start, max(end, start + 0.2), color="orange", alpha=0.2, lw=0)
+            ax.text(start, top, f["fault"], fontsize=6, rotation=90, va="top", ha="right", color="#a60")
+        for e in elections:
+            if e.get("group") == group:
+                ax.axvline((e["time_us"] - t0) / 1e6, color="red", lw=0.8, ls=":")
+        ax.set_title(f"{group}: commit index per replica (orange: fault windows; red dotted: election without "
+                     "a fault)", fontsize=9)
+        ax.set_ylabel("commit index")
+        ax.legend(loc="lower right", fontsize=7)
+    axes[-1, 0].set_xlabel("seconds since the first send")
+    return _png(fig, plt)
+
+
 def _png(fig: Any, plt: Any) -> str:
     buf = io.BytesIO()
     fig.tight_layout()
@@ -215,27 +286,6 @@ def _png(fig: Any, plt: Any) -> str:
 
 
 # -- html ---------------------------------------------------------------------------------------------
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;
-text-align:left;vertical-align:top}th{background:#f3f3f3}.FAIL{color:#b00;font-weight:bold}.PASS{color:#070;
-font-weight:bold}.bad{background:#fdd}code{font-size:12px}
-"""
-
-
-def _table(rows: list[dict[str, Any]], limit: int = 20) -> str:
-    if not rows:
-        return "<p>none</p>"
-    cols = list(dict.fromkeys(k for r in rows[:limit] for k in r))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in cols) + "</tr>"
-        for r in rows[:limit]
-    )
-    more = f"<p>… {len(rows) - limit} more</p>" if len(rows) > limit else ""
-    return f"<table><tr>{head}</tr>{body}</table>{more}"
-
-
 def _cell(v: Any) -> str:
     if v is None:
         return ""
@@ -244,7 +294,29 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
+def _columns(rows: list[dict[str, Any]], limit: int = 20) -> list[str]:
+    return list(dict.fromkeys(k for r in rows[:limit] for k in r))
+
+
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("spark_jobs", "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["cell"] = _cell
+    env.globals["columns"] = _columns
+    return env
+
+
+def render_html(summary: dict[str, Any], images: dict[str, str], proof: dict[str, list[Any]] | None = None) -> str:
+    """report.html (``templates/report.html``): verdict, every check with its definition, the plots
+    (throughput, latency, commit indexes next to the fault windows), and for every check that found
+    something its rows and the history lines that prove the first of them."""
     f = summary["findings"]
     checks = [
         {
@@ -255,49 +327,24 @@ def render_html(summary: dict[str, Any], images: dict[str, str]) -> str:
         }
         for name, v in f.items()
     ]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>Audit report</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>Audit of <code>{html.escape(summary['run_dir'])}</code>: "
-        f"<span class='{summary['verdict']}'>{summary['verdict']}</span></h1>",
-    ]
-    if summary["failed_checks"]:
-        parts.append(f"<p class='FAIL'>Failed checks: {html.escape(', '.join(summary['failed_checks']))}</p>")
-    parts.append("<h2>Checks</h2>" + _table(checks, 100))
-    for key, title in (("throughput", "Throughput"), ("latency", "Latency")):
-        if key in images:
-            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{images[key]}'>")
-    lat = summary.get("latency", {})
-    lat_rows = [{"latency": k, **v} for k, v in lat.items() if isinstance(v, dict)]
-    parts.append(
-        "<h2>Latency (ms)</h2>" + _table(lat_rows) + f"<p>{html.escape(str(lat.get('definition', '')))}</p>"
-    )
-    parts.append("<h2>Faults and recovery</h2>" + _table(summary.get("faults", []), 200))
-    for name, v in f.items():
-        if v["count"]:
-            parts.append(
-                f"<h2>{html.escape(name)} ({v['count']})</h2><p>{html.escape(DEFINITIONS.get(name, ''))}</p>"
-            )
-            parts.append(
-                _table(v["sample"]) + f"<p>All rows: <code>details/{html.escape(name)}.json</code></p>"
-            )
     inputs = summary.get("inputs", {})
-    parts.append("<h2>Replicas</h2>" + _table(inputs.get("replicas", []), 200))
-    parts.append("<h2>Commit indexes</h2>" + _table(inputs.get("commits", []), 200))
-    parts.append(
-        "<h2>History</h2>"
-        + _table([{"table": k, "rows": v} for k, v in inputs.get("history_rows", {}).items()])
-    )
-    parts.append("<h2>Sends</h2>" + _table([inputs.get("sends", {})]))
-    if summary.get("warnings"):
-        parts.append(
-            "<h2>Warnings</h2><ul>"
-            + "".join(f"<li>{html.escape(w)}</li>" for w in summary["warnings"])
-            + "</ul>"
+    lat = summary.get("latency", {})
+    return str(
+        _environment()
+        .get_template("report.html")
+        .render(
+            s=summary,
+            checks=checks,
+            found=[(name, v) for name, v in f.items() if v["count"]],
+            definitions=DEFINITIONS,
+            images=images,
+            proof=proof or {},
+            latency_rows=[{"latency": k, **v} for k, v in lat.items() if isinstance(v, dict)],
+            latency_definition=str(lat.get("definition", "")),
+            history_rows=[{"table": k, "rows": v} for k, v in inputs.get("history_rows", {}).items()],
+            inputs=inputs,
         )
-    parts.append("<h2>Timings (s)</h2>" + _table([summary.get("timings_s", {})]))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    )
 
 
 def text(summary: dict[str, Any], out_dir: str) -> str:

@@ -3,11 +3,46 @@
 ``checks`` applies these definitions to whole runs with Spark; tests run both on the same inputs and
 demand equal answers. The definitions (docs/CHAOS.md, "Audit", says the same in prose):
 
-Queue order (per consumer, per queue): walk one consumer's receipts of one (broker, topic, queue)
-in the consumer's file order. A receipt of offset ``o`` is an *order violation* when the consumer
-already received a higher offset of that queue and never received ``o`` before. A re-delivery
-(an offset it received before: a rebalance, a reset, a RECONSUME_LATER) never is one; neither is
-a skip forward.
+Lost and unseen (Jepsen's queue checker): an ok send is *lost* when its group's committed log does
+not hold it, or when no read (receipt or drain line) returned it although reads of its queue went
+past its acknowledged offset; it is *unseen* when the log holds it, no read returned it, and no read
+went past it (the reads stopped before it: it was never delivered after heal and drain).
+
+Inconsistent offsets: one (broker, topic, queue, offset) named with two different unique ids by any
+two of: ok acknowledgements, receipts, drain lines, the consume queues of the replicas' committed
+logs. Acknowledged offset: an ok send whose acknowledged (queue, offset) is not where a replica's
+consume queue holds the message's log position.
+
+Non-monotonic send: one producer's ok sends to one queue, in invocation order: an acknowledged
+offset not greater than every earlier one. Poll order (non-monotonic poll, poll skip): within one
+consumer's session of one queue (between two (re)assignments), in the consumer's file order, every
+receipt's offset must be the previous one + 1 (orderly consumers: one message at a time, in order);
+a lower or equal one is ``backwards``, a higher one ``skip``. Receipts without a session are not
+judged.
+
+Aborted read: a unique id whose every send line says ``fail`` (definitely not stored) that is in the
+committed log or was read. Corrupt read: a read whose body CRC differs from the send's.
+
+Offset regression: the consumer group's stored offsets as the sampler read them, each read at an
+applied index in [``applied_before``, ``applied_after``] (the sample's applied index; the same
+process's next sample's). Offsets are a function of the applied index, never decreasing: for reads
+f1, f2 of any replicas of one group with f2.applied_before >= f1.applied_after, f2's offset of a
+queue must be >= f1's, unless an ``offset.reset`` of the group and topic lies in
+(f1.applied_before, f2.applied_after].
+
+Committed prefix (per replica, between damage faults: samples inside a ``bitflip``/``truncate``
+window of that replica are not judged, and its epochs end at each such window): a sample's
+committed index must stay in the replica's log with the same chain CRC — a later sample holding
+less (``shrank``), a later sample of the same process with a lower commit index (``commit_back``), a
+later sample at the same commit index with another chain CRC, or the replica's final log holding
+another chain CRC there (``changed``), or ending before it (``shrank``), is a violation.
+Commit CRC mismatch: two replicas reporting one committed index with different chain CRCs.
+Non-conflicting truncation: a replica's truncation counter grows between two samples of one
+process that show the same term, the first one's log already ending in that term (its log then
+matches the leader's: nothing in it can conflict).
+
+Elections without a fault (a note): a term first seen in a group outside every fault window (from
+apply to heal plus ``grace_us``).
 
 Key order (per group's committed log): for one producer's ok sends with one sharding key, take the
 first log record of each unique id in log order (duplicate copies of a retried send are ignored);
@@ -32,54 +67,354 @@ at least the threshold.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 __all__ = [
+    "Ack",
     "FaultWindow",
+    "Fetch",
     "LogRecord",
     "QueueMismatch",
-    "Receipt",
+    "Read",
+    "Sample",
     "Window",
+    "aborted_reads",
+    "ack_offset_mismatches",
+    "commit_crc_mismatches",
+    "committed_prefix_violations",
+    "corrupt_reads",
     "cq_mismatch",
+    "damage_epochs",
     "divergence",
+    "elections_without_fault",
     "fault_recovery",
+    "inconsistent_offsets",
     "key_order_violations",
+    "lost_and_unseen",
+    "nonconflicting_truncations",
+    "offset_regressions",
     "pair_faults",
     "percentile",
-    "queue_order_violations",
+    "poll_order_violations",
     "recovery_times",
+    "send_order_violations",
     "unavailability_windows",
 ]
 
+Queue = tuple[str, str, int]  # (broker, topic, queue_id)
 
-# -- ordering --------------------------------------------------------------------------------------
+
+# -- sends and reads -----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
-class Receipt:
-    consumer: str
-    queue: Hashable  # (broker, topic, queue_id)
-    offset: int
+class Ack:
+    """An ok send line."""
+
+    producer: str
     line: int
     unique_id: str
+    queue: Queue
+    offset: int | None
+    invoke_us: int
+    position: int | None = None  # from the msg id
 
 
-def queue_order_violations(receipts: Iterable[Receipt]) -> list[tuple[Receipt, int]]:
-    """``(receipt, highest offset received before it)`` for every violation (see module doc)."""
-    streams: dict[tuple[str, Hashable], list[Receipt]] = defaultdict(list)
-    for r in receipts:
-        streams[(r.consumer, r.queue)].append(r)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Read:
+    """A receipt (``consumer`` c0...) or drain line (``consumer`` "drain")."""
+
+    consumer: str
+    line: int
+    queue: Queue
+    offset: int
+    unique_id: str
+    session: int | None = None
+    body_crc: int | None = None
+
+
+def lost_and_unseen(
+    acks: Iterable[Ack], in_log: set[tuple[str, str]], reads: Iterable[Read]
+) -> tuple[list[tuple[Ack, bool, bool]], list[Ack]]:
+    """(lost: [(ack, in_log, read_past)], unseen: [ack]); ``in_log`` holds (broker, unique id) of
+    the committed logs. One row per unique id (its first ok line)."""
+    read_ids: set[str] = set()
+    highest: dict[Queue, int] = {}
+    for r in reads:
+        read_ids.add(r.unique_id)
+        highest[r.queue] = max(highest.get(r.queue, -1), r.offset)
+    lost, unseen, done = [], [], set()
+    for a in sorted(acks, key=lambda a: (a.producer, a.line)):
+        if a.unique_id in done:
+            continue
+        done.add(a.unique_id)
+        logged = (a.queue[0], a.unique_id) in in_log
+        past = a.offset is not None and highest.get(a.queue, -1) > a.offset
+        if not logged or (a.unique_id not in read_ids and past):
+            lost.append((a, logged, past))
+        elif a.unique_id not in read_ids:
+            unseen.append(a)
+    return lost, unseen
+
+
+def inconsistent_offsets(claims: Iterable[tuple[Queue, int, str, str]]) -> dict[tuple[Queue, int], set[str]]:
+    """``(queue, offset, unique_id, source)`` claims -> the (queue, offset)s named with two or more
+    unique ids, and those ids."""
+    ids: dict[tuple[Queue, int], set[str]] = defaultdict(set)
+    for queue, offset, uid, _source in claims:
+        ids[(queue, offset)].add(uid)
+    return {k: v for k, v in ids.items() if len(v) > 1}
+
+
+def ack_offset_mismatches(
+    acks: Iterable[Ack], units: Iterable[tuple[str, str, str, str, int, int]]
+) -> list[tuple[Ack, str, list[tuple[int, int]]]]:
+    """Ok sends whose acknowledged (topic, queue id, offset) is not among the units a replica holds
+    for the message; ``units``: (broker, replica, unique_id, topic, queue_id, offset). Rows: (ack,
+    replica, the (queue id, offset)s it holds the message at)."""
+    held: dict[tuple[str, str], dict[str, set[tuple[str, int, int]]]] = defaultdict(lambda: defaultdict(set))
+    for broker, replica, uid, topic, qid, offset in units:
+        held[(broker, uid)][replica].add((topic, qid, offset))
+    out = []
+    for a in acks:
+        if a.offset is None:
+            continue
+        want = (a.queue[1], a.queue[2], a.offset)
+        for replica, places in sorted(held.get((a.queue[0], a.unique_id), {}).items()):
+            if want not in places:
+                out.append((a, replica, sorted((q, o) for _, q, o in places)))
+    return out
+
+
+def send_order_violations(acks: Iterable[Ack]) -> list[tuple[Ack, int]]:
+    """``(ack, highest offset acknowledged to the producer in that queue before it)``."""
+    streams: dict[tuple[str, Queue], list[Ack]] = defaultdict(list)
+    for a in acks:
+        if a.offset is not None:
+            streams[(a.producer, a.queue)].append(a)
+    out = []
+    for stream in streams.values():
+        stream.sort(key=lambda a: (a.invoke_us, a.line))
+        high: int | None = None
+        for a in stream:
+            assert a.offset is not None
+            if high is not None and a.offset <= high:
+                out.append((a, high))
+            high = a.offset if high is None else max(high, a.offset)
+    return out
+
+
+def poll_order_violations(reads: Iterable[Read]) -> list[tuple[Read, int, str]]:
+    """``(receipt, previous offset in its session, "backwards" | "skip")`` (module doc)."""
+    streams: dict[tuple[str, int, Queue], list[Read]] = defaultdict(list)
+    for r in reads:
+        if r.consumer != "drain" and r.session is not None:
+            streams[(r.consumer, r.session, r.queue)].append(r)
     out = []
     for stream in streams.values():
         stream.sort(key=lambda r: r.line)
-        seen: set[int] = set()
-        high = -1
-        for r in stream:
-            if r.offset < high and r.offset not in seen:
-                out.append((r, high))
-            seen.add(r.offset)
-            high = max(high, r.offset)
+        for prev, r in itertools.pairwise(stream):
+            if r.offset != prev.offset + 1:
+                out.append((r, prev.offset, "skip" if r.offset > prev.offset else "backwards"))
+    return out
+
+
+def aborted_reads(
+    sends: Iterable[tuple[str, str]], in_log: set[str], read: set[str]
+) -> dict[str, tuple[bool, bool]]:
+    """``sends``: (unique id, outcome). Unique ids whose every line says fail, yet stored or read:
+    id -> (in the committed log, read)."""
+    outcomes: dict[str, set[str]] = defaultdict(set)
+    for uid, outcome in sends:
+        outcomes[uid].add(outcome)
+    return {
+        u: (u in in_log, u in read) for u, o in outcomes.items() if o == {"fail"} and (u in in_log or u in read)
+    }
+
+
+def corrupt_reads(sent_crc: Mapping[str, int], reads: Iterable[Read]) -> list[tuple[Read, int]]:
+    """Reads whose body CRC is not the one sent: (read, CRC sent)."""
+    out = []
+    for r in reads:
+        want = sent_crc.get(r.unique_id)
+        if want is not None and r.body_crc is not None and r.body_crc != want:
+            out.append((r, want))
+    return out
+
+
+# -- samples ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    group: str
+    replica: str
+    line: int
+    time_us: int
+    pid: int | None
+    term: int | None
+    commit: int | None
+    applied: int | None
+    last: int | None
+    last_term: int | None
+    crc: int | None
+    truncated: int | None
+
+
+def damage_epochs(
+    samples: Iterable[Sample], windows: Mapping[str, Sequence[tuple[int, int]]]
+) -> dict[tuple[str, str], list[list[Sample]]]:
+    """Per (group, replica): its samples in time order, cut into epochs at each damage window
+    ``windows[replica]`` = [(apply_us, heal_us)]; samples inside a window are left out."""
+    out: dict[tuple[str, str], list[list[Sample]]] = {}
+    by: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        by[(s.group, s.replica)].append(s)
+    for key, rows in by.items():
+        rows.sort(key=lambda s: (s.time_us, s.line))
+        cuts = sorted(windows.get(key[1], ()))
+        epochs: list[list[Sample]] = [[] for _ in range(len(cuts) + 1)]
+        for s in rows:
+            k = sum(1 for a, _ in cuts if a <= s.time_us)
+            if k and s.time_us <= cuts[k - 1][1]:
+                continue  # inside a damage window
+            epochs[k].append(s)
+        out[key] = epochs
+    return out
+
+
+def committed_prefix_violations(
+    epochs: Mapping[tuple[str, str], list[list[Sample]]],
+    final: Mapping[tuple[str, str], tuple[int, int, Mapping[int, int]]],
+) -> list[tuple[Sample, Sample | None, str]]:
+    """(earlier sample, later sample or None for the final log, kind) per violation (module doc).
+    ``final[(group, replica)]`` = (first index, last index, {index: chain CRC}) of its final log.
+    One row per later sample (against the earlier sample that shows it), one per earlier sample
+    that the final log contradicts."""
+    out: list[tuple[Sample, Sample | None, str]] = []
+    for key, parts in epochs.items():
+        for k, rows in enumerate(parts):
+            best: Sample | None = None  # highest commit so far
+            at: dict[int, Sample] = {}  # commit index -> first sample that reported it
+            for s in rows:
+                found = False
+                if best is not None and best.commit is not None and s.last is not None and s.last < best.commit:
+                    out.append((best, s, "shrank"))
+                    found = True
+                if (not found and best is not None and s.pid == best.pid and s.commit is not None
+                        and best.commit is not None and s.commit < best.commit):
+                    out.append((best, s, "commit_back"))
+                    found = True
+                first = at.get(s.commit) if s.commit is not None else None
+                if not found and first is not None and None not in (first.crc, s.crc) and first.crc != s.crc:
+                    out.append((first, s, "changed"))
+                if s.commit is not None and s.commit not in at:
+                    at[s.commit] = s
+                if s.commit is not None and (best is None or best.commit is None or s.commit > best.commit):
+                    best = s
+            if k != len(parts) - 1 or key not in final:
+                continue
+            first_index, last_index, crcs = final[key]
+            for c, s in sorted(at.items()):
+                if c < first_index or s.crc is None:
+                    continue
+                if c > last_index:
+                    out.append((s, None, "shrank"))
+                elif crcs.get(c) is not None and crcs[c] != s.crc:
+                    out.append((s, None, "changed"))
+    return out
+
+
+def commit_crc_mismatches(samples: Iterable[Sample]) -> dict[tuple[str, int], set[tuple[str, int]]]:
+    """(group, commit index) -> {(replica, chain CRC)} where replicas disagree."""
+    by: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
+    for s in samples:
+        if s.commit is not None and s.crc is not None:
+            by[(s.group, s.commit)].add((s.replica, s.crc))
+    return {k: v for k, v in by.items() if len({crc for _, crc in v}) > 1}
+
+
+def nonconflicting_truncations(samples: Iterable[Sample]) -> list[tuple[Sample, Sample]]:
+    """(earlier, later) consecutive samples of one process (module doc)."""
+    by: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        by[(s.group, s.replica)].append(s)
+    out = []
+    for rows in by.values():
+        rows.sort(key=lambda s: (s.time_us, s.line))
+        for a, b in itertools.pairwise(rows):
+            if (
+                a.pid == b.pid
+                and a.term is not None
+                and a.term == b.term == a.last_term
+                and None not in (a.truncated, b.truncated)
+                and b.truncated > a.truncated  # type: ignore[operator]
+            ):
+                out.append((a, b))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fetch:
+    """One queue's stored offset in one sample."""
+
+    group: str
+    replica: str
+    line: int
+    queue: Queue
+    offset: int
+    applied_before: int
+    applied_after: int | None  # None: no later sample of the same process
+
+
+def offset_regressions(
+    fetches: Iterable[Fetch], resets: Mapping[tuple[str, str], Sequence[int]]
+) -> list[tuple[Fetch, Fetch]]:
+    """(later-applied read with a lower offset, the earlier-applied read with the highest offset it
+    must not be below) per violating read; ``resets[(group, topic)]`` = offset.reset indexes."""
+    by: dict[Queue, list[Fetch]] = defaultdict(list)
+    for f in fetches:
+        by[f.queue].append(f)
+    out = []
+    for queue, rows in by.items():
+        cuts = sorted(resets.get((queue[0], queue[1]), ()))
+        for f2 in rows:
+            worst: Fetch | None = None
+            for f1 in rows:
+                if f1.applied_after is None or f2.applied_before < f1.applied_after:
+                    continue
+                upper = f2.applied_after if f2.applied_after is not None else f2.applied_before
+                if bisect.bisect_right(cuts, f1.applied_before) != bisect.bisect_right(cuts, upper):
+                    continue  # an offset.reset lies between them
+                if f1.offset > f2.offset and (worst is None or f1.offset > worst.offset):
+                    worst = f1
+            if worst is not None:
+                out.append((f2, worst))
+    return out
+
+
+def elections_without_fault(
+    samples: Iterable[Sample], windows: Sequence[tuple[int, int | None]], grace_us: int
+) -> list[tuple[str, int, int]]:
+    """(group, term, first seen us) for every term a group shows first outside every fault window
+    [apply, heal + grace_us] (an unhealed window lasts to the end). The first term seen is not
+    counted: it was elected before the first sample."""
+    by: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if s.term is not None:
+            by[s.group].append(s)
+    out = []
+    for group, rows in by.items():
+        rows.sort(key=lambda s: (s.time_us, s.line))
+        high = rows[0].term
+        for s in rows[1:]:
+            assert s.term is not None and high is not None
+            if s.term > high:
+                high = s.term
+                inside = any(a <= s.time_us and (h is None or s.time_us <= h + grace_us) for a, h in windows)
+                if not inside:
+                    out.append((group, s.term, s.time_us))
     return out
 
 

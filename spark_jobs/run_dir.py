@@ -54,6 +54,8 @@ class RunDir:
     faults: list[FaultLine]
     statuses: dict[tuple[str, str], ReplicaStatus]
     warnings: list[str]
+    samples_file: str | None = None
+    offset_files: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def open(cls, path: str) -> RunDir:
@@ -86,7 +88,32 @@ class RunDir:
         run = _load_run_json(path, warnings)
         statuses = _statuses(run)
         faults = _load_faults(os.path.join(path, "faults.jsonl"), warnings)
-        return cls(path, run, replicas, send_files, receipt_files, drain_file, faults, statuses, warnings)
+        samples = os.path.join(hist, "samples.jsonl")
+        samples_file = samples if os.path.isfile(samples) else None
+        if samples_file is None:
+            warnings.append("no history/samples.jsonl: the sampler's checks (committed prefix, offsets) are skipped")
+        offset_files = sorted(glob.glob(os.path.join(hist, "offsets-*.jsonl")))
+        return cls(
+            path, run, replicas, send_files, receipt_files, drain_file, faults, statuses, warnings,
+            samples_file, offset_files,
+        )
+
+    @property
+    def sampler(self) -> tuple[str, str | None]:
+        """(consumer group, topic) whose offsets the sampler read."""
+        raw = self.run.get("sampler")
+        info: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        topic = info.get("topic")
+        if not isinstance(topic, str):
+            topic = self.topics[0] if self.topics else None
+        group = info.get("group")
+        return (group if isinstance(group, str) else "chaos_consumer"), topic
+
+    @property
+    def drain_errors(self) -> list[str]:
+        """Queues the final drain could not read to the end (run.json)."""
+        errors = self.run.get("drain_errors")
+        return [str(e) for e in errors] if isinstance(errors, list) else []
 
     @property
     def topics(self) -> list[str]:

@@ -16,19 +16,32 @@ group-committed into entries of 1..``--batch`` records, plus ``topic.put``/``off
 commands, a scratch topic that is deleted and re-created (``topic.delete`` in the log) and, at
 every leader fault, a term change with pysyncobj's no-op entry.
 
-Plants (``--plant kind=count,...``), each found by exactly one audit finding per instance:
-  lost          ok send whose message is in no replica's log, no receipt, no drain
-  unconsumed    ok send whose message is in the log but never received nor drained
+Plants (``--plant kind=count,...``), each found by the audit as synth.json lists:
+  lost          ok send whose message is in no replica's log, no receipt, no drain (lost)
+  unconsumed    ok send in the log, never received nor drained, reads went past it (lost)
+  unseen        ok send, the last of its queue, in the log but never received nor drained (unseen)
   dup           one extra receipt of a message (same consumer, right after the first)
   logdup        a second copy of an ok send in the log (a retried send; consumers get both)
   unexpected    a receipt of a message nobody sent
-  qorder        two adjacent receipts of one queue swapped (first delivery of offset o after o+1)
-  korder        two consecutive-seq messages of one producer's key swapped in the log
-  rewind        a consumer re-reads 5 offsets of a queue (redelivery: duplicates, no order finding)
+  qorder        a receipt moved after the next one of its queue and session (poll_order: skip,
+                backwards, skip)
+  skip          a receipt dropped from its session (poll_order: skip; the drain still has it)
+  korder        two consecutive-seq messages of one producer's key swapped in the log (key_order; and
+                send_order: the later send of that producer to that queue got the lower offset)
+  ackoff        a producer's last ok send to a queue acknowledged with a wrong offset
+                (ack_offset_mismatch)
+  incons        a drain line names another message of its queue at its offset (inconsistent_offsets)
+  aborted       an ok, stored send recorded as "fail" (aborted_read)
+  corrupt       a receipt whose body CRC is not the one sent (corrupt_read)
+  rewind        a consumer re-reads 5 offsets of a queue in a new session (redelivery after a
+                rebalance: duplicates, no order finding)
   diverge_body  one replica (n2 of the last group) holds a different body from some index on
   diverge_chain one replica (n1 of the first group) holds a different term from some index on
-  cq            one unit missing from a queue of replica n1 of the first group
+                (the sampler then sees their chain CRCs differ: commit_crc_mismatch rows)
+  cq            the last unit missing from a queue of replica n1 of the first group
   unavail       a 3 s stall: every producer's attempt times out, no ok send completes
+  drainerr      run.json says the drain could not read a queue (drain_incomplete)
+  prefix, crc, truncation, offset, election: the sampler's lines (see ``synth_samples``)
 """
 
 from __future__ import annotations
@@ -44,23 +57,34 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from broker.message import decode_command
+from dledger.command_codec import decode_batch, is_batch
 from spark_jobs import synth_replicas as R
+from spark_jobs import synth_samples as SS
 from spark_jobs.synth_replicas import TOPIC, Msg
 
 T0_US = 1_700_000_000_000_000
 PLANT_KINDS = (
     "lost",
     "unconsumed",
+    "unseen",
     "dup",
     "logdup",
     "unexpected",
     "qorder",
+    "skip",
     "korder",
+    "ackoff",
+    "incons",
+    "aborted",
+    "corrupt",
     "rewind",
     "diverge_body",
     "diverge_chain",
     "cq",
     "unavail",
+    "drainerr",
+    *SS.SAMPLE_PLANTS,
 )
 STALL_US = 3_000_000
 REWIND_SPAN = 5
@@ -98,6 +122,7 @@ class Send:
     stored: bool = True
     store_exact_us: int = 0
     msg: Msg | None = None  # the copy the ack describes
+    ack_offset: int | None = None  # an ack that names another offset than the message's (ackoff)
 
 
 def parse_plants(spec: str | None) -> dict[str, int]:
@@ -142,6 +167,7 @@ class _Builder:
         self.commits: dict[str, int] = {}
         self.term_changes: list[int] = []  # fault apply times that change every group's leader
         self.queues_of: dict[str, R.Queues] = {}
+        self.sample_groups: dict[str, dict[str, Any]] = {}
 
     # -- sends ---------------------------------------------------------------------------------
     def make_sends(self) -> None:
@@ -236,10 +262,23 @@ class _Builder:
         return picked
 
     def _plant_lost(self, ok_stored: list[Send]) -> None:
-        for s in self._pick(ok_stored, self.cfg.plants.get("lost", 0), "lost"):
-            assert s.msg is not None
-            self.streams[s.msg.group].remove(s.msg)
-            self.plan["lost"].append(s.uid)
+        """Acknowledged, then gone from every log. The last ok send of a producer to its queue,
+        acknowledged at an offset nobody else names (a lost write usually also shows as an offset
+        two messages claim; here only the loss is planted)."""
+        last: dict[tuple[str, str, int], Send] = {}
+        for snd in ok_stored:
+            assert snd.msg is not None
+            last[(snd.producer, snd.msg.group, snd.msg.queue_id)] = snd
+        free = [snd for snd in sorted(last.values(), key=lambda x: x.invoke_us) if snd.uid not in self.used]
+        n = self.cfg.plants.get("lost", 0)
+        if len(free) < n:
+            raise ValueError(f"not enough messages to plant {n} x lost: use more --events")
+        for k, snd in enumerate(self.rng.sample(free, n)):
+            assert snd.msg is not None
+            self.streams[snd.msg.group].remove(snd.msg)
+            snd.ack_offset = 2_000_000 + k
+            self.used.add(snd.uid)
+            self.plan["lost"].append(snd.uid)
 
     def _plant_logdup(self, ok_stored: list[Send]) -> None:
         for s in self._pick(ok_stored, self.cfg.plants.get("logdup", 0), "logdup"):
@@ -285,6 +324,22 @@ class _Builder:
             stream[a], stream[b] = stream[b], stream[a]
             self.plan["korder"].append(stream[b].uid)  # seq s, now after s + 1
 
+    def _sampled(self, group: str, entries: list[Any]) -> None:
+        """Sample ticks of one group and the log facts the sampler lines need (``synth_samples``)."""
+        times = SS.entry_times(entries)
+        start = min(snd.invoke_us for snd in self.sends)
+        end = max(snd.complete_us for snd in self.sends) + SS.TAIL_US  # the sampler runs on through the drain
+        ticks = SS.sampled_indexes(times, start, end)
+        offsets = []
+        for k, (_term, body, msgs) in enumerate(entries):
+            if msgs or not is_batch(body):
+                continue
+            for _off, rec in decode_batch(body):
+                cmd = decode_command(rec) if rec[:1] == b"C" else {}
+                if cmd.get("op") == "offset.commit" and cmd.get("group") == SS.CONSUMER_GROUP:
+                    offsets.append((k + 1, {str(q): int(o) for q, o in cmd["offsets"].items()}))
+        self.sample_groups[group] = {"ticks": ticks, "terms": [t for t, _, _ in entries], "offsets": offsets}
+
     def write_replicas(self) -> None:
         """Every group's replica files (``synth_replicas``), with the replica plants."""
         plants, first, last = self.cfg.plants, self.groups[0], self.groups[-1]
@@ -307,7 +362,11 @@ class _Builder:
                 self.plan["diverge_chain"].append(
                     {"group": group, "replica": term[0], "first_index": term[1]}
                 )
-            R.write_logs(self.run_dir, group, self.nodes, entries, self.cfg.segment_bytes, body, term)
+            self._sampled(group, entries)
+            wanted = {c for _, c in self.sample_groups[group]["ticks"]}
+            self.sample_groups[group]["chains"] = R.write_logs(
+                self.run_dir, group, self.nodes, entries, self.cfg.segment_bytes, body, term, wanted
+            )
             self.commits[group] = len(entries)
             self.queues_of[group] = R.write_state(
                 self.run_dir, group, self.nodes, entries, 1 + len(self.term_changes), self.cfg.units_per_file
@@ -352,24 +411,61 @@ class _Builder:
             for (topic, qid), msgs in self.queues_of[g].items():
                 if topic == TOPIC:
                     per_queue[(g, qid)] = msgs
+        unseen = self._plant_unseen(per_queue, ok)
         lines: dict[str, list[tuple[int, dict[str, Any]]]] = {c: [] for c in consumers}
-        for q, msgs in sorted(per_queue.items()):
+        for session, (q, msgs) in enumerate(sorted(per_queue.items()), start=1):
             t = 0
             for m in msgs:
                 t = max(t + 1, m.store_ms * 1000 + rng.randrange(2000, 20000))
                 m.receipt_us = t
-                if m.uid not in unconsumed:
-                    lines[owner[q]].append((t, _receipt(owner[q], t, m)))
+                if m.uid not in unconsumed and m.uid not in unseen:
+                    lines[owner[q]].append((t, _receipt(owner[q], t, m, session=session)))
         out = {c: [line for _, line in sorted(ls, key=lambda x: x[0])] for c, ls in lines.items()}
         self._plant_receipts(out, per_queue, ok, owner)
         drain_t = max(s.complete_us for s in self.sends) + 1_000_000
         drain = []
         for _q, msgs in sorted(per_queue.items()):
             for m in msgs:
-                if m.uid not in unconsumed:
+                if m.uid not in unconsumed and m.uid not in unseen:
                     drain_t += 10
                     drain.append(_receipt("drain", drain_t, m, kind="drain"))
+        self._plant_incons(drain, ok)
         return out, drain
+
+    def _plant_unseen(self, per_queue: PerQueue, ok: dict[str, Send]) -> set[str]:
+        """The last message of a queue, ok and in the log, that nobody reads."""
+        out: set[str] = set()
+        # not a queue the unexpected plant reads past its end (then reads would go past this one)
+        free = sorted(per_queue)[self.cfg.plants.get("unexpected", 0) :]
+        for q in self.rng.sample(free, self.cfg.plants.get("unseen", 0)):
+            m = per_queue[q][-1]
+            if m.uid not in ok or m.uid in self.used:
+                raise ValueError(f"could not plant unseen in {q}: its last message is taken")
+            self.used.add(m.uid)
+            out.add(m.uid)
+            self.plan["unseen"].append(m.uid)
+        return out
+
+    def _plant_incons(self, drain: list[dict[str, Any]], ok: dict[str, Send]) -> None:
+        """A drain line naming another message of its queue (the other one's own line stays)."""
+        for _ in range(self.cfg.plants.get("incons", 0)):
+            for _attempt in range(1000):
+                k = self.rng.randrange(len(drain) // 10, len(drain) * 9 // 10)
+                a, b = drain[k], drain[k + 1]
+                if (a["broker"], a["queue_id"]) != (b["broker"], b["queue_id"]):
+                    continue
+                if {a["unique_id"], b["unique_id"]} & self.used or a["unique_id"] not in ok:
+                    continue
+                self.used.update((a["unique_id"], b["unique_id"]))
+                self.plan["incons"].append(
+                    {"broker": a["broker"], "queue_id": a["queue_id"], "offset": a["queue_offset"],
+                     "unique_ids": sorted((a["unique_id"], b["unique_id"]))}
+                )
+                drain[k] = {**a, "unique_id": b["unique_id"], "body_crc": b["body_crc"], "key": b["key"],
+                            "seq": b["seq"], "producer": b["producer"]}
+                break
+            else:
+                raise ValueError("could not plant incons: use more --events")
 
     def _plant_receipts(self, out: Lines, per_queue: PerQueue, ok: dict[str, Send], owner: Owner) -> None:
         self._plant_dup(out, ok)
@@ -378,6 +474,38 @@ class _Builder:
         for _ in range(self.cfg.plants.get("rewind", 0)):
             self._plant_rewind(out, per_queue, ok, owner)
         self._plant_unexpected(out, per_queue, owner)
+        for _ in range(self.cfg.plants.get("skip", 0)):
+            self._plant_skip(out, ok)
+        self._plant_corrupt(out, ok)
+
+    def _plant_skip(self, out: Lines, ok: dict[str, Send]) -> None:
+        """A receipt dropped from the middle of its session (the next one skips an offset)."""
+        for _attempt in range(1000):
+            c = self.rng.choice(sorted(out))
+            ls = out[c]
+            k = self.rng.randrange(len(ls) // 10, len(ls) * 9 // 10)
+            r = ls[k]
+            same = [j for j in range(k + 1, min(len(ls), k + 50)) if _stream_key(ls[j]) == _stream_key(r)]
+            before = [j for j in range(max(0, k - 50), k) if _stream_key(ls[j]) == _stream_key(r)]
+            if not same or not before or r["unique_id"] in self.used or r["unique_id"] not in ok:
+                continue
+            nxt = ls[same[0]]
+            if nxt["queue_offset"] != r["queue_offset"] + 1 or nxt["unique_id"] in self.used:
+                continue
+            self.used.update((r["unique_id"], nxt["unique_id"]))
+            del ls[k]
+            self.plan["skip"].append(nxt["unique_id"])
+            return
+        raise ValueError("could not plant skip: use more --events")
+
+    def _plant_corrupt(self, out: Lines, ok: dict[str, Send]) -> None:
+        index = [(c, k) for c, ls in sorted(out.items()) for k in range(len(ls))]
+        candidates = [ok[out[c][k]["unique_id"]] for c, k in index if out[c][k]["unique_id"] in ok]
+        where = {out[c][k]["unique_id"]: (c, k) for c, k in index}
+        for snd in self._pick(candidates, self.cfg.plants.get("corrupt", 0), "corrupt"):
+            c, k = where[snd.uid]
+            out[c][k] = {**out[c][k], "body_crc": out[c][k]["body_crc"] ^ 0x10}
+            self.plan["corrupt"].append(snd.uid)
 
     def _plant_dup(self, out: Lines, ok: dict[str, Send]) -> None:
         """An extra receipt right after the first one."""
@@ -397,20 +525,23 @@ class _Builder:
             ls = out[c]
             k = self.rng.randrange(len(ls) // 10, len(ls) * 9 // 10)
             a = ls[k]
-            nxt = [
-                j
-                for j in range(k + 1, min(len(ls), k + 50))
-                if (ls[j]["broker"], ls[j]["queue_id"]) == (a["broker"], a["queue_id"])
-            ]
+            nxt = [j for j in range(k + 1, min(len(ls), k + 50)) if _stream_key(ls[j]) == _stream_key(a)]
+            if not any(_stream_key(ls[j]) == _stream_key(a) for j in range(max(0, k - 50), k)):
+                continue  # o-1 must come before it in the session
             if not nxt:
                 continue
             b = ls[nxt[0]]
             if {a["unique_id"], b["unique_id"]} & self.used or b["queue_offset"] != a["queue_offset"] + 1:
                 continue
-            self.used.update((a["unique_id"], b["unique_id"]))
+            after = [j for j in range(nxt[0] + 1, min(len(ls), nxt[0] + 50)) if _stream_key(ls[j]) == _stream_key(a)]
+            if not after or ls[after[0]]["unique_id"] in self.used:
+                continue
+            c_uid = ls[after[0]]["unique_id"]
+            self.used.update((a["unique_id"], b["unique_id"], c_uid))
             ta, tb = a["time_us"], b["time_us"]
             ls[k], ls[nxt[0]] = dict(b, time_us=ta), dict(a, time_us=tb)
-            self.plan["qorder"].append(a["unique_id"])
+            # o+1 right after o-1 (skip), then o (backwards), then o+2 right after o (skip)
+            self.plan["qorder"].append({"skip": [b["unique_id"], c_uid], "backwards": [a["unique_id"]]})
             break
         else:
             raise ValueError("could not plant qorder: use more --events")
@@ -429,7 +560,11 @@ class _Builder:
             c = owner[q]
             ls = out[c]
             last = max(k for k, line in enumerate(ls) if line["unique_id"] == span[-1].uid)
-            redelivered = [dict(_receipt(c, ls[last]["time_us"], m)) for m in span]
+            session = 1000 + len(self.plan["rewind"])  # a rebalance: a new session of the queue
+            redelivered = [dict(_receipt(c, ls[last]["time_us"], m, session=session)) for m in span]
+            for j in range(last + 1, len(ls)):  # what follows in that queue belongs to the new session
+                if (ls[j]["broker"], ls[j]["queue_id"]) == (q[0], q[1]):
+                    ls[j] = {**ls[j], "session": session}
             out[c][last + 1 : last + 1] = redelivered
             self.used.update(m.uid for m in span)
             self.plan["rewind"] += [m.uid for m in span]
@@ -458,6 +593,14 @@ class _Builder:
         self.make_streams()
         self.write_replicas()
         receipts, drain = self.make_receipts()
+        self._plant_aborted()
+        self._plant_ackoff()
+        samples, sample_plan = SS.sample_lines(
+            self.sample_groups, self.nodes, TOPIC, self.cfg.plants, self.rng,
+            [(f["time_us"], f["time_us"] + STALL_US) for f in self.faults if f["action"] == "apply"],
+        )
+        for kind, rows in sample_plan.items():
+            self.plan[kind] = rows
         hist = os.path.join(self.run_dir, "history")
         by_producer: dict[str, list[Send]] = defaultdict(list)
         for s in self.sends:
@@ -467,8 +610,31 @@ class _Builder:
         for c, lines in sorted(receipts.items()):
             _write_jsonl(os.path.join(hist, f"receipts-{c}.jsonl"), lines)
         _write_jsonl(os.path.join(hist, "drain.jsonl"), drain)
+        _write_jsonl(os.path.join(hist, "samples.jsonl"), samples)
         _write_jsonl(os.path.join(self.run_dir, "faults.jsonl"), self.faults)
         self._write_run_json()
+
+    def _plant_aborted(self) -> None:
+        ok_stored = [snd for snd in self.sends if snd.outcome == "ok" and snd.stored]
+        for snd in self._pick(ok_stored, self.cfg.plants.get("aborted", 0), "aborted"):
+            snd.outcome, snd.error = "fail", "NOT_LEADER"
+            self.plan["aborted"].append(snd.uid)
+
+    def _plant_ackoff(self) -> None:
+        """The last ok send of a producer to a queue acknowledged at another offset."""
+        last: dict[tuple[str, str, int], Send] = {}
+        for snd in sorted(self.sends, key=lambda x: x.invoke_us):
+            if snd.outcome == "ok" and snd.msg is not None:
+                last[(snd.producer, snd.msg.group, snd.msg.queue_id)] = snd
+        free = [snd for snd in last.values() if snd.uid not in self.used]
+        n = self.cfg.plants.get("ackoff", 0)
+        if len(free) < n:
+            raise ValueError(f"not enough messages to plant {n} x ackoff")
+        for snd in self.rng.sample(free, n):
+            assert snd.msg is not None
+            snd.ack_offset = snd.msg.offset + 1_000_000
+            self.used.add(snd.uid)
+            self.plan["ackoff"].append(snd.uid)
 
     def _write_run_json(self) -> None:
         start = min(s.invoke_us for s in self.sends)
@@ -500,6 +666,7 @@ class _Builder:
                         "applied_index": self.commits[g],
                     }
                 )
+        drain_errors = [f"RaftNode00 {TOPIC}:0: planted" for _ in range(self.cfg.plants.get("drainerr", 0))]
         run = {
             "tool": "spark_jobs.synth",
             "version": 1,
@@ -509,7 +676,10 @@ class _Builder:
             "topics": [TOPIC],
             "cluster": {"processes": processes},
             "replicas": statuses,
+            "sampler": {"group": SS.CONSUMER_GROUP, "topic": TOPIC, "interval_s": SS.SAMPLE_INTERVAL_US / 1e6},
+            "drain_errors": drain_errors,
         }
+        self.plan["drainerr"] = drain_errors
         _write_json(os.path.join(self.run_dir, "run.json"), run)
         cluster_dir = os.path.join(self.run_dir, "cluster")
         _write_json(os.path.join(cluster_dir, "cluster.json"), {"processes": processes})
@@ -522,7 +692,11 @@ class _Builder:
         _write_json(os.path.join(self.run_dir, "synth.json"), plan)
 
 
-def _receipt(consumer: str, t: int, m: Msg, kind: str = "receipt") -> dict[str, Any]:
+def _stream_key(line: dict[str, Any]) -> tuple[Any, ...]:
+    return (line["broker"], line["queue_id"], line.get("session"))
+
+
+def _receipt(consumer: str, t: int, m: Msg, kind: str = "receipt", session: int | None = None) -> dict[str, Any]:
     return {
         "type": kind,
         "consumer": consumer,
@@ -538,6 +712,8 @@ def _receipt(consumer: str, t: int, m: Msg, kind: str = "receipt") -> dict[str, 
         "producer": m.producer,
         "born_us": m.born_ms * 1000,
         "store_us": m.store_ms * 1000,
+        "session": session,
+        "body_crc": R.body_crc(m.uid) if m.topic == TOPIC else None,
     }
 
 
@@ -560,12 +736,13 @@ def _send_line(s: Send) -> dict[str, Any]:
         "queue_offset": None,
         "msg_id": None,
         "store_us": None,
+        "body_crc": R.body_crc(s.uid),
     }
     if m is not None:
         line.update(
             broker=m.group,
             queue_id=m.queue_id,
-            queue_offset=m.offset,
+            queue_offset=m.offset if s.ack_offset is None else s.ack_offset,
             msg_id=f"{m.group}:{m.position:016X}",
             store_us=m.store_ms * 1000,
         )

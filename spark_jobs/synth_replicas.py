@@ -28,6 +28,7 @@ from dledger.command_codec import body_offsets, encode_batch
 from dledger.entry_store import EntryStore
 
 TOPIC = "ChaosTopic"
+CONSUMER_GROUP = "chaos_consumer"
 SCRATCH_TOPIC = "ScratchTopic"
 NO_OP = b"\x01"  # pysyncobj's leader no-op body
 TAGS = "TagA"
@@ -59,9 +60,18 @@ def replica_dir(run_dir: str, group: str, node: str) -> str:
     return os.path.join(run_dir, "cluster", "data", group, f"dledger-{node}")
 
 
+def body_of(uid: str) -> bytes:
+    """The body of a synthetic message (what its send line's ``body_crc`` is the CRC-32 of)."""
+    return (uid.encode() + b":payload:") * 2
+
+
+def body_crc(uid: str) -> int:
+    return zlib.crc32(body_of(uid))
+
+
 def stored_message(m: Msg) -> StoredMessage:
     props = {} if m.producer is None else {"producer": m.producer, "seq": str(m.seq)}
-    body = (m.uid.encode() + b":payload:") * 2
+    body = body_of(m.uid)
     keys = (m.key,) if m.key else ()
     return StoredMessage(
         m.topic, m.queue_id, 0, TAGS, keys, props, m.born_ms, "127.0.0.1:50000", m.store_ms, m.uid, body
@@ -88,7 +98,8 @@ def build_entries(
     scratch: bool,
 ) -> list[Entry]:
     """The group's log: messages in stream (store) order, 1..``batch`` per entry, a term change
-    and no-op at every leader change, an ``offset.commit`` every 500 messages."""
+    and no-op at every leader change, an ``offset.commit`` of the workload's consumer group every
+    500 messages (each queue's offset: its messages so far)."""
     term = 1
     changes = sorted(term_changes_us)
     put = {
@@ -102,6 +113,7 @@ def build_entries(
     if scratch:
         entries += _scratch_entries(group, term, stream[0].store_ms if stream else 0)
     k = since_commit = 0
+    per_queue: dict[int, int] = defaultdict(int)
     while k < len(stream):
         if changes and stream[k].store_ms * 1000 >= changes[0]:
             changes.pop(0)
@@ -113,16 +125,15 @@ def build_entries(
             msgs = [m for m in msgs if m.store_ms * 1000 < changes[0]] or msgs[:1]
         k += len(msgs)
         entries.append((term, _batch(msgs), msgs))
+        for m in msgs:
+            if m.topic == TOPIC:
+                per_queue[m.queue_id] += 1
         since_commit += len(msgs)
         if since_commit >= 500:
             since_commit = 0
-            entries.append(
-                (
-                    term,
-                    _command({"op": "offset.commit", "group": "cg", "topic": TOPIC, "offsets": {"0": k}}),
-                    [],
-                )
-            )
+            offsets = {str(q): n for q, n in sorted(per_queue.items())}
+            cmd = {"op": "offset.commit", "group": CONSUMER_GROUP, "topic": TOPIC, "offsets": offsets}
+            entries.append((term, _command(cmd), []))
     return entries
 
 
@@ -156,11 +167,14 @@ def write_logs(
     segment_bytes: int,
     diverge_body: tuple[str, int] | None = None,
     diverge_term: tuple[str, int] | None = None,
-) -> None:
+    chains_at: set[int] | None = None,
+) -> dict[str, dict[int, int]]:
     """Every replica's log; ``diverge_body`` = (node, index): that node's entry holds a different
     last body byte there; ``diverge_term`` = (node, index): that node's terms are one higher from
-    there on. Sets each message's index and position (all replicas lay entries out alike)."""
+    there on. Sets each message's index and position (all replicas lay entries out alike).
+    Returns each node's chain CRC at the indexes ``chains_at``."""
     positions: list[int] = []
+    chains: dict[str, dict[int, int]] = {}
     for node in nodes:
         rows = [(i + 1, term, body) for i, (term, body, _) in enumerate(entries)]
         if diverge_body is not None and node == diverge_body[0]:
@@ -177,6 +191,7 @@ def write_logs(
             got: list[int] = []
             for k in range(0, len(rows), 4096):
                 got += store.append_many(rows[k : k + 4096])
+            chains[node] = {i: store.chain_crc_at(i) for i in sorted(chains_at or ()) if 1 <= i <= len(rows)}
         finally:
             store.close()
         positions = positions or got
@@ -185,6 +200,7 @@ def write_logs(
         base = pos + EntryStore.header_bytes
         for m, off in zip(msgs, body_offsets([m.record for m in msgs]), strict=True):
             m.index, m.position = i + 1, base + off
+    return chains
 
 
 def write_state(
@@ -228,10 +244,10 @@ def write_state(
 
 
 def drop_unit(run_dir: str, group: str, node: str, key: tuple[str, int], msgs: list[Msg], upf: int) -> int:
-    """Rewrite one queue of one replica without the unit of its middle message; returns the
-    position that unit pointed at."""
+    """Rewrite one queue of one replica without the unit of its last message (what a recovery that
+    drops a queue's last unit leaves); returns the position that unit pointed at."""
     cqs = ConsumeQueueStore(os.path.join(replica_dir(run_dir, group, node), "broker", "consumequeue"), upf)
-    drop = len(msgs) // 2
+    drop = len(msgs) - 1
     cq = cqs.reset_queue(*key)
     for k, m in enumerate(msgs):
         if k != drop:

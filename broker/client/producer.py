@@ -120,6 +120,13 @@ def retriable(exc: ClientError) -> bool:
     return exc.code in RETRY_CODES or exc.status >= 500
 
 
+def send_outcome_unknown(earlier_unknown: bool, exc: ClientError) -> bool:
+    """Whether a send whose latest attempt failed with ``exc`` may have stored its messages: when
+    that attempt's outcome is unknown, or any earlier attempt's was (``earlier_unknown``). A send is
+    reported as definitely failed only when no attempt can have stored it."""
+    return earlier_unknown or exc.outcome_unknown
+
+
 class Producer:
     def __init__(
         self,
@@ -369,7 +376,7 @@ class Producer:
                     mq = fixed
                 return await self._send_to(mq, msgs, born_ts, deadline)
             except ClientError as exc:
-                maybe_stored |= exc.outcome_unknown
+                maybe_stored = send_outcome_unknown(maybe_stored, exc)
                 exc.outcome_unknown = maybe_stored
                 if not retriable(exc):
                     raise

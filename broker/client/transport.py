@@ -120,7 +120,22 @@ def resolve_security(credentials: CredentialsArg, tls: TlsArg) -> tuple[Credenti
     return creds, ctx
 
 
-UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST"})
+# A failure is *definite* ("the request cannot have taken effect": a send cannot have been stored)
+# only when the request never reached a broker (no connection, a check in the client) or a broker
+# refused it before acting on it: a 4xx answer, or 503 NOT_READY / 507 DISK_FULL. Everything else
+# may have taken effect. APPEND_FAILED (409) is not definite: the entry was replaced on the replica
+# that answered, but another replica holding it may still be elected and commit it (Raft §5.4.2,
+# Figure 8). A garbled answer or a 5xx may come after the append.
+UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST", "APPEND_FAILED", "BAD_ANSWER"})
+REFUSED_5XX_CODES = frozenset({"NOT_READY", "DISK_FULL"})
+
+
+def outcome_unknown(code: str, status: int) -> bool:
+    """True when a call that failed with ``code`` (HTTP ``status``, 0 without an answer) may still
+    have taken effect (see ``UNKNOWN_OUTCOME_CODES``)."""
+    if code in UNKNOWN_OUTCOME_CODES:
+        return True
+    return status >= 500 and code not in REFUSED_5XX_CODES
 # Methods safe to send again when a reused connection closes after the request went out (RFC 9110 9.2.2).
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
@@ -145,7 +160,7 @@ class ClientError(Exception):
         self.leader_addr = leader_addr
         # True when the request may have taken effect (a send to retry with the same unique ids);
         # the producer also sets it when an earlier attempt of the same send had an unknown outcome.
-        self.outcome_unknown = code in UNKNOWN_OUTCOME_CODES
+        self.outcome_unknown = outcome_unknown(code, status)
 
 
 def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:
@@ -290,9 +305,8 @@ class Transport:
         try:
             decoded = _decode(raw, ctype)
         except Exception:  # not msgpack/JSON (a proxy's page, say): never handed over as an answer
-            exc = ClientError("BAD_ANSWER", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
-            exc.outcome_unknown = status < 400  # the server took the request; what it did is unreadable
-            raise exc from None
+            # Unknown outcome (BAD_ANSWER): the server took the request; what it did is unreadable.
+            raise ClientError("BAD_ANSWER", raw[:200].decode("utf-8", "replace"), status=status, addr=addr) from None
         if status >= 400:
             if isinstance(decoded, dict):
                 raise ClientError(

@@ -83,6 +83,26 @@ async def test_send_pull_and_queries(cluster: BrokerCluster, t: Transport) -> No
     assert s["offset"] == 0
 
 
+async def test_status_reports_the_chain_crc_at_the_commit_index(cluster: BrokerCluster, t: Transport) -> None:
+    """The chaos sampler compares replicas by (commit index, chain CRC there): every replica that
+    reports one committed index reports one chain CRC for it."""
+    leader = cluster.writable_leader()
+    assert leader is not None
+    await t.call(leader.cfg.address, "POST", "/v1/send", {"topic": "TS", "messages": [msg(b"x")]})
+    seen: dict[int, set[int]] = {}
+
+    async def all_caught_up() -> bool:
+        rows = [await t.call(cluster.addr(nid), "GET", "/v1/status") for nid in cluster.brokers]
+        for st in rows:
+            assert st["last_term"] >= 1 and st["entries_truncated"] == 0
+            if st["chain_crc_at_commit"] is not None:
+                seen.setdefault(st["commit_index"], set()).add(st["chain_crc_at_commit"])
+        return len({st["commit_index"] for st in rows}) == 1 and all(st["chain_crc_at_commit"] for st in rows)
+
+    await wait_until(all_caught_up, 10, "every replica at one commit index")
+    assert seen and all(len(crcs) == 1 for crcs in seen.values()), seen
+
+
 async def test_long_poll_is_woken_by_a_send(cluster: BrokerCluster, t: Transport) -> None:
     leader = cluster.writable_leader()
     assert leader is not None

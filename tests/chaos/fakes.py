@@ -56,6 +56,8 @@ class FakeTarget:
         self.suspended: set[str] = set()
         self.leader_node = leader_node
         self.calls: list[tuple[str, str]] = []
+        self.env: dict[str, dict[str, str]] = {}
+        self.tmp = tmp
 
     def members(self) -> list[Member]:
         return list(self._members)
@@ -70,6 +72,20 @@ class FakeTarget:
     async def start(self, m: Member) -> None:
         self.calls.append(("start", m.name))
         self.running.add(m.name)
+        self.started_with = {**getattr(self, "started_with", {}), m.name: dict(self.env.get(m.name, {}))}
+
+    def set_env(self, m: Member, env: dict[str, str] | None) -> None:
+        if env:
+            self.env[m.name] = dict(env)
+        else:
+            self.env.pop(m.name, None)
+
+    def data_path(self, m: Member) -> str:
+        return f"{self.tmp}/data/{m.name}"
+
+    async def set_aside(self, m: Member, dest: str) -> None:
+        assert m.name not in self.running, "move data only of a stopped node"
+        self.calls.append(("set_aside", m.name))
 
     async def suspend(self, m: Member) -> None:
         self.calls.append(("suspend", m.name))

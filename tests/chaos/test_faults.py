@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -149,3 +150,116 @@ def test_toxic_parameters_are_checked() -> None:
     for bad in ("latency=100", "latency.speed=1", "nope.latency=1", "latency.latency=fast"):
         with pytest.raises(ValueError):
             parse_toxic_params([bad])
+
+
+class FakeWorkload:
+    def __init__(self) -> None:
+        self.running = {"c0", "c1"}
+        self.calls: list[tuple[str, str]] = []
+
+    async def leave(self, rng: random.Random) -> str | None:
+        name = sorted(self.running)[0] if len(self.running) > 1 else None
+        if name:
+            self.running.discard(name)
+            self.calls.append(("leave", name))
+        return name
+
+    async def rejoin(self, name: str) -> None:
+        self.running.add(name)
+        self.calls.append(("rejoin", name))
+
+    async def join(self) -> str:
+        self.running.add("c2")
+        self.calls.append(("join", "c2"))
+        return "c2"
+
+    async def part(self, name: str) -> None:
+        self.running.discard(name)
+        self.calls.append(("part", name))
+
+
+async def test_composite_faults_pick_other_nodes_and_heal_in_reverse(tmp_path: Any) -> None:
+    """"Pause one node while crashing another": the crash never picks the suspended node."""
+    for seed in range(20):
+        t = FakeTarget(str(tmp_path / str(seed)))
+        ctx = FaultContext(t, JsonlWriter(str(tmp_path / f"f{seed}.jsonl")), random.Random(seed), leader_wait_s=0.1)
+        _open.append(ctx.log)
+        f = make_fault("suspend-random+crash-random")
+        await f.apply(ctx)
+        (paused,) = t.suspended
+        crashed = [name for op, name in t.calls if op == "kill"]
+        assert crashed and paused not in crashed
+        await f.heal(ctx)
+        assert [op for op, _ in t.calls][-2:] == ["start", "resume"]  # reverse order
+        got = list(read_jsonl(str(tmp_path / f"f{seed}.jsonl")))
+        assert [(x["fault"], x["action"]) for x in got] == [("suspend-random", "apply"), ("crash-random", "apply"),
+                                                           ("crash-random", "heal"), ("suspend-random", "heal")]
+        assert all(x["detail"]["composite"] == "suspend-random+crash-random" for x in got)
+
+
+async def test_partition_a_follower_and_kill_the_leader(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    assert t.network is not None
+    ctx = context(tmp_path, t)
+    f = make_fault("partition-follower+kill-leader")
+    await f.apply(ctx)
+    (isolated,) = set.intersection(*(set(link.split("->")) for link in t.network.cut_links))
+    assert isolated != "RaftNode00-n1" and len(t.network.cut_links) == 4  # a follower, cut off both ways
+    assert t.calls == [("kill", "RaftNode00-n1")]  # the leader
+    await f.heal(ctx)
+    assert t.network.cut_links == set() and t.running == {m.name for m in t.members()}
+
+
+async def test_skew_restarts_on_a_skewed_clock_and_back(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    ctx = context(tmp_path, t, skew=(60.0, 1000.0))
+    f = make_fault("skew-follower")
+    await f.apply(ctx)
+    (victim,) = {name for _op, name in t.calls}
+    assert victim != "RaftNode00-n1"
+    offset, drift = (float(x) for x in t.started_with[victim]["DLEDGER_CLOCK_SKEW"].split(","))
+    assert 6 <= abs(offset) <= 60 and 100 <= abs(drift) <= 1000
+    await f.heal(ctx)
+    assert t.started_with[victim] == {} and t.calls == [("kill", victim), ("start", victim)] * 2
+    assert lines(tmp_path)[0]["detail"]["skew"][victim] == f"{offset},{drift}"
+
+
+async def test_consumer_faults_churn_the_group(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    w = FakeWorkload()
+    ctx = context(tmp_path, t, workload=w)
+    for name in ("consumer-restart", "consumer-join"):
+        f = make_fault(name)
+        await f.apply(ctx)
+        await f.heal(ctx)
+    assert w.calls == [("leave", "c0"), ("rejoin", "c0"), ("join", "c2"), ("part", "c2")]
+    assert [x["targets"] for x in lines(tmp_path)] == [["consumer:c0"]] * 2 + [["consumer:c2"]] * 2
+
+
+async def test_a_replica_that_refuses_its_damaged_log_is_set_aside_at_heal(tmp_path: Any) -> None:
+    from chaos.faults import DamageFault
+
+    class Refusing(FakeTarget):
+        async def start(self, m: Any) -> None:
+            await super().start(m)
+            if ("set_aside", m.name) not in self.calls:
+                self.running.discard(m.name)  # the store refuses to open: the process exits
+
+    t = Refusing(str(tmp_path))
+    ctx = context(tmp_path, t, damaged_dir=str(tmp_path / "damaged"))
+    f = make_fault("truncate-follower")
+    assert isinstance(f, DamageFault)
+    (tmp_path / "data").mkdir()
+    for m in t.members():
+        os.makedirs(f"{t.data_path(m)}/store/log")
+        with open(f"{t.data_path(m)}/store/log/{0:020d}", "wb") as out:
+            out.write(b"x" * 5000)
+    await f.apply(ctx)
+    await f.heal(ctx)
+    (apply_line, heal_line) = lines(tmp_path)
+    (victim,) = apply_line["targets"]
+    damage = apply_line["detail"]["damage"][victim]
+    assert damage["started"] == "exited" and 1 <= damage["cut_bytes"] <= 2048
+    assert os.path.getsize(f"{t.data_path(t.members()[0])}/store/log/{0:020d}") in (5000, 5000 - damage["cut_bytes"])
+    assert heal_line["detail"]["replicas"][victim]["set_aside"].startswith(str(tmp_path / "damaged"))
+    assert t.calls[-2:] == [("set_aside", victim), ("start", victim)] and victim in t.running

@@ -62,7 +62,13 @@ def test_short_run_ends_clean_and_writes_the_documented_run_directory(
     # histories: every producer and consumer wrote, keyed producers use keys, the drain holds every ack
     hist = os.path.join(run_dir, "history")
     names = sorted(os.listdir(hist))
-    assert names == ["drain.jsonl", "receipts-c0.jsonl", "receipts-c1.jsonl", *[f"sends-p{i}.jsonl" for i in range(4)]]
+    assert names == ["drain.jsonl", "offsets-z0.jsonl", "receipts-c0.jsonl", "receipts-c1.jsonl", "samples.jsonl",
+                     *[f"sends-p{i}.jsonl" for i in range(4)]]
+    samples = list(read_jsonl(os.path.join(hist, "samples.jsonl")))
+    assert {x["replica"] for x in samples} == {x["name"] for x in replicas}  # every replica sampled
+    assert all(x["chain_crc_at_commit"] is not None for x in samples if x["commit_index"])
+    assert any(x["action"] == "commit" and x["stale"] for x in read_jsonl(os.path.join(hist, "offsets-z0.jsonl")))
+    assert all(r["session"] for r in read_jsonl(os.path.join(hist, "receipts-c0.jsonl")))
     sends = [s for i in range(4) for s in read_jsonl(os.path.join(hist, f"sends-p{i}.jsonl"))]
     outcomes = Counter(s["outcome"] for s in sends)
     assert outcomes["ok"] > 500

@@ -15,16 +15,28 @@ import pytest
 ALL_PLANTS = {
     "lost": 2,
     "unconsumed": 1,
+    "unseen": 1,
     "dup": 2,
     "logdup": 2,
     "unexpected": 2,
     "qorder": 2,
+    "skip": 1,
     "korder": 2,
+    "ackoff": 1,
+    "incons": 1,
+    "aborted": 1,
+    "corrupt": 1,
     "rewind": 1,
     "diverge_body": 1,
     "diverge_chain": 1,
     "cq": 2,
     "unavail": 1,
+    "drainerr": 1,
+    "prefix": 1,
+    "crc": 1,
+    "truncation": 1,
+    "offset": 1,
+    "election": 1,
 }
 
 

@@ -303,3 +303,35 @@ async def test_a_failed_send_says_when_an_earlier_attempt_may_have_stored_it(
     # whichever group was tried first, one of the two attempts timed out: unknown outcome
     assert all(unknown for _code, unknown in outcomes), outcomes
     assert {code for code, _ in outcomes} <= {"SEND_TIMEOUT", "APPEND_FAILED"}
+
+
+async def test_append_failed_and_server_errors_are_not_definite_failures(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    """APPEND_FAILED says the entry was replaced on the replica that answered; another replica that
+    holds it may still be elected and commit it (Raft, Figure 8). A 5xx may come after the append.
+    Neither may be reported as "definitely not stored"; refusals before the append (4xx, NOT_READY)
+    are."""
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    leader = cluster.groups[0].replicas[0]
+    p = producers(cluster, retry_times=0)
+    await p.start()
+    for code, status, unknown in (
+        ("APPEND_FAILED", 409, True),
+        ("INTERNAL", 500, True),
+        ("SERVICE_UNAVAILABLE", 503, True),
+        ("NOT_READY", 503, False),
+        ("NO_PERMISSION", 403, False),
+    ):
+        leader.tap.fail("/v1/send", code, status)
+        with pytest.raises(ClientError) as e:
+            await p.send(Message("T", b"x"))
+        assert (e.value.code, e.value.outcome_unknown) == (code, unknown)
+
+
+def test_a_send_is_unknown_once_any_attempt_was() -> None:
+    from broker.client.producer import send_outcome_unknown
+
+    timeout, refused = ClientError("SEND_TIMEOUT", "t"), ClientError("NOT_LEADER", "n")
+    assert send_outcome_unknown(False, timeout) and send_outcome_unknown(True, refused)
+    assert not send_outcome_unknown(False, refused)

@@ -566,6 +566,9 @@ async def test_malformed_or_cut_answer_is_connection_lost(
         (503, {"message": "no code"}, "HTTP_503", "no code", None),
         (502, ["not", "a", "dict"], "HTTP_502", "", None),
         (500, None, "HTTP_500", "", None),
+        (409, {"code": "APPEND_FAILED", "message": "replaced"}, "APPEND_FAILED", "replaced", None),
+        (503, {"code": "NOT_READY", "message": "applying"}, "NOT_READY", "applying", None),
+        (504, {"code": "SEND_TIMEOUT", "message": "no commit"}, "SEND_TIMEOUT", "no commit", None),
     ],
 )
 async def test_error_answers_become_client_errors(
@@ -587,7 +590,10 @@ async def test_error_answers_become_client_errors(
     assert (err.code, err.status, err.leader_addr, err.addr) == (code, status, leader_addr, server.addr)
     if message:
         assert err.message == message
-    assert not err.outcome_unknown
+    # Definite ("cannot be stored") only for a refusal before the broker acted: a 4xx answer other
+    # than APPEND_FAILED, or 503 NOT_READY / 507 DISK_FULL. A 5xx may come after the append, and an
+    # entry replaced on one replica may still be committed by another (Raft, Figure 8).
+    assert err.outcome_unknown == (code in ("APPEND_FAILED", "SEND_TIMEOUT") or (status >= 500 and code != "NOT_READY"))
     with pytest.raises(ClientError):
         await transport.call(server.addr, "POST", "/v1/send", {"i": 2})
     assert server.accepted == 1  # an error answer keeps the connection
@@ -628,6 +634,7 @@ async def test_garbage_error_answer_is_bad_answer(transport: Transport, raw_serv
         await transport.call(server.addr, "GET", "/v1/status")
     assert (info.value.code, info.value.status) == ("BAD_ANSWER", 502)
     assert "Bad Gateway" in info.value.message
+    assert info.value.outcome_unknown  # whatever the broker behind the proxy did is unreadable
 
 
 async def test_router_404_without_a_code_is_a_client_error(

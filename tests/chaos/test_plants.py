@@ -1,0 +1,222 @@
+"""Each plant of chaos/plants.py puts its defect in, shown on the smallest piece it patches, and
+``unplant_all`` takes it out again (the sensitivity tier, tests/chaos/test_sensitivity.py, shows the
+audit catching each one in a real run)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObjConf
+
+from broker.client import ClientError, Message, Producer
+from broker.message import StoredMessage, encode_message
+from broker.metadata import Metadata
+from broker.store import MessageStore
+from chaos import plants
+from dledger import clock as dl_clock
+from dledger import command_codec
+from dledger.apps.process_main import PLANT_ENV
+from dledger.entry_store import EntryStore
+from dledger.journal import RaftJournal
+from dledger.peer_tcp import TcpPeerTransport
+from dledger.records import to_committed
+from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
+from tests.acl_fixtures import PRODUCER
+from tests.broker.inproc_cluster import InProcBrokerCluster
+from tests.dledger.harness import PASSWORD, free_ports
+
+
+@pytest.fixture(autouse=True)
+def _unplant() -> Iterator[None]:
+    yield
+    plants.unplant_all()
+
+
+class Hooks:
+    def before_ack(self) -> None: ...
+
+    def on_install_anchor(self, anchor_index: int) -> None: ...
+
+    def retention_floor(self) -> int:
+        return 0
+
+    def on_leader_floor(self, floor: int) -> None: ...
+
+    def self_match_index(self) -> int:
+        return 10**18
+
+
+@pytest.fixture
+def make_syncobj(tmp_path: Any) -> Iterator[Any]:
+    made: list[DLedgerSyncObj] = []
+
+    def make() -> DLedgerSyncObj:
+        ports = free_ports(2)
+        store = EntryStore(str(tmp_path / f"store{len(made)}"), segment_bytes=1 << 24)
+        journal = RaftJournal(store, str(tmp_path / f"meta{len(made)}"))
+        conf = SyncObjConf(appendEntriesPeriod=0.05)
+        sync = DLedgerSyncObj(
+            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, Hooks(),
+            transport_factory=lambda so, sn, on: TcpPeerTransport(so, sn, on, password=PASSWORD, group="G"),
+        )
+        made.append(sync)
+        return sync
+
+    yield make
+    for sync in made:
+        sync._doDestroy()
+
+
+def fill(sync: DLedgerSyncObj, count: int, term: int = 1) -> None:
+    store = sync.dl_journal.store
+    for _ in range(count):
+        store.append(store.last_index + 1, term, command_codec.encode_batch([os.urandom(64)]))
+
+
+def append_message(sync: DLedgerSyncObj, prev: int, upto: int, commit: int) -> dict[str, Any]:
+    store = sync.dl_journal.store
+    return {
+        "type": "append_entries", "term": 1, "commit_index": commit, "prevLogIdx": prev,
+        "prevLogTerm": store.term_at(prev),
+        "entries": [(store.read(i).body, i, store.read(i).term) for i in range(prev + 1, upto + 1)],
+    }
+
+
+def test_registry_names_every_plant_and_builds_the_broker_environment() -> None:
+    assert set(plants.PLANTS) == {
+        "ack-before-majority", "fdatasync-noop", "cq-drops-last-unit", "stock-truncation", "offset-regress",
+        "sdk-definite-on-lost-connection",
+    }
+    chosen = plants.lookup(["stock-truncation", "sdk-definite-on-lost-connection"])
+    assert plants.broker_env(chosen) == {PLANT_ENV: "chaos.plants:stock_truncation"}
+    assert plants.broker_env(plants.lookup(["sdk-definite-on-lost-connection"])) == {}
+    with pytest.raises(ValueError, match="unknown plant 'nope'"):
+        plants.lookup(["nope"])
+
+
+def test_stock_truncation_deletes_entries_that_do_not_conflict_and_rewinds(make_syncobj: Any) -> None:
+    leader_log = make_syncobj()
+    fill(leader_log, 30)
+    follower = make_syncobj()
+    node = next(iter(follower.otherNodes))
+    plants.stock_truncation()
+    follower._SyncObj__onMessageReceived(node, append_message(leader_log, 1, 31, commit=10))
+    follower._SyncObj__onMessageReceived(node, append_message(leader_log, 1, 11, commit=10))  # an older batch
+    # everything after prevLogIdx went (30 entries; 10 of them came straight back): 20 are missing
+    assert follower.dl_journal.store.last_index == 11 and follower.dl_journal.entries_truncated == 30
+    # leader half: an ack of an older batch moves nextIndex back over batches in flight
+    leader_log._SyncObj__raftState = RAFT_STATE_LEADER
+    peer = next(iter(leader_log.otherNodes))
+    leader_log._SyncObj__raftNextIndex[peer], leader_log._SyncObj__raftMatchIndex[peer] = 31, 0
+    ack = {"type": "next_node_idx", "next_node_idx": 11, "reset": False, "success": True}
+    leader_log._SyncObj__onMessageReceived(peer, ack)
+    assert leader_log._SyncObj__raftNextIndex[peer] == 11
+    plants.unplant_all()
+    follower._SyncObj__onMessageReceived(node, append_message(leader_log, 11, 31, commit=10))
+    follower._SyncObj__onMessageReceived(node, append_message(leader_log, 1, 11, commit=10))
+    assert follower.dl_journal.store.last_index == 31 and follower.dl_journal.entries_truncated == 30
+
+
+def test_ack_before_majority_commits_the_leaders_log_end(make_syncobj: Any) -> None:
+    sync = make_syncobj()
+    fill(sync, 5)  # 2..6 (1 is SyncObj's no-op)
+    sync._SyncObj__raftState = RAFT_STATE_LEADER
+    for node in sync.otherNodes:
+        sync._SyncObj__raftMatchIndex[node] = 0
+        sync._SyncObj__raftNextIndex[node] = 1
+        sync._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
+    sync._onTick(0)
+    assert sync.raftCommitIndex <= 1  # the one follower has nothing: nothing new may commit
+    plants.ack_before_majority()
+    sync._onTick(0)
+    assert sync.raftCommitIndex == sync.dl_journal.store.last_index == 6
+
+
+def test_fdatasync_noop_never_syncs_the_log(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
+    store = EntryStore(str(tmp_path / "s"), segment_bytes=1 << 20)
+    try:
+        store.append(1, 1, b"a")
+        store.flush()
+        assert synced
+        synced.clear()
+        plants.fdatasync_noop()
+        store.append(2, 1, b"b")
+        store.flush()
+        assert not synced and not store.dirty
+    finally:
+        store.close()
+
+
+def _message(uid: str) -> bytes:
+    return encode_message(StoredMessage(topic="T", queue_id=0, flag=0, tags="", keys=(), properties={}, born_ts=1,
+                                        born_host="h", store_ts=1, unique_id=uid, body=b"x"))
+
+
+def test_cq_drops_last_unit_on_recovery(tmp_path: Any) -> None:
+    log = EntryStore(str(tmp_path / "log"), segment_bytes=1 << 20)
+
+    def reopen() -> MessageStore:
+        ms = MessageStore(str(tmp_path / "broker"), "G", snapshot_interval_ms=600_000)
+        ms.open(log)
+        return ms
+
+    ms = reopen()
+    for i in range(1, 4):
+        log.append(i, 1, command_codec.encode_batch([_message(f"U{i}")]))
+        ms.apply([to_committed(log.read(i), log)])
+    ms.close()
+    ms.cqs.close()
+    ms.index.close()
+    plants.cq_drops_last_unit()
+    ms = reopen()
+    try:
+        cq = ms.cqs.get("T", 0)
+        assert cq is not None and cq.max_offset == 2  # three messages, two units
+    finally:
+        ms.cqs.close()
+        ms.index.close()
+        log.close()
+
+
+def test_offset_regress_applies_a_lower_commit() -> None:
+    md = Metadata()
+    commit = {"op": "offset.commit", "group": "g", "topic": "T"}
+    md.apply({**commit, "offsets": {"0": 5}})
+    md.apply({**commit, "offsets": {"0": 3}})
+    assert md.group_offsets("g", "T") == {0: 5}
+    plants.offset_regress()
+    md.apply({**commit, "offsets": {"0": 2}})
+    assert md.group_offsets("g", "T") == {0: 2}
+
+
+async def test_sdk_plant_calls_a_maybe_stored_send_failed(tmp_path: Any) -> None:
+    from broker.client import producer
+
+    lost = ClientError("CONNECTION_LOST", "the server closed the connection")
+    assert producer.send_outcome_unknown(False, lost)
+    baseline = InProcBrokerCluster.baseline()
+    cluster = await InProcBrokerCluster.start(str(tmp_path / "cluster"))
+    outcomes = []
+    try:
+        await cluster.create_topic("T", 4)
+        leader = cluster.groups[0].replicas[0]
+        async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, retry_times=1) as p:
+            for plant in (False, True):
+                if plant:
+                    plants.sdk_lost_connection_is_failure()
+                leader.tap.fail("/v1/send", "SEND_TIMEOUT", 504)  # the first attempt may have stored it
+                leader.tap.fail("/v1/send", "NO_PERMISSION", 403)  # the retry is refused
+                with pytest.raises(ClientError) as e:
+                    await p.send(Message("T", b"x"))
+                outcomes.append((e.value.code, e.value.outcome_unknown))
+    finally:
+        await cluster.stop()
+    await InProcBrokerCluster.assert_nothing_left(baseline)
+    assert outcomes == [("NO_PERMISSION", True), ("NO_PERMISSION", False)]
+    assert not producer.send_outcome_unknown(False, lost)  # planted: the request went out, yet "failed"
