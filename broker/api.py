@@ -40,7 +40,7 @@ from broker.message import (
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
 from broker.names import is_client_id, is_decimal
-from broker.store import MessageNotFound
+from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -161,6 +161,8 @@ class BrokerApi:
         except DLedgerError as exc:
             status, code = _DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))
             return error(request, status, code, str(exc))
+        except CorruptMessage as exc:  # logged by the store; other replicas hold a good copy
+            return error(request, 500, "STORE_CORRUPT", f"{exc}: read it from another replica")
         except TimeoutError:  # the replica's apply thread did not answer in time
             return error(request, 503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
         except web.HTTPException as exc:

@@ -2,8 +2,14 @@
 
 A Raft entry carries a batch of bodies (``dledger.command_codec``); each body is one *record*:
 
-    b"M" | u32 header length | msgpack header array | message body bytes      a message
+    b"N" | u32 header length | msgpack header array | body | u32 crc32        a message (checked)
+    b"M" | u32 header length | msgpack header array | body                     a message (older, unchecked)
     b"C" | msgpack map                                                         a command (topics, offsets...)
+
+The CRC covers every byte of the record before it. A reader that knows only a record's position
+(a consume-queue unit, a msg id) reads that record alone, not its whole Raft entry, so the entry's
+own body CRC is not checked on that path: the record's CRC is (a bit flipped in an old segment,
+which recovery does not scan, is refused instead of served).
 
 The message header is an array (compact, positional):
 ``[topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len]``
@@ -38,8 +44,11 @@ from broker.names import (
     is_unique_id,
 )
 
-MESSAGE_MAGIC = b"M"
+MESSAGE_MAGIC = b"N"  # what writers write
+MESSAGE_MAGIC_V1 = b"M"  # without the trailing CRC (still read)
+MESSAGE_MAGICS = (MESSAGE_MAGIC, MESSAGE_MAGIC_V1)
 COMMAND_MAGIC = b"C"
+_CRC = struct.Struct("<I")
 _HLEN = struct.Struct("<I")
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -100,12 +109,26 @@ def encode_message(m: StoredMessage) -> bytes:
         ],
         use_bin_type=True,
     )
-    return b"".join((MESSAGE_MAGIC, _HLEN.pack(len(header)), header, m.body))
+    record = b"".join((MESSAGE_MAGIC, _HLEN.pack(len(header)), header, m.body))
+    return record + _CRC.pack(zlib.crc32(record))
+
+
+class CorruptRecordError(ValueError):
+    """A message record whose bytes do not match its CRC: damaged storage, never served."""
+
+
+def is_message_record(record: bytes | memoryview) -> bool:
+    return bytes(record[:1]) in MESSAGE_MAGICS
+
+
+def record_size(magic: bytes, header_bytes: int, body_len: int) -> int:
+    """Bytes of a record from its magic, header length and body length (what a reader must read)."""
+    return 5 + header_bytes + body_len + (_CRC.size if magic == MESSAGE_MAGIC else 0)
 
 
 def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
     """The header array and where the body starts; raises ValueError on a malformed record."""
-    if len(record) < 5 or record[0:1] != MESSAGE_MAGIC:
+    if len(record) < 5 or bytes(record[0:1]) not in MESSAGE_MAGICS:
         raise ValueError("not a message record")
     (hlen,) = _HLEN.unpack_from(record, 1)
     end = 5 + hlen
@@ -126,6 +149,13 @@ def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
 
 def decode_message(record: bytes) -> StoredMessage:
     h, start = decode_header(record)
+    end = len(record)
+    if record[:1] == MESSAGE_MAGIC:
+        end -= _CRC.size
+        if end < start or zlib.crc32(memoryview(record)[:end]) != _CRC.unpack_from(record, end)[0]:
+            raise CorruptRecordError("the message record does not match its CRC")
+    if end - start != h[10]:
+        raise CorruptRecordError(f"the message body is {end - start} bytes, its header says {h[10]}")
     return StoredMessage(
         topic=h[0],
         queue_id=h[1],
@@ -137,7 +167,7 @@ def decode_message(record: bytes) -> StoredMessage:
         born_host=h[7],
         store_ts=h[8],
         unique_id=h[9],
-        body=bytes(record[start:]),
+        body=bytes(record[start:end]),
     )
 
 

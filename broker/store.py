@@ -44,11 +44,13 @@ from broker.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, f
 from broker.key_index import KeyIndex
 from broker.message import (
     COMMAND_MAGIC,
-    MESSAGE_MAGIC,
+    MESSAGE_MAGICS,
+    CorruptRecordError,
     StoredMessage,
     decode_command,
     decode_header,
     decode_message,
+    record_size,
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
@@ -72,6 +74,10 @@ class ApplyListener(Protocol):
 
 class MessageNotFound(Exception):
     pass
+
+
+class CorruptMessage(Exception):
+    """The record's bytes do not match its CRC on this replica (damaged storage)."""
 
 
 class MessageStore:
@@ -193,7 +199,7 @@ class MessageStore:
                 if end > self.applied_end_position:
                     self.applied_end_position = end
                 kind = body[:1]
-                if kind == MESSAGE_MAGIC:
+                if kind in MESSAGE_MAGICS:
                     self._dispatch(position, body, touched)
                 elif kind == COMMAND_MAGIC:
                     md_changed |= self._command(position, body)
@@ -329,7 +335,7 @@ class MessageStore:
                     break
                 committed = to_committed(entry, self._log)
                 for position, body in committed.bodies:
-                    if body[:1] == MESSAGE_MAGIC:
+                    if body[:1] in MESSAGE_MAGICS:
                         self._dispatch(position, body, touched)
                     elif body[:1] == COMMAND_MAGIC:
                         self._command(position, body)
@@ -416,13 +422,13 @@ class MessageStore:
                 break
             for entry in raw:
                 for position, body in to_committed(entry, self._log).bodies:
-                    if body[:1] in (MESSAGE_MAGIC, COMMAND_MAGIC):
+                    if body[:1] in MESSAGE_MAGICS or body[:1] == COMMAND_MAGIC:
                         yield position, body
             index = raw[-1].index + 1
 
     def _scan_messages(self, until_index: int) -> Iterable[tuple[int, bytes]]:
         for position, body in self._scan_records(until_index):
-            if body[:1] == MESSAGE_MAGIC:
+            if body[:1] in MESSAGE_MAGICS:
                 yield position, body
 
     def _queue_members(self, wanted: set[tuple[str, int]]) -> Iterable[tuple[tuple[str, int], int, bytes]]:
@@ -504,16 +510,20 @@ class MessageStore:
         try:
             if size is None:
                 head = self._log.read_at_position(position, 5)
-                if head[:1] != MESSAGE_MAGIC:
+                if head[:1] not in MESSAGE_MAGICS:
                     raise MessageNotFound(f"no message record at position {position}")
                 hlen = int.from_bytes(head[1:5], "little")
                 if hlen > 1 << 20 or position + 5 + hlen > self.applied_end_position:
                     raise MessageNotFound(f"no message record at position {position}")
                 header, _ = decode_header(head + self._log.read_at_position(position + 5, hlen))
-                size = 5 + hlen + int(header[10])
+                size = record_size(head[:1], hlen, int(header[10]))
             if position + size > self.applied_end_position:
                 raise MessageNotFound(f"no applied message at position {position}")
             return decode_message(self._log.read_at_position(position, size))
+        except CorruptRecordError as exc:
+            log.error("message record at position %d is damaged (%s): refusing to serve it", position, exc)
+            self.counters["corrupt_records"] += 1
+            raise CorruptMessage(f"the message at position {position} is damaged on this replica") from None
         except MessageNotFound:
             raise
         except Exception as exc:  # out of range, removed by retention, not a record

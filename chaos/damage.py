@@ -137,8 +137,8 @@ def flip_a_message_bit(store_dir: str, rng: random.Random, group: str) -> dict[s
         return {"kind": "bitflip", "skipped": f"no committed message up to index {commit}"}
     at = r.position - e.position - HEADER_SIZE  # the record inside the entry's body
     record = e.body[at : at + r.size]
-    _, body_start = decode_header(record)
-    body = record[body_start:]
+    h, body_start = decode_header(record)
+    body = record[body_start : body_start + int(h[10])]
     if not body:
         return {"kind": "bitflip", "skipped": f"message {r.unique_id} has an empty body"}
     body_at = r.position + body_start  # global log position of the body's first byte

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from broker.message import COMMAND_MAGIC, MESSAGE_MAGIC, decode_command
+from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
 from broker.message import decode_header as decode_message_header
 from dledger.command_codec import CommandCodecError, decode_batch, is_batch
 from dledger.entry_codec import (
@@ -302,7 +302,7 @@ def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord]
     bad = 0
     for offset, record in parts:
         kind = record[:1]
-        if kind == MESSAGE_MAGIC:
+        if kind in MESSAGE_MAGICS:
             try:
                 h, _ = decode_message_header(record)
             except ValueError:
