@@ -89,6 +89,7 @@ LONG_POLL_MARGIN_S = 3.0
 PULL_BACKOFF_S = 0.1
 PULL_BACKOFF_MAX_S = 3.0
 FOLLOWER_LAG_PAUSE_S = 0.2
+OVERFLOW_RESET_AFTER_S = 30.0  # a leader still short of our offset after this long: the queue was reset
 LEADER_RETRY_S = 10.0  # after this long on a follower, try the leader again
 FLOW_CONTROL_WAIT_S = 1.0
 REBALANCE_RETRY_S = 1.0
@@ -666,6 +667,7 @@ class _QueueWorker:
         self.pull_task: asyncio.Task[None] | None = None
         self.replica_index = 0
         self.on_follower_since = 0.0
+        self.overflow_since: float | None = None  # when the leader first answered OFFSET_OVERFLOW
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -756,6 +758,7 @@ class _QueueWorker:
         """Take in one pull answer; returns how long to wait before the next pull."""
         status = result.status
         if status is PullStatus.FOUND:
+            self.overflow_since = None
             msgs = [m for m in result.messages if self.tags is None or m.tags in self.tags]
             added = self.pq.put(msgs, result.next_offset)
             self.next_offset = max(self.next_offset, result.next_offset)
@@ -766,14 +769,26 @@ class _QueueWorker:
             if not from_leader:
                 self.replica_index = 0  # a lagging follower: back to the leader
                 return FOLLOWER_LAG_PAUSE_S
+            # A leader behind the offset this worker reached is a new leader still dispatching
+            # committed entries, or a stale route naming a restarted old one: the messages already
+            # handed to the listener must not come again, so wait and pull again. Only an overflow
+            # that outlasts any failover (the queue really was reset: a topic deleted and created
+            # again) moves the offset back; the messages at those offsets are new ones.
+            now = asyncio.get_running_loop().time()
+            if self.overflow_since is None:
+                self.overflow_since = now
+            if now - self.overflow_since < OVERFLOW_RESET_AFTER_S:
+                log.info("%s: offset %d is past the leader's max %d: waiting for it to catch up",
+                         self.mq, self.next_offset, result.next_offset)
+                return FOLLOWER_LAG_PAUSE_S
             log.warning(
-                "%s: offset %d is past the leader's max %d: moving back",
-                self.mq,
-                self.next_offset,
-                result.next_offset,
+                "%s: offset %d has been past the leader's max %d for %.0f s: the queue was reset, moving back",
+                self.mq, self.next_offset, result.next_offset, now - self.overflow_since,
             )
+            self.overflow_since = None
             self.next_offset = result.next_offset
             return 0.0
+        self.overflow_since = None
         if result.next_offset > self.next_offset:  # NO_MATCHED_MSG, OFFSET_TOO_SMALL
             self.next_offset = result.next_offset
             self.pq.advance(result.next_offset)

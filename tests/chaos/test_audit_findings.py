@@ -1,7 +1,6 @@
 """Defects the audit of issue 12 found in clean runs of the standard mix, shown on real brokers in
-this process (tests/broker/inproc_cluster.py). Each test FAILS until the defect is fixed (the fix is
-outside chaos/ and spark_jobs/); its docstring says what the audit saw, where the defect is, and
-what a fix must do."""
+this process (tests/broker/inproc_cluster.py). Each test failed until the defect was fixed; its
+docstring says what the audit saw, where the defect was, and what the fix does."""
 
 from __future__ import annotations
 
@@ -35,15 +34,15 @@ async def cluster(tmp_path: Path) -> AsyncIterator[InProcBrokerCluster]:
 async def test_an_orderly_consumer_never_delivers_an_offset_twice_in_one_session(
     cluster: InProcBrokerCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FAILS. ``poll_order`` found 9 ``backwards`` polls in a clean 5-minute standard-mix run (and
+    """Failed before the fix. ``poll_order`` found 9 ``backwards`` polls in a clean 5-minute standard-mix run (and
     chaos.log 9 "offset N is past the leader's max M: moving back" warnings): after a failover, the
     replica the consumer takes for the leader (a new leader still dispatching committed entries, or
     a stale route naming a restarted old leader) holds fewer consume-queue units than the consumer
     already read; it answers OFFSET_OVERFLOW, and ``_QueueWorker._apply`` (broker/client/consumer.py)
     moves ``next_offset`` back to that replica's max *inside the same worker*: messages already
     handed to the listener come again, without a rebalance or a reset — a non-monotonic poll. An
-    OFFSET_OVERFLOW for an offset the consumer reached is a replica behind, not a reset: wait and
-    pull again (or, like RocketMQ's OFFSET_ILLEGAL, drop the process queue and start a new one).
+    OFFSET_OVERFLOW for an offset the consumer reached is a replica behind, not a reset: the worker
+    now waits and pulls again (``OVERFLOW_RESET_AFTER_S`` bounds the wait; the next test).
 
     The lagging leader is the one thing played here: the first pull at offset 10 is answered as a
     replica with 9 units would answer it; everything else is the real brokers'."""
@@ -86,3 +85,38 @@ async def test_an_orderly_consumer_never_delivers_an_offset_twice_in_one_session
         await consumer.shutdown()
     twice = {k: n for k, n in Counter(seen).items() if n > 1}
     assert not twice, f"offsets delivered twice in one session: {twice}"
+
+
+async def test_an_overflow_that_outlasts_any_failover_is_a_reset_and_moves_back(
+    cluster: InProcBrokerCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of the fix: a leader that keeps answering OFFSET_OVERFLOW (the queue really was
+    reset, e.g. a topic deleted and created again) must not stall the worker forever: after
+    ``OVERFLOW_RESET_AFTER_S`` it moves back to the leader's max and reads what is there now."""
+    mq = MessageQueue("T", "RaftNode00", 0)
+    async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER) as p:
+        for i in range(10):
+            await p.send(Message("T", f"m{i}".encode()), queue=mq)
+    monkeypatch.setattr(consumer_module, "OVERFLOW_RESET_AFTER_S", 0.6)
+    real_pull = consumer_module.pull_from
+    overflows: list[int] = []
+
+    async def pull_from(*args: Any, **kwargs: Any) -> PullResult:
+        if args[3] == 10 and len(seen) >= 10 and len(seen) < 11:  # the leader keeps saying "my max is 9"
+            overflows.append(args[3])
+            return PullResult(PullStatus.OFFSET_OVERFLOW, 9, 0, 9, [])
+        return await real_pull(*args, **kwargs)
+
+    monkeypatch.setattr(consumer_module, "pull_from", pull_from)
+    seen: list[int] = []
+    consumer = PushConsumer("cg", cluster.namesrv_addr, credentials=CONSUMER, orderly=True, consume_from="FIRST",
+                            suspend_ms=200, rebalance_interval_s=60, commit_interval_s=60, heartbeat_interval_s=60)
+    consumer.subscribe("T")
+    consumer.register_listener(lambda msgs, ctx: seen.extend(m.queue_offset for m in msgs) or "CONSUME_SUCCESS")
+    try:
+        await consumer.start()
+        await wait_until(lambda: len(seen) >= 11, 20, "the offset the reset queue holds, read again")
+    finally:
+        await consumer.shutdown()
+    assert seen[:10] == list(range(10)) and seen[10] == 9
+    assert len(overflows) >= 2, "it waited (pulled again) before moving back"

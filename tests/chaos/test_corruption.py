@@ -132,7 +132,7 @@ def test_truncated_older_segment_is_refused(replica: Replica) -> None:
 
 
 def test_bit_flipped_in_an_older_segment_is_never_served(replica: Replica) -> None:
-    """FAILS (found by this audit, issue 12; the fix belongs in dledger/ and broker/store.py).
+    """Failed before the fix (found by the audit of issue 12; fixed by the message record's own CRC).
 
     A bit flipped in a message body inside a sealed (not the newest) segment is served to readers.
     Recovery checks sealed segments only at their boundaries (``EntryStore._boundaries_agree``), so
