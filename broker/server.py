@@ -84,6 +84,7 @@ class BrokerServer:
         self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
+        self.failed = asyncio.Event()  # set when the replica can no longer run (the process exits)
         self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
         self._ready_task: asyncio.Task[None] | None = None
         sec = cfg.security
@@ -142,12 +143,22 @@ class BrokerServer:
             self.loop.create_task(self.registrar.run(), name="registrar"),
             self.loop.create_task(self._expire_clients(), name="clients"),
             self.loop.create_task(self._state_entries(), name="state-entries"),
+            self.loop.create_task(self._watch_replica(), name="replica-watch"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s, NameServers %s",
             self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
             ";".join(self.cfg.namesrv_addrs),
         )
+
+    async def _watch_replica(self) -> None:
+        """Fail-stop: a replica whose tick thread died can neither vote nor replicate, yet would keep
+        answering HTTP (and look alive to a health check that only opens a socket). ``failed`` is
+        set so that the process exits (``serve``) and its supervisor restarts it from its log."""
+        while self.node.fatal is None:
+            await asyncio.sleep(0.2)
+        log.critical("the replica's tick thread died (%s): stopping the broker", self.node.fatal)
+        self.failed.set()
 
     async def stop(self, *, unregister: bool = True) -> None:
         """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
@@ -377,13 +388,21 @@ class BrokerServer:
             self.consumers.expire(self.monotonic_ms())
 
 
+EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)
+
+
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:
     server = BrokerServer(cfg)
     await server.start()
     try:
-        await stop.wait()
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
     finally:
         await server.stop()
+    if server.failed.is_set():
+        raise SystemExit(EXIT_REPLICA_FAILED)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,10 +165,12 @@ class MessageStore:
         )
 
     def close(self) -> None:
-        self.snapshot(wait=True)
-        self._syncer.shutdown(wait=True)
-        self.cqs.close()
-        self.index.close()
+        try:
+            self.snapshot(wait=True)
+        finally:  # even without a last snapshot (recovery re-applies from the previous one)
+            self._syncer.shutdown(wait=True)
+            self.cqs.close()
+            self.index.close()
 
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         logging.getLogger("chaos").exception("failed")
         print(f"chaos: {args.command} failed: {exc}", file=sys.stderr)
-        return 3
+        return 1  # a failed run or drill (3 is kept for "compose drill not run: no engine")
 
 
 if __name__ == "__main__":

@@ -221,6 +221,12 @@ class DLedgerNode:
         if not ok:
             raise DLedgerError("the tick thread did not start in time")
 
+    @property
+    def fatal(self) -> BaseException | None:
+        """Why the tick thread died (None while it runs): the replica can no longer take part in
+        the group, and its process should exit so that a supervisor restarts it."""
+        return self._fatal
+
     async def stop(self, before_log_close: Callable[[], None] | None = None) -> None:
         """Stop the tick thread; ``before_log_close`` runs on it after the last tick, while the log
         is still open (a state machine's final snapshot)."""
@@ -231,7 +237,14 @@ class DLedgerNode:
             assert self._loop is not None
             await self._loop.run_in_executor(None, self._thread.join, 10.0)
         if before_log_close is not None and not self._closed_by_tick_thread:
-            before_log_close()  # the tick thread never ran its loop (start failed): no one else will
+            # The tick thread never ran its loop (start failed), or it died before this stop: no
+            # one else will run it (the log is closed by now; the hook must cope).
+            try:
+                before_log_close()
+            except Exception:
+                if self._fatal is None:
+                    raise
+                log.exception("closing the state machine of a replica whose tick thread died")
 
     def _run(self) -> None:
         dl_clock.use(self._clock)  # pysyncobj, on this thread, reads the node's clock
@@ -252,7 +265,7 @@ class DLedgerNode:
             raise
         finally:
             try:
-                self._closed_by_tick_thread = True
+                self._closed_by_tick_thread = self._before_log_close is not None or self._fatal is None
                 self.core.close(self._before_log_close)
                 self._deliver_outbox()
             finally:

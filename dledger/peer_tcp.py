@@ -51,10 +51,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -159,6 +161,79 @@ class _Conn:
         self.closed = False
 
 
+class PeerResolver:
+    """Resolves peer host names off the tick thread.
+
+    A peer named by host (``n1:40911`` in a compose network) must be looked up before each connect,
+    because a restarted container can come back at another address; but a lookup blocks, and the
+    name of a dead container fails (``Name or service not known``) only after the resolver gives
+    up. So lookups run on one daemon thread; the tick thread asks, and connects only once an
+    answer is there (a stale answer is used while a fresh one is on its way). Answers expire after
+    ``ttl_s`` (a failed lookup after ``retry_s``) on the replica's clock (the caller passes ``now``).
+    """
+
+    def __init__(self, ttl_s: float = 2.0, retry_s: float = 0.5, lookup: Callable[[str], str] | None = None):
+        self.ttl_s = ttl_s
+        self.retry_s = retry_s
+        self._lookup = lookup or _first_address
+        self._lock = threading.Lock()
+        self._answers: dict[str, str | None] = {}  # host -> address, or None (lookup failed)
+        self._asked_at: dict[str, float] = {}  # host -> when the tick thread last asked (its clock)
+        self._wanted: list[str] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def resolve(self, host: str, now: float) -> str | None:
+        """The address to connect to now, or None (not known yet, or the name does not resolve)."""
+        if _is_ip(host):
+            return host
+        with self._lock:
+            answer = self._answers.get(host)
+            asked = self._asked_at.get(host)
+            ttl = self.ttl_s if answer is not None else self.retry_s
+            if (asked is None or now - asked >= ttl) and host not in self._wanted:
+                self._asked_at[host] = now
+                self._wanted.append(host)
+                self._wake.set()
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(target=self._run, name="dledger-peer-dns", daemon=True)
+                    self._thread.start()
+        return answer
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                hosts, self._wanted = self._wanted, []
+            for host in hosts:
+                try:
+                    answer: str | None = self._lookup(host)
+                except (OSError, UnicodeError) as exc:
+                    log.info("peer host %s does not resolve (%s): retrying", host, exc)
+                    answer = None
+                with self._lock:
+                    self._answers[host] = answer
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_address(host: str) -> str:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return str(infos[0][4][0])
+
+
 class TcpPeerTransport(Transport):
     def __init__(
         self,
@@ -205,6 +280,7 @@ class TcpPeerTransport(Transport):
         self._conns: dict[int, _Conn] = {}  # fd -> connection
         self._links: dict[str, _Conn] = {}  # peer address -> established connection
         self._last_connect: dict[str, float] = {}
+        self.resolver = PeerResolver()
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "accepted",
@@ -214,6 +290,7 @@ class TcpPeerTransport(Transport):
                 "bad_frames",
                 "timeouts",
                 "accept_errors",
+                "connect_errors",
             ),
             0,
         )
@@ -271,6 +348,7 @@ class TcpPeerTransport(Transport):
         raise NotImplementedError("dledger groups have fixed membership")
 
     def destroy(self) -> None:
+        self.resolver.close()
         for conn in list(self._conns.values()):
             self._close(conn, None)
         if self._listener is not None:
@@ -348,10 +426,17 @@ class TcpPeerTransport(Transport):
             self._last_connect[address] = now
             via = self.connect_via.get(address, address)
             host, _, port = via.rpartition(":")
-            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            err = sock.connect_ex((host, int(port)))
+            ip = self.resolver.resolve(host.strip("[]"), now)
+            if ip is None:
+                continue  # being looked up, or the name does not resolve (a dead container): retry
+            sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                err = sock.connect_ex((ip, int(port)))
+            except OSError as exc:  # never let one peer's address stop the tick thread
+                err = exc.errno or -1
             if err not in (0, errno.EINPROGRESS):
+                self.counters["connect_errors"] += 1
                 sock.close()
                 continue
             self._adopt(sock, outbound=True, peer=node)

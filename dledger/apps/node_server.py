@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -209,11 +210,16 @@ async def serve(cfg: DLedgerConfig, stop: asyncio.Event) -> None:
         "dledger node %s of %s serving HTTP on %s:%d", cfg.self_id, cfg.group, cfg.http_host, cfg.listen_port
     )
     try:
-        await stop.wait()
+        while not stop.is_set() and node.fatal is None:  # fail-stop: a dead tick thread ends the process
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
     finally:
         await runner.cleanup()
         await node.stop()
         checkpoint.close()
+    if node.fatal is not None:
+        log.critical("the replica's tick thread died (%s): exiting", node.fatal)
+        raise SystemExit(70)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
 from tests.dledger.harness import wait_until
 
@@ -25,6 +27,30 @@ async def test_a_stopping_broker_answers_held_long_polls_at_once(tmp_path: Path)
         await asyncio.wait_for(g.stop("n1"), WAIT_S)  # well before the 30 s hold ends
         answer = await asyncio.wait_for(held, WAIT_S)
         assert (answer["status"], answer["messages"]) == ("NO_NEW_MSG", [])
+    finally:
+        await cluster.stop()
+    await InProcBrokerCluster.assert_nothing_left(baseline)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
+async def test_a_replica_whose_tick_thread_died_fails_stop(tmp_path: Path) -> None:
+    """Found by the compose drill: a replica's tick thread died (an exception in a tick callback)
+    and the broker went on answering HTTP; its container stayed up, unable to vote or replicate.
+    The broker now sets ``failed`` (``serve`` stops it and exits 70 for a supervisor to restart)."""
+    baseline = InProcBrokerCluster.baseline()
+    cluster = await InProcBrokerCluster.start(str(tmp_path))
+    try:
+        g = cluster.groups[0]
+        await g.wait_replicated()
+        victim = g.replicas[1].broker
+        assert not victim.failed.is_set()
+
+        def boom() -> None:
+            raise RuntimeError("a tick callback failed")
+
+        victim.node.core.sync.addOnTickCallback(boom)
+        await wait_until(victim.failed.is_set, WAIT_S, "the broker to notice its dead tick thread")
+        assert isinstance(victim.node.fatal, RuntimeError)
     finally:
         await cluster.stop()
     await InProcBrokerCluster.assert_nothing_left(baseline)

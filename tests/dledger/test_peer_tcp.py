@@ -392,3 +392,64 @@ async def test_a_replica_without_the_password_never_joins(tmp_path: Path) -> Non
         assert failed > 0
     finally:
         await cluster.stop()
+
+
+async def test_a_peer_name_that_does_not_resolve_never_stops_the_tick_thread(group: InProcCluster) -> None:
+    """Found by the compose drill: after ``docker kill`` of a replica its container name stops
+    resolving, and the replicas that dial it died with ``socket.gaierror: Name or service not
+    known`` raised on their tick thread (the group lost its quorum: no leader for 30 s). Lookups now
+    run off the tick thread and a failed one is retried."""
+    leader, _term = await _steady(group)
+    followers = sorted((n for n in group.nodes.values() if n is not leader), key=_raft_address)
+    dead, alive = followers  # the lower address: the other follower (higher) dials it
+    dead_addr = _raft_address(dead)
+    await group.stop_node(dead.settings.self_id)
+    for n in (leader, alive):
+        def route_to_a_dead_name(n: Any = n) -> None:
+            n._sync.dl_transport.connect_via[dead_addr] = "dead-replica.invalid:" + dead_addr.rpartition(":")[2]
+
+        await n.run_on_tick_thread(route_to_a_dead_name, 5)
+    await asyncio.sleep(1.5)  # several connect attempts to the dead name on both replicas
+    for n in (leader, alive):
+        assert n._thread.is_alive(), "the tick thread died"
+    leader = await group.leader()
+    await leader.append([b"two of three, one name gone"])
+    resolver = leader._sync.dl_transport.resolver
+    assert resolver.resolve("dead-replica.invalid", 1e9) is None
+
+
+def test_the_resolver_answers_off_the_thread_and_retries_failures() -> None:
+    from dledger.peer_tcp import PeerResolver
+
+    answers = {"n1": ["10.0.0.7", "10.0.0.9"]}
+    asked: list[str] = []
+
+    def lookup(host: str) -> str:
+        asked.append(host)
+        if host not in answers:
+            raise socket.gaierror(-2, "Name or service not known")
+        return answers[host].pop(0) if len(answers[host]) > 1 else answers[host][0]
+
+    r = PeerResolver(ttl_s=2.0, retry_s=0.5, lookup=lookup)
+    try:
+        assert r.resolve("127.0.0.3", 0.0) == "127.0.0.3" and not asked  # an address needs no lookup
+        assert r.resolve("n1", 0.0) is None  # asked; not known yet
+        wait_until_sync(lambda: r.resolve("n1", 0.1) == "10.0.0.7")
+        assert r.resolve("n1", 1.0) == "10.0.0.7" and asked.count("n1") == 1  # cached within ttl
+        assert r.resolve("n1", 2.5) == "10.0.0.7"  # stale while a fresh lookup runs
+        wait_until_sync(lambda: r.resolve("n1", 2.6) == "10.0.0.9")  # a restarted container's new address
+        assert r.resolve("gone", 0.0) is None
+        wait_until_sync(lambda: "gone" in asked)
+        n = asked.count("gone")
+        assert r.resolve("gone", 0.2) is None and asked.count("gone") == n  # not before retry_s
+        r.resolve("gone", 0.6)
+        wait_until_sync(lambda: asked.count("gone") == n + 1)
+    finally:
+        r.close()
+
+
+def wait_until_sync(cond: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
