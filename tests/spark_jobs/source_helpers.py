@@ -69,8 +69,10 @@ def queue_maxes(c: LocalCluster, addr: str, topic: str) -> dict[int, int]:
 
 
 def add_account(c: LocalCluster, creds: Credentials, topic_perms: list[str], wait_topic: str) -> None:
-    """Add a plain (non-admin) account to the cluster's ACL file; returns once every broker
-    accepts it (they reload the file within a second): it may read ``wait_topic``'s status."""
+    """Add a plain (non-admin) account to the cluster's ACL file; returns once every broker and
+    every NameServer accepts it (they reload the file within a second): it may read
+    ``wait_topic``'s status and route. (Waiting for the brokers only failed in CI: a NameServer
+    that had not reloaded yet refused the reader's signed route request.)"""
     path = os.path.join(c.root, ACL_FILE)
     with open(path) as f:
         doc = yaml.safe_load(f)
@@ -84,6 +86,8 @@ def add_account(c: LocalCluster, creds: Credentials, topic_perms: list[str], wai
     def accepted() -> bool:
         for p in c.brokers():
             call_as(creds, c.addr(p), "GET", status)  # SIGNATURE_INVALID until reloaded
+        for ns in c.namesrv_addr.split(";"):
+            call_as(creds, ns, "GET", f"/v1/routes/{quote(wait_topic, safe='')}")
         return True
 
     wait_for(accepted, 30, f"every broker to accept accessKey {creds.access_key}", step_s=0.2)
