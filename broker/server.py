@@ -35,10 +35,9 @@ from broker.message import encode_command
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
-from dledger.apps.node_server import settings_from_config
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
-from dledger.config import ConfigError
+from dledger.config import ConfigError, settings_from_config
 from dledger.durable import private_dir
 from dledger.inproc import InProcNetwork
 from dledger.log_store import LogStore
@@ -129,7 +128,7 @@ class BrokerServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         private_dir(self.cfg.dledger.node_dir)
-        self.store.open(self.node.store)
+        self.store.open(self.node.log)
         self.store.listener = self
         await self.node.start()
         sec = self.cfg.security
@@ -221,7 +220,7 @@ class BrokerServer:
             except Exception as exc:  # the next election may pick a replica with state
                 log.error("leadership transfer failed: %s", exc)
             return
-        target = self.node.store.last_index
+        target = self.node.last_index
         self.registrar.trigger()  # as CANDIDATE under its own id until ready
         started = self.clock.monotonic()
         while self.node.applied_index < target or self.node.commit_index < target:
@@ -291,7 +290,7 @@ class BrokerServer:
 
     # -- status ---------------------------------------------------------------------------------
     def first_log_position(self) -> int:
-        st = self.node.store
+        st = self.node.log
         return st.position_at(st.first_index) if st.first_index <= st.last_index else st.next_position
 
     async def status(self) -> dict[str, Any]:
@@ -367,7 +366,7 @@ class BrokerServer:
             if not due and installs == installs_seen:
                 continue
             try:
-                cmd = await self.node._on_tick_thread(self.store.capture_state, 5.0)
+                cmd = await self.node.run_on_tick_thread(self.store.capture_state, 5.0)
                 record = encode_command(cmd)
                 if len(record) + 1024 > self.node.settings.max_entry_bytes:
                     raise ValueError(

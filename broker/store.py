@@ -57,7 +57,7 @@ from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
-    from dledger.log_store import LogStore
+    from dledger.log_store import LogReader
     from dledger.node import CommittedEntry
 
 log = logging.getLogger("broker.store")
@@ -105,7 +105,7 @@ class MessageStore:
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._sync_job: concurrent.futures.Future[None] | None = None
         self._units_since_write_out = 0
-        self._log: LogStore | None = None
+        self._log: LogReader | None = None
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         self.counters = {
@@ -115,7 +115,7 @@ class MessageStore:
         self.needs_state_after: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def open(self, log_store: LogStore) -> None:
+    def open(self, log_store: LogReader) -> None:
         """Recover against the node's log (before the node starts applying)."""
         self._log = log_store
         self._log_first_index = log_store.first_index
