@@ -106,6 +106,7 @@ class MessageStore:
         self._sync_job: concurrent.futures.Future[None] | None = None
         self._units_since_write_out = 0
         self._log: LogReader | None = None
+        self._owner: int | None = None  # the thread that applies (see _owned)
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         self.counters = {
@@ -174,8 +175,18 @@ class MessageStore:
         """The last snapshot on disk: recovery re-applies the log from there."""
         return self._durable_applied
 
+    def _owned(self) -> None:
+        """Applying and capturing state run on one thread (the replica's tick thread): the first
+        one to apply owns the store; any other raises instead of racing it."""
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif me != self._owner:
+            raise RuntimeError(f"MessageStore applied on thread {threading.current_thread().name!r}, not its owner's")
+
     def checkpoint(self) -> None:
         """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        self._owned()
         if self._applied > self._durable_applied and (
             self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
         ):
@@ -185,6 +196,7 @@ class MessageStore:
         """Apply committed entries; returns, per entry, what each of its bodies produced (a
         message's queue offset, a command's result): the append's caller reads it from
         ``BodyLocation.result`` (the results travel with the call)."""
+        self._owned()
         touched: set[tuple[str, int]] = set()
         md_changed = False
         out: list[list[Any] | None] = []
@@ -223,6 +235,7 @@ class MessageStore:
         return out
 
     def on_install(self, anchor_index: int) -> None:
+        self._owned()
         if anchor_index <= self._applied:
             return
         log.warning(
@@ -282,6 +295,7 @@ class MessageStore:
     # -- state entries (followers behind retention) ---------------------------------------------
     def capture_state(self) -> dict[str, Any]:
         """The ``state`` command for this replica's state now (call on the tick thread)."""
+        self._owned()
         with self._md_lock:
             md = self.metadata.to_snapshot()
         return {

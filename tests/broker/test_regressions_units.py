@@ -337,3 +337,23 @@ def test_apply_answers_each_body_of_each_entry_in_slot_order(store: tuple[Messag
     assert r2 is not None and r2[0] == 0 and r2[1] is None and r2[2] == 1
     assert isinstance(r2[3], dict) and "error" in r2[3]
     assert out[2] == [2]
+
+
+def test_the_store_is_applied_by_one_thread_only(store: tuple[MessageStore, _Log]) -> None:
+    """Thread ownership is enforced, not left to the GIL (issue 11): once a thread applied, another
+    one applying or capturing state raises instead of racing it."""
+    ms, log = store
+    ms.apply([log.entry([_message("T", b"m0", "U0")])])
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        for call in (lambda: ms.apply([]), ms.capture_state):
+            try:
+                call()
+            except RuntimeError as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=other, name="intruder")
+    t.start()
+    t.join()
+    assert len(errors) == 2 and all("intruder" in str(e) for e in errors)
