@@ -20,9 +20,19 @@ class WaitTimeout(TimeoutError):
     pass
 
 
-def _timed_out(error: type[BaseException], timeout_s: float, what: str, last: BaseException | None) -> BaseException:
-    suffix = f" (last error: {last!r})" if last is not None else ""
-    return error(f"timed out after {timeout_s} s waiting for {what}{suffix}")
+def _not_yet(exc: Exception, tolerate_errors: bool) -> Exception:
+    """An error of the condition: "not yet" when tolerated; a failed assertion always propagates."""
+    if isinstance(exc, AssertionError) or not tolerate_errors:
+        raise exc
+    return exc
+
+
+def _check_deadline(
+    deadline: float, error: type[BaseException], timeout_s: float, what: str, last: BaseException | None
+) -> None:
+    if time.monotonic() > deadline:
+        suffix = f" (last error: {last!r})" if last is not None else ""
+        raise error(f"timed out after {timeout_s} s waiting for {what}{suffix}")
 
 
 async def wait_until(
@@ -44,14 +54,9 @@ async def wait_until(
                 value = await value
             if value:
                 return value
-        except AssertionError:
-            raise
         except Exception as exc:
-            if not tolerate_errors:
-                raise
-            last = exc
-        if time.monotonic() > deadline:
-            raise _timed_out(error, timeout_s, what, last)
+            last = _not_yet(exc, tolerate_errors)
+        _check_deadline(deadline, error, timeout_s, what, last)
         await asyncio.sleep(step_s)
 
 
@@ -72,12 +77,7 @@ def wait_until_sync(
             value = cond()
             if value:
                 return value
-        except AssertionError:
-            raise
         except Exception as exc:
-            if not tolerate_errors:
-                raise
-            last = exc
-        if time.monotonic() > deadline:
-            raise _timed_out(error, timeout_s, what, last)
+            last = _not_yet(exc, tolerate_errors)
+        _check_deadline(deadline, error, timeout_s, what, last)
         time.sleep(step_s)
