@@ -58,7 +58,9 @@ class RunDir:
     offset_files: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def open(cls, path: str) -> RunDir:
+    def open(cls, path: str, data_dir: str | None = None) -> RunDir:
+        """``data_dir``: where the replicas' directories are (default ``RUN_DIR/cluster/data``;
+        ``--from-cluster`` gives the copies it fetched)."""
         path = os.path.abspath(path)
         if not os.path.isdir(path):
             raise UsageError(f"RUN_DIR {path} does not exist or is not a directory")
@@ -76,7 +78,7 @@ class RunDir:
             warnings.append("no history/drain.jsonl: 'never consumed' is judged on receipts alone")
         if not receipt_files and drain_file is None:
             warnings.append("no receipts and no drain: the 'never consumed' check is skipped")
-        data = os.path.join(path, "cluster", "data")
+        data = data_dir or os.path.join(path, "cluster", "data")
         replicas = []
         for d in sorted(glob.glob(os.path.join(data, "*", "dledger-*"))):
             if os.path.isdir(d):
