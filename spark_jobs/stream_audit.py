@@ -149,6 +149,7 @@ class StreamAudit:
         from spark_jobs.source import register
 
         register(self.spark)
+        self.last_activity = time.monotonic()
         ckpt = os.path.join(self.out_dir, "checkpoint")
         shutil.rmtree(ckpt, ignore_errors=True)
         reader = self.spark.readStream.format("dledger-mq").option("startingOffsets", "earliest")
@@ -205,11 +206,16 @@ class StreamAudit:
             now = time.monotonic()
             if duration_s and now - started >= duration_s:
                 return
-            if idle_s and now - self.last_activity >= idle_s:
+            if idle_s and now - self.last_activity >= idle_s and self._caught_up():
                 return
             if stop is not None and stop.is_set():
                 return
             time.sleep(0.2)
+
+    def _caught_up(self) -> bool:
+        """A micro-batch ran, and the query neither runs one nor sees new data."""
+        st = self.query.status
+        return bool(self.reports) and not st.get("isTriggerActive") and not st.get("isDataAvailable")
 
     def stop(self) -> dict[str, Any]:
         if self.query is not None:
