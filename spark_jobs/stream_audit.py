@@ -191,7 +191,7 @@ class StreamAudit:
         with open(self.batches_file, "a", encoding="utf-8") as f:
             f.write(json.dumps(rep.to_dict(), default=str) + "\n")
         bad = " ".join(f"{k}={rep.counts[k]}" for k in FAILING if rep.counts.get(k))
-        name = "final" if rep.batch_id < 0 else f"batch {rep.batch_id}"
+        name = {-1: "final", -2: "last sends"}.get(rep.batch_id, f"batch {rep.batch_id}")
         self.printer(
             f"{name}: rows {rep.rows} sends {rep.sends_read} judged {rep.judged} pending {rep.pending} "
             f"delay_ms p50 {rep.delay_ms['p50']} max {rep.delay_ms['max']} dup {rep.counts['duplicates']} | "

@@ -94,18 +94,20 @@ async def _workload(run_dir: Path, c: LocalCluster, acked_before: int, acked_aft
     target = LocalTarget(c.root)
     history = run_dir / "history"
     cfg = WorkloadConfig(topic=TOPIC, queues=QUEUES, producers=2, keyed=1, keys_per_producer=4, consumers=1,
-                         rate=40.0, body_bytes=128, zombie_interval_s=0)  # fmt: skip
+                         rate=25.0, body_bytes=128, zombie_interval_s=0)  # fmt: skip
     w = Workload(str(history), c.namesrv_addr, cfg, random.Random(7))
     try:
         await w.start()
-        for goal in (acked_before, acked_after):
+        goal = acked_before
+        for phase in (1, 2):
             deadline = time.monotonic() + 120
             while w.counters.ok < goal:
                 assert time.monotonic() < deadline, f"only {w.counters.ok} sends acknowledged"
                 await asyncio.sleep(0.1)
             w.flush()
-            if goal == acked_before:
-                plant()
+            if phase == 1:
+                await asyncio.to_thread(plant)
+                goal = max(acked_after, w.counters.ok + 60)  # some after the first micro-batch
         await w.stop_producers()
         w.flush()
         deadline = time.monotonic() + 120
@@ -154,8 +156,9 @@ def run(spark: Any, live: tuple[Path, LocalCluster]) -> Run:
 
     def go() -> None:
         try:
-            def plant() -> None:
+            def plant() -> None:  # then more messages after a micro-batch ran: the stream follows the run
                 planted.update(_plant(run_dir / "history"))
+                wait_for(lambda: sa.reports, 180, "the stream audit's first micro-batch", step_s=0.2)
 
             acked.append(asyncio.run(_workload(run_dir, c, 120, 300, plant)))
         except BaseException as exc:
