@@ -625,8 +625,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad_conf = [c for c in args.conf if "=" not in c]
         if bad_conf:
             raise UsageError(f"--conf wants KEY=VALUE, got {bad_conf[0]!r}")
-        if not os.path.isdir(args.run_dir):
-            raise UsageError(f"RUN_DIR {os.path.abspath(args.run_dir)} does not exist or is not a directory")
+        if args.from_cluster:  # the run's own files first (as RunDir.open checks them), then the copies
+            RunDir.check_history(args.run_dir)
+        else:
+            run = RunDir.open(args.run_dir)
         out_dir = os.path.abspath(args.out or os.path.join(args.run_dir, "audit"))
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -634,9 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"cannot create the output directory {out_dir}: {exc}") from None
         if not os.access(out_dir, os.W_OK):
             raise UsageError(f"the output directory {out_dir} is not writable (use --out)")
-        fetched = from_cluster(args, out_dir) if args.from_cluster else None
-        run = RunDir.open(args.run_dir, data_dir=fetched.data_dir if fetched else None)
-        if fetched:
+        if args.from_cluster:
+            fetched = from_cluster(args, out_dir)
+            run = RunDir.open(args.run_dir, data_dir=fetched.data_dir)
             fetched.apply(run)
     except UsageError as exc:
         print(f"audit: error: {exc}", file=sys.stderr)

@@ -57,20 +57,27 @@ class RunDir:
     samples_file: str | None = None
     offset_files: list[str] = dataclasses.field(default_factory=list)
 
+    @staticmethod
+    def check_history(path: str) -> list[str]:
+        """The send files of the run directory ``path`` (UsageError when it is none)."""
+        path = os.path.abspath(path)
+        if not os.path.isdir(path):
+            raise UsageError(f"RUN_DIR {path} does not exist or is not a directory")
+        send_files = sorted(glob.glob(os.path.join(path, "history", "sends-*.jsonl")))
+        if not send_files:
+            raise UsageError(
+                f"{path} is not a chaos run directory: no history/sends-*.jsonl (see docs/CHAOS.md)"
+            )
+        return send_files
+
     @classmethod
     def open(cls, path: str, data_dir: str | None = None) -> RunDir:
         """``data_dir``: where the replicas' directories are (default ``RUN_DIR/cluster/data``;
         ``--from-cluster`` gives the copies it fetched)."""
         path = os.path.abspath(path)
-        if not os.path.isdir(path):
-            raise UsageError(f"RUN_DIR {path} does not exist or is not a directory")
+        send_files = cls.check_history(path)
         warnings: list[str] = []
         hist = os.path.join(path, "history")
-        send_files = sorted(glob.glob(os.path.join(hist, "sends-*.jsonl")))
-        if not send_files:
-            raise UsageError(
-                f"{path} is not a chaos run directory: no history/sends-*.jsonl (see docs/CHAOS.md)"
-            )
         receipt_files = sorted(glob.glob(os.path.join(hist, "receipts-*.jsonl")))
         drain = os.path.join(hist, "drain.jsonl")
         drain_file = drain if os.path.isfile(drain) else None

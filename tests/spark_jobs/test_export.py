@@ -66,3 +66,25 @@ def test_list_and_read_a_read_only_replica(tmp_path: Path) -> None:
     finally:
         for d, _dirs, _names in os.walk(tmp_path):
             os.chmod(d, stat.S_IRWXU)
+
+
+def test_from_cluster_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_jobs import audit
+    from spark_jobs.source.localcluster import port_free
+
+    assert audit.main([str(tmp_path), "--from-cluster", "127.0.0.1:1"]) == 2
+    assert "no history/sends-" in capsys.readouterr().err
+    assert not (tmp_path / "audit").exists(), "nothing is written into a directory that is no run"
+    (tmp_path / "history").mkdir()
+    (tmp_path / "history" / "sends-p0.jsonl").write_text("")
+    assert audit.main([str(tmp_path), "--from-cluster", "nohostport"]) == 2
+    assert "--from-cluster: bad address 'nohostport'" in capsys.readouterr().err
+    creds = tmp_path / "tools.yml"
+    creds.write_text("accessKey: a-key\nsecretKey: secret-0123456789\n")
+    creds.chmod(0o644)
+    assert audit.main([str(tmp_path), "--from-cluster", "127.0.0.1:1", "--credentials", str(creds)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    port = next(p for p in range(31000, 32000) if port_free(p))
+    assert audit.main([str(tmp_path), "--from-cluster", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--from-cluster 127.0.0.1:{port}:" in err and "CONNECT" in err.upper(), err
