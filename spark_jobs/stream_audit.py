@@ -20,6 +20,7 @@ Definitions: docs/CHAOS.md, "Continuous audit (stream_audit)".
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -133,7 +134,8 @@ class StreamAudit:
         self.options = options
         self.trigger_s = trigger_s
         self.printer = printer
-        self.checker = StreamChecker()
+        topics = options.get("topics", options.get("topic", ""))
+        self.checker = StreamChecker(topics=[t for t in topics.split(",") if t])
         self.tail = HistoryTail(os.path.join(self.run_dir, "history"))
         self.reports: list[BatchReport] = []
         self.last_activity = time.monotonic()
@@ -218,11 +220,16 @@ class StreamAudit:
         return bool(self.reports) and not st.get("isTriggerActive") and not st.get("isDataAvailable")
 
     def stop(self) -> dict[str, Any]:
+        last_plan_us: int | None = None
         if self.query is not None:
             self.query.stop()
+            progress = self.query.lastProgress  # the last trigger: its start precedes its offsets' lookup
+            if progress and progress.get("timestamp"):
+                stamp = datetime.datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00"))
+                last_plan_us = int(stamp.timestamp() * 1e6)
         with self.lock:
             self._emit(self.checker.batch(-2, [], self.tail.read(), int(time.time() * 1e6)))
-            final = self.checker.finish(int(time.time() * 1e6))
+            final = self.checker.finish(int(time.time() * 1e6), last_plan_us)
             self._emit(final)
         c = self.checker
         delays = [r.delay_ms["max"] for r in self.reports if r.delay_ms["max"] is not None]
@@ -234,6 +241,7 @@ class StreamAudit:
             "rows": c.rows,
             "sends_ok": c.sends_ok,
             "judged": c.judged,
+            "unjudged": final.pending,  # acknowledged after the last micro-batch was planned
             "bad_history_lines": self.tail.bad_lines,
             "max_delay_ms": max(delays) if delays else None,
             "first_anomaly_batch": next((r.batch_id for r in self.reports if r.failed), None),

@@ -6,7 +6,8 @@ batch, and returns that batch's ``BatchReport``. Definitions (docs/CHAOS.md, "Co
 
 - ``lost``: an ``ok`` send whose acknowledged queue the stream has read past its acknowledged
   offset, with no record of its unique id in that broker group: lost from the log (or, at the end,
-  ``finish``: an ok send whose queue never reached its offset).
+  ``finish``: an ok send acknowledged before the last micro-batch was planned whose queue never
+  reached its offset; later ones stay pending, unjudged).
 - ``ack_offset_mismatch``: the same, the id stored in the group but not at the acknowledged offset.
 - ``aborted_read``: a send the SDK reported as a definite failure (``fail``) whose id is stored.
 - ``key_order``: for one (topic, group, producer, sharding key), the first record of each unique id
@@ -59,8 +60,9 @@ class BatchReport:
 
 
 class StreamChecker:
-    def __init__(self, keep: int = 20):
+    def __init__(self, keep: int = 20, topics: Iterable[str] | None = None):
         self.keep = keep
+        self.topics = None if topics is None else frozenset(topics)  # sends of other topics: not ours
         self.position: dict[Queue, int] = {}  # next offset expected per queue (max read + 1)
         self.stored: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (group, uid) -> [(qid, offset)]
         self.failed_ids: set[str] = set()
@@ -125,16 +127,25 @@ class StreamChecker:
                 if not (isinstance(topic, str) and isinstance(broker, str) and isinstance(qid, int)
                         and isinstance(off, int)):  # fmt: skip
                     continue
+                if self.topics is not None and topic not in self.topics:
+                    continue
                 self.sends_ok += 1
                 heapq.heappush(self.pending[(topic, broker, qid)], (off, uid, int(s.get("complete_us") or 0)))
         return n
 
-    def _judge(self, out: list[dict[str, Any]], everything: bool = False) -> int:
+    def _judge(self, out: list[dict[str, Any]], acked_before_us: int | None = None) -> int:
+        """Judge the pending sends whose offset the stream passed; with ``acked_before_us`` (the
+        end), also those acknowledged before then: a micro-batch planned after an acknowledgement
+        covers the message (it was committed before it was acknowledged)."""
         judged = 0
         for q, heap in self.pending.items():
             pos = self.position.get(q, 0)
-            while heap and (everything or heap[0][0] < pos):
+            keep: list[tuple[int, str, int]] = []
+            while heap and (heap[0][0] < pos or acked_before_us is not None):
                 off, uid, complete_us = heapq.heappop(heap)
+                if off >= pos and (acked_before_us is None or complete_us >= acked_before_us):
+                    keep.append((off, uid, complete_us))  # not judged: acknowledged after the last plan
+                    continue
                 judged += 1
                 places = self.stored.get((q[1], uid))
                 if places and (q[2], off) in places:
@@ -145,6 +156,8 @@ class StreamChecker:
                     out.append({"check": "ack_offset_mismatch", **row, "stored_at": [list(p) for p in places[:4]]})
                 else:
                     out.append({"check": "lost", **row})
+            for k in keep:
+                heapq.heappush(heap, k)
         self.judged += judged
         return judged
 
@@ -156,11 +169,12 @@ class StreamChecker:
         judged = self._judge(found)
         return self._report(batch_id, now_us, len(store_ms), sends_read, judged, found, store_ms)
 
-    def finish(self, now_us: int) -> BatchReport:
-        """After the last batch (the stream idle): every ok send still pending names an offset its
-        queue never reached — lost."""
+    def finish(self, now_us: int, last_plan_us: int | None) -> BatchReport:
+        """After the last micro-batch, planned at ``last_plan_us`` (wall clock): an ok send still
+        pending that was acknowledged before then names an offset its queue never reached — lost.
+        Those acknowledged later stay ``pending`` (unjudged), reported but no finding."""
         found: list[dict[str, Any]] = []
-        judged = self._judge(found, everything=True)
+        judged = self._judge(found, acked_before_us=last_plan_us if last_plan_us is not None else -1)
         return self._report(-1, now_us, 0, 0, judged, found, [])
 
     def _report(

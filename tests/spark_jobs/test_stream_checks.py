@@ -46,11 +46,20 @@ def test_a_send_acknowledged_by_one_group_and_stored_by_another_is_lost_from_the
     assert r.counts["ack_offset_mismatch"] + r.counts["lost"] == 1 and r.counts["lost"] == 1
 
 
-def test_pending_sends_whose_queue_never_reaches_their_offset_are_lost_at_the_end() -> None:
+def test_pending_sends_acknowledged_before_the_last_plan_are_lost_at_the_end() -> None:
     c = StreamChecker()
-    c.batch(0, [row(0, 0, "a")], [send("a", 0, 0), send("b", 0, 5)], 1)
-    final = c.finish(2)
+    late = {**send("c", 0, 6), "complete_us": 50}
+    c.batch(0, [row(0, 0, "a")], [send("a", 0, 0), send("b", 0, 5), late], 1)
+    final = c.finish(2, last_plan_us=10)  # b was acknowledged (5) before the last plan (10), c after
     assert final.counts["lost"] == 1 and final.findings[0]["unique_id"] == "b"
+    assert final.pending == 1 and c.judged == 2
+
+
+def test_sends_of_topics_not_followed_are_left_alone() -> None:
+    c = StreamChecker(topics=["T"])
+    c.batch(0, [row(0, 0, "a")], [send("a", 0, 0), {**send("o", 0, 9), "topic": "U"}], 1)
+    final = c.finish(2, last_plan_us=10)
+    assert final.counts["lost"] == 0 and final.pending == 0 and c.sends_ok == 1
 
 
 def test_duplicates_key_order_gaps_and_stored_failures() -> None:
