@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--trigger-s", type=float, default=1.0, help="seconds between micro-batches (default 1)")
     ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's and the audit's directory")
     args = ap.parse_args(argv)
     from spark_jobs.session import get_session
 
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         c.down()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
