@@ -87,3 +87,19 @@ def test_history_tail_returns_complete_lines_once(tmp_path: Path) -> None:
     (tmp_path / "sends-p1.jsonl").write_text('{"b": 1}\n')
     assert t.read() == [{"a": 2}, {"b": 1}] and t.bad_lines == 1
     assert t.read() == []
+
+
+def test_stream_audit_usage_errors_exit_2(tmp_path: Path, capsys: Any) -> None:
+    from spark_jobs import stream_audit
+
+    assert stream_audit.main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert stream_audit.main([str(tmp_path)]) == 2
+    assert "no topic: give --topic" in capsys.readouterr().err
+    assert stream_audit.main([str(tmp_path), "--topic", "T", "--trigger-s", "0"]) == 2
+    assert "--trigger-s must be positive" in capsys.readouterr().err
+    assert stream_audit.main([str(tmp_path), "--topic", "T", "--conf", "nokey"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    (tmp_path / "run.json").write_text(json.dumps({"topics": [{"topic": "A", "queues": 8}], "namesrv_addr": "h:1"}))
+    args = stream_audit.parse_args([str(tmp_path)])
+    assert stream_audit._topics_and_namesrv(args) == (["A"], "h:1")
