@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from broker import export
 from broker.acl import Perm
 from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
@@ -138,6 +139,7 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         return app
 
     @web.middleware
