@@ -39,6 +39,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
+from broker.metrics import CONTENT_TYPE
 from broker.names import is_client_id, is_decimal
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
@@ -61,6 +62,7 @@ INT64_MAX = 2**63 - 1
 MAX_PULL_COUNT = 1024
 MAX_SCAN_UNITS = 16_384
 MAX_QUERY = 512
+PULLED_KEY: web.RequestKey[tuple[int, int]] = web.RequestKey("api.pulled", tuple)  # (messages, bytes)
 _PULL_FIELDS = frozenset(
     {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group"}
 )
@@ -138,6 +140,7 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
 
     @web.middleware
@@ -228,6 +231,20 @@ class BrokerApi:
         return tc
 
     async def send(self, request: web.Request) -> web.Response:
+        try:
+            return await self._send(request)
+        except NotLeaderError:
+            self.s.metrics.send_failed("NOT_LEADER")
+            raise
+        except (ApiError, InvalidInput, AuthError) as exc:
+            self.s.metrics.send_failed(exc.code)
+            raise
+        except DLedgerError as exc:
+            self.s.metrics.send_failed(_DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))[1])
+            raise
+
+    async def _send(self, request: web.Request) -> web.Response:
+        started = self.s.clock.monotonic()
         body = await read_body(request, binary=True)
         check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}), ("topic", "messages"))
         topic = check_topic(body["topic"])
@@ -259,6 +276,7 @@ class BrokerApi:
         self.s.counters["send_requests"] += 1
         locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
         self.s.counters["messages_sent"] += len(records)
+        self.s.metrics.sent(topic, len(records), sum(len(r) for r in records), self.s.clock.monotonic() - started)
         results = []
         for m, loc in zip(msgs, locs, strict=True):
             offset = self.s.store.results.pop(loc.position, None)
@@ -286,6 +304,7 @@ class BrokerApi:
 
     # -- pull -------------------------------------------------------------------------------------
     async def pull(self, request: web.Request) -> web.Response:
+        started = self.s.clock.monotonic()
         body = await read_body(request)
         check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
         topic = check_topic(body["topic"])
@@ -321,7 +340,11 @@ class BrokerApi:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
-            return self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            response = self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            count, nbytes = request.get(PULLED_KEY, (0, 0))
+            if count:
+                self.s.metrics.pulled(topic, group, count, nbytes, self.s.clock.monotonic() - started)
+            return response
 
     def _read_queue(
         self,
@@ -369,6 +392,7 @@ class BrokerApi:
     ) -> web.Response:
         self.s.counters["pulls"] += 1
         self.s.counters["messages_pulled"] += len(msgs)
+        request[PULLED_KEY] = (len(msgs), sum(m.get("size", 0) for m in msgs))
         return answer(
             request,
             {"status": status, "next_offset": next_offset, "min_offset": lo, "max_offset": hi, "messages": msgs},
@@ -747,6 +771,13 @@ class BrokerApi:
     # -- broker -------------------------------------------------------------------------------------
     async def status(self, request: web.Request) -> web.Response:
         return answer(request, await self.s.status())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            text = await self.s.metrics.scrape()
+        except TimeoutError:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
+        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)

@@ -32,6 +32,7 @@ from broker.config import BrokerConfig, load_broker_config
 from broker.consumers import ConsumerManager
 from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
+from broker.metrics import BrokerMetrics
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
@@ -102,7 +103,7 @@ class BrokerServer:
         # Every replica enforces the same ACL file (followers serve pulls too).
         self.security = Security(
             sec.acl_file, self.wall_ms, self.guard,
-            anonymous=lambda request: request.method == "GET" and request.path == "/v1/status",
+            anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
         )
         ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
@@ -113,6 +114,8 @@ class BrokerServer:
             # The group's own account only (never a client's from the environment).
             transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
+        self.metrics = BrokerMetrics(self)
+        self.node.core.observe = self.metrics.observe
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()

@@ -55,6 +55,8 @@ from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv import wire
 from namesrv.config import NamesrvConfig, load_namesrv_config
+from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from namesrv.metrics import NamesrvMetrics
 from namesrv.route_table import (
     WIRE_VERSION,
     BrokerRegistration,
@@ -183,6 +185,7 @@ class NamesrvService:
             cfg.acl_file, wall_clock_ms, self.guard, anonymous=lambda request: request.method in ("GET", "HEAD")
         )
         self._started_ms = clock_ms()
+        self.metrics = NamesrvMetrics()
         self._started_wall_ms = wall_clock_ms()
         # Owned by the table task (updated only inside closures it runs).
         self.totals = dict.fromkeys(
@@ -198,6 +201,7 @@ class NamesrvService:
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_delete("/v1/topics/{topic}", self.handle_delete_topic)
         app.router.add_get("/v1/status", self.handle_status)
+        app.router.add_get("/metrics", self.handle_metrics)  # Prometheus exposition (namesrv/metrics.py)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -341,6 +345,10 @@ class NamesrvService:
     async def handle_status(self, request: web.Request) -> web.Response:
         _check_query_version(request)
         return _reply(request, await self.owner.call(self._status))
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        status = await self.owner.call(self._status)
+        return web.Response(body=self.metrics.render(status), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     def _status(self, table: RouteTable, now_ms: int) -> dict[str, Any]:
         return {
