@@ -4,6 +4,9 @@ text parser: the series exist with the values the cluster's state implies."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -96,6 +99,26 @@ async def test_broker_metrics_match_the_cluster(make_cluster: ClusterFactory) ->
     assert value(fs, "dledger_role", **base, node="n1", role="FOLLOWER") == 1.0
     assert value(fs, "rocketmq_broker_writable", **base, node="n1") == 0.0
     assert "rocketmq_group_diff" not in fs
+
+    # every series the Grafana dashboard (docs/) queries is one the servers export (a refused send
+    # makes the error counter's first series)
+    try:
+        bad = {"topic": "MT", "queue_id": 9, "messages": [{"body": b"x"}]}
+        await cluster.call(leader.addr, "POST", "/v1/send", bad)
+        raise AssertionError("a send to queue 9 of a 2-queue topic was accepted")
+    except Exception as exc:
+        assert getattr(exc, "code", None) == "INVALID_QUEUE_ID", exc
+    s = await scrape(leader.addr)
+    exported = set(s) | set(await scrape(cluster.namesrvs[0].addr))
+    dashboard = json.loads((Path(__file__).parents[3] / "docs" / "grafana-dledger-mq.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:rocketmq|dledger)_[a-z_]+)", target["expr"])
+    }
+    assert len(queried) > 15
+    assert queried <= exported, sorted(queried - exported)
 
 
 async def test_send_errors_are_counted_by_code(make_cluster: ClusterFactory) -> None:
