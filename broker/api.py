@@ -39,7 +39,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
-from broker.metrics import CONTENT_TYPE
+from broker.metrics import CONTENT_TYPE, config_view
 from broker.names import is_client_id, is_decimal
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
@@ -140,6 +140,7 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        r.add_get("/v1/admin/config", self.config_get)
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
 
@@ -771,6 +772,11 @@ class BrokerApi:
     # -- broker -------------------------------------------------------------------------------------
     async def status(self, request: web.Request) -> web.Response:
         return answer(request, await self.s.status())
+
+    async def config_get(self, request: web.Request) -> web.Response:
+        """The replica's configuration (``mqadmin getBrokerConfig``), secrets left out; admin only."""
+        self.sec.require(request, admin=True)
+        return answer(request, {"config": config_view(self.s.cfg)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:

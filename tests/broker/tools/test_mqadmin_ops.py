@@ -97,3 +97,147 @@ def _rows(out: str) -> list[list[str]]:
 def _data(r: Any) -> Any:
     assert r.rc == 0, r.err
     return json.loads(r.out)
+
+
+# -- the commands added for parity ----------------------------------------------------------------
+async def test_delete_sub_group(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    assert (await mqadmin("updateSubGroup", "-g", "DG", "-c", "DefaultCluster")).rc == 0
+    g0, g1 = cluster.group("RaftNode00"), cluster.group("RaftNode01")
+    assert "DG" in g0.subscription_groups() and "DG" in g1.subscription_groups()
+    r = await mqadmin("deleteSubGroup", "-g", "DG", "-c", "DefaultCluster")
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[0].split() == ["#Target", "#Name", "#Addr", "#Result", "#Deleted"]
+    assert "DG" not in g0.subscription_groups() and "DG" not in g1.subscription_groups()
+    # one broker by address; usage and cluster errors
+    assert (await mqadmin("updateSubGroup", "-g", "DG", "-c", "DefaultCluster")).rc == 0
+    leader = g1.leader()
+    assert leader is not None
+    data = _data(await mqadmin("deleteSubGroup", "-g", "DG", "-b", leader.addr, "--json"))
+    assert data["results"][0]["answer"]["deleted"] is True
+    assert "DG" not in g1.subscription_groups() and "DG" in g0.subscription_groups()
+    assert (await mqadmin("deleteSubGroup", "-g", "DG")).rc == 2
+    assert (await mqadmin("deleteSubGroup", "-g", "bad group", "-c", "DefaultCluster")).rc == 2
+    r = await mqadmin("deleteSubGroup", "-g", "DG", "-c", "NoSuchCluster")
+    assert r.rc == 1 and "CLUSTER_NOT_EXIST" in r.err
+
+
+async def test_consumer_connection(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    await seed(cluster)
+    await heartbeat(cluster, "CG", "T1", "CLUSTERING", client="10.0.0.1@111")
+    await heartbeat(cluster, "CG", "T1", "CLUSTERING", client="10.0.0.2@222")
+    r = await mqadmin("consumerConnection", "-g", "CG")
+    assert r.rc == 0, r.err
+    rows = _rows(r.out.split("\n\n")[0])
+    assert [row[1] for row in rows] == ["10.0.0.1@111", "10.0.0.2@222"]
+    assert rows[0][2:] == ["CLUSTERING", "T1", "RaftNode00,RaftNode01"]
+    assert "MessageModel: CLUSTERING" in r.out
+    data = _data(await mqadmin("consumerConnection", "-g", "CG", "--json"))
+    assert [c["client_id"] for c in data["connections"]] == ["10.0.0.1@111", "10.0.0.2@222"]
+    r = await mqadmin("consumerConnection", "-g", "Nobody")
+    assert r.rc == 1 and "CONSUMER_NOT_ONLINE" in r.err
+
+
+async def test_topic_cluster_list(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    await cluster.create_topic("TC", 2, groups=["RaftNode01"])
+    r = await mqadmin("topicClusterList", "-t", "TC")
+    assert r.rc == 0, r.err
+    assert r.out.split() == ["DefaultCluster"]
+    assert _data(await mqadmin("topicClusterList", "-t", "TC", "--json"))["clusters"] == ["DefaultCluster"]
+    r = await mqadmin("topicClusterList", "-t", "Missing")
+    assert r.rc == 1 and "TOPIC_NOT_EXIST" in r.err
+
+
+async def test_allocate_mq(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    await cluster.create_topic("AT", 4)  # 8 queues over two groups
+    data = _data(await mqadmin("allocateMQ", "-t", "AT", "-i", "c2,c1,c3", "--json"))
+    got = {cid: [(q["broker_name"], q["queue_id"]) for q in qs] for cid, qs in data["result"].items()}
+    every = sorted(q for qs in got.values() for q in qs)
+    assert every == sorted((b, q) for b in ("RaftNode00", "RaftNode01") for q in range(4))  # each queue once
+    assert sorted(len(qs) for qs in got.values()) == [2, 3, 3]
+    assert got["c1"] == [("RaftNode00", 0), ("RaftNode00", 1), ("RaftNode00", 2)]  # averagely: sorted ids
+    r = await mqadmin("allocateMQ", "-t", "AT", "-i", "c1")
+    assert r.rc == 0 and len(_rows(r.out)) == 8
+    assert (await mqadmin("allocateMQ", "-t", "AT", "-i", ",")).rc == 2
+    assert (await mqadmin("allocateMQ", "-t", "AT", "-i", "a,a")).rc == 2
+
+
+async def test_get_namesrv_config(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    r = await mqadmin("getNamesrvConfig")
+    assert r.rc == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0] == f"============{cluster.namesrv_addr}============"
+    assert any(line.startswith("brokerChannelMaxIdleTime") for line in lines), lines
+    data = _data(await mqadmin("getNamesrvConfig", "--json"))
+    assert "scanNotActiveBrokerInterval" in data[cluster.namesrv_addr]
+
+
+async def test_get_broker_config(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    leader = cluster.group("RaftNode00").leader()
+    assert leader is not None
+    data = _data(await mqadmin("getBrokerConfig", "-b", leader.addr, "--json"))
+    cfg = data[leader.addr]
+    assert cfg["broker_name"] == "RaftNode00" and cfg["dledger.self_id"] == "n0"
+    assert not any("password" in k or "credential" in k or "secret" in k for k in cfg), sorted(cfg)
+    text = (await mqadmin("getBrokerConfig", "-c", "DefaultCluster")).out
+    assert text.count("============") == 2 * 6  # six replicas
+    assert not any(s in text for s in ("password", "secret"))
+    assert (await mqadmin("getBrokerConfig")).rc == 2
+
+
+async def test_stats_all(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    await seed(cluster)  # T1: 8 messages on RaftNode00, 2 on RaftNode01
+    await cluster.group("RaftNode00").commit_offsets("SG", "T1", {0: 1})
+    r = await mqadmin("statsAll", "-t", "T1")
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[0].split() == ["#Topic", "#Consumer", "Group", "#Accumulation", "#InTPS", "#OutTPS"]
+    data = _data(await mqadmin("statsAll", "-t", "T1", "--json"))
+    (row,) = data["stats"]
+    assert row["topic"] == "T1" and row["group"] == "SG"
+    assert row["accumulation"] == 7  # RaftNode00: 8 - 1 committed (RaftNode01: SG has no offsets there)
+    assert row["in_tps"] > 0
+
+
+async def test_cluster_rt(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    r = await mqadmin("clusterRT", "-c", "DefaultCluster", "-a", "3", "-t", "RT_TOPIC")
+    assert r.rc == 0, r.err
+    rows = _rows(r.out)
+    assert [row[:2] for row in rows] == [["DefaultCluster", "RaftNode00"], ["DefaultCluster", "RaftNode01"]]
+    assert all(row[-2:] == ["3", "0"] for row in rows), rows
+    assert cluster.group("RaftNode00").max_offset("RT_TOPIC", 0) == 3
+    assert (await mqadmin("clusterRT", "-a", "0")).rc == 2
+    await cluster.create_topic("RO_RT", 1, perm=4)
+    r = await mqadmin("clusterRT", "-a", "1", "-t", "RO_RT", "--json")
+    assert r.rc == 1 and "NO_PERMISSION" in r.out
+
+
+async def test_print_msg(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    msgs = await seed(cluster)
+    data = _data(await mqadmin("printMsg", "-t", "T1", "--json"))
+    assert len(data["messages"]) == 10
+    data = _data(await mqadmin("printMsg", "-t", "T1", "-s", "A", "--json"))
+    assert sorted(m["queue_offset"] for m in data["messages"] if m["broker_name"] == "RaftNode00") == [0, 0, 1, 1]
+    assert {m["tags"] for m in data["messages"]} == {"A"}
+    # [begin, end): messages 2..5 of RaftNode00 by store time
+    begin, end = msgs[2]["store_ts"], msgs[6]["store_ts"]
+    data = _data(await mqadmin("printMsg", "-t", "T1", "-b", str(begin), "-e", str(end), "--json"))
+    bodies = sorted(base64_body(m) for m in data["messages"])
+    assert bodies == [f"body {i}" for i in range(2, 6)]
+    r = await mqadmin("printMsg", "-t", "T1", "-d", "-c", "3")
+    assert r.rc == 0 and r.out.count("MSGID: ") == 3 and r.out.rstrip().endswith("Printed: 3")
+    assert (await mqadmin("printMsg", "-t", "T1", "-b", "yesterday")).rc == 2
+
+
+def base64_body(m: dict[str, Any]) -> str:
+    import base64
+
+    return base64.b64decode(m["body_b64"]).decode()
+
+
+def test_help_lists_the_added_commands(capsys: Any) -> None:
+    from broker.mqadmin import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("deleteSubGroup", "consumerConnection", "topicClusterList", "allocateMQ", "getNamesrvConfig",
+                "getBrokerConfig", "statsAll", "clusterRT", "printMsg"):
+        assert cmd in out
