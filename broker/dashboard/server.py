@@ -212,7 +212,8 @@ async def topics(request: web.Request) -> web.Response:
         return page("Topics", error_box(exc))
     tps = sum_by(scrapes, "rocketmq_producer_tps", "topic")
     offsets = sum_by(scrapes, "rocketmq_producer_offset", "topic")
-    rows = [(link("/topic", "t", n), offsets.get(n), f"{tps.get(n, 0.0):.2f}") for n in names]
+    rows = [(link("/topic", "t", n), int(offsets[n]) if n in offsets else None, f"{tps.get(n, 0.0):.2f}")
+            for n in names]
     return page("Topics", table(["Topic", "Messages (sum of max offsets)", "TPS (10 s)"], rows, ident="topics", raw=0))
 
 
