@@ -1,0 +1,63 @@
+"""Progress of long-running commands: the live status line on a terminal (rate, elapsed, ETA), plain
+report lines elsewhere; ``mq-bench produce`` with a terminal-like and a plain stdout against the
+in-process cluster's NameServer (the sends go to a scripted producer)."""
+
+from __future__ import annotations
+
+import io
+
+from broker.mqbench import build_parser, run_produce
+from broker.progress import CLEAR, StatusLine, format_eta, progress_text
+from tests.broker.inproc_cluster import InProcBrokerCluster
+from tests.broker.tools.test_mqbench import FakeProducer, fake_sdk
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_text_and_eta() -> None:
+    assert format_eta(5) == "00:05" and format_eta(3725) == "1:02:05" and format_eta(-3) == "00:00"
+    assert progress_text(12345, "msgs", 10.0, 30.0, "failed 0") == (
+        "12,345 msgs | 1,234 msgs/s | 00:10 / 00:30 | ETA 00:20 | failed 0"
+    )
+    assert progress_text(0, "checks", 0.0, None) == "0 checks | 0 checks/s | 00:00"
+
+
+def test_status_line_on_a_terminal_and_elsewhere() -> None:
+    tty = Terminal()
+    sl = StatusLine(tty)
+    assert sl.live
+    sl.update("1 msgs")
+    sl.println("report line")
+    sl.update("2 msgs")
+    sl.close()
+    assert tty.getvalue() == f"{CLEAR}1 msgs{CLEAR}report line\n1 msgs{CLEAR}2 msgs{CLEAR}"
+    plain = io.StringIO()
+    sl = StatusLine(plain)
+    assert not sl.live
+    sl.update("1 msgs")
+    sl.println("report line")
+    sl.close()
+    assert plain.getvalue() == "report line\n"
+
+
+async def test_mq_bench_shows_a_live_line_only_on_a_terminal(cluster: InProcBrokerCluster) -> None:
+    argv = ["produce", "-n", cluster.namesrv_addr, "--rate", "200", "--duration", "1.2", "--report-interval", "0.5"]
+    tty = Terminal()
+    assert await run_produce(build_parser().parse_args(argv), sdk=fake_sdk(FakeProducer()), out=tty,
+                             err=io.StringIO()) == 0
+    text = tty.getvalue()
+    live = [part for part in text.split(CLEAR) if "ETA" in part]
+    assert live, text
+    assert " / 00:01 | ETA 00:0" in live[-1] and "msgs/s" in live[-1] and "failed" in live[-1]
+    # the report lines and the summary stay whole lines, and the live line is gone at the end
+    final = text.split(CLEAR)[-1]
+    assert final.startswith("Send summary:") or "Send summary:" in final, final
+    assert "Send TPS:" in text
+    plain = io.StringIO()
+    assert await run_produce(build_parser().parse_args(argv), sdk=fake_sdk(FakeProducer()), out=plain,
+                             err=io.StringIO()) == 0
+    assert "\r" not in plain.getvalue() and "ETA" not in plain.getvalue()
+    assert "Send TPS:" in plain.getvalue() and "Send summary:" in plain.getvalue()
