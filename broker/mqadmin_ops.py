@@ -1,7 +1,7 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
-consumerConnection, topicClusterList, allocateMQ, getNamesrvConfig, getBrokerConfig, statsAll,
-clusterRT, printMsg. Same conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for
-cluster errors, 2 for usage), registered into its parser by ``register``."""
+consumerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
+getBrokerConfig, statsAll, clusterRT, printMsg. Same conventions as ``broker/mqadmin.py`` (tables
+or ``--json``; exit 1 for cluster errors, 2 for usage), registered into its parser by ``register``."""
 
 from __future__ import annotations
 
@@ -124,6 +124,36 @@ async def run_allocate_mq(admin: Admin, args: argparse.Namespace) -> Output:
         "result": {cid: [{"broker_name": b, "queue_id": q} for b, q in mqs] for cid, mqs in result.items()},
     }
     return Output(data, format_table(["Client", "Broker Name", "QID"], rows))
+
+
+# -- write permission at the NameServers ------------------------------------------------------------
+async def _set_write_perm(admin: Admin, broker_name: str, write: bool) -> Output:
+    name = check_name(broker_name, "broker")
+    body = {"v": 1, "broker_name": name, "write": write}
+    outcomes = []
+    for addr in admin.namesrv.addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/brokers/perm", body)
+            outcomes.append(Outcome("namesrv", addr, addr, True, "OK", answer=ans))
+        except ClientError as exc:
+            outcomes.append(Outcome("namesrv", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+    verb = "add" if write else "wipe"
+    lines = [
+        f"{verb} write perm of broker[{name}] in namesrv[{o.addr}] "
+        + (f"OK, {(o.answer or {}).get('topics')}" if o.ok else f"Failed: {o.code}: {o.message}")
+        for o in outcomes
+    ]
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    return Output({"broker_name": name, "write": write, "results": to_jsonable(outcomes)}, "\n".join(lines))
+
+
+async def run_wipe_write_perm(admin: Admin, args: argparse.Namespace) -> Output:
+    return await _set_write_perm(admin, args.broker_name, False)
+
+
+async def run_add_write_perm(admin: Admin, args: argparse.Namespace) -> Output:
+    return await _set_write_perm(admin, args.broker_name, True)
 
 
 # -- configuration ----------------------------------------------------------------------------------
@@ -357,6 +387,10 @@ def register(cmd: Command) -> None:
     p = cmd("allocateMQ", "How the averagely strategy splits a topic's queues among clients", run_allocate_mq)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-i", "--ipList", dest="ip_list", required=True, help="client ids, comma-separated")
+    p = cmd("wipeWritePerm", "Route a broker group read-only at every NameServer (drain it)", run_wipe_write_perm)
+    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
+    p = cmd("addWritePerm", "Give a broker group's routes their write permission back", run_add_write_perm)
+    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
     cmd("getNamesrvConfig", "Every NameServer's configuration", run_get_namesrv_config)
     p = cmd("getBrokerConfig", "A broker's configuration (secrets left out)", run_get_broker_config)
     _target(p)

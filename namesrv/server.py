@@ -7,11 +7,13 @@ JSON ``{v, code, message}``)::
 
     POST   /v1/brokers/register     BrokerRegistration  -> {v, accepted, changed, namesrv_time_ms, ...}
     POST   /v1/brokers/unregister   {cluster, broker_name, address} -> {v, removed}
+    POST   /v1/brokers/perm         {broker_name, write} (admin) -> {v, broker_name, write, topics}
     GET    /v1/routes/{topic}       TopicRouteData, or 404 TOPIC_NOT_EXIST
     GET    /v1/clusters             {v, clusters: {cluster: [names]}, brokers: {name: BrokerData}}
     GET    /v1/topics               {v, topics: [...]}
     DELETE /v1/topics/{topic}       {v, topic, deleted: true}, or 404 TOPIC_NOT_EXIST
     GET    /v1/status               uptime, counts, totals, live brokers, config
+    GET    /metrics                 Prometheus text exposition (namesrv/metrics.py)
 
 With ``aclEnable=true`` (docs/SECURITY.md) registrations and unregistrations must be signed by an
 account whose ``brokerNames`` lists the group, and route deletions by an admin account; reads stay
@@ -196,6 +198,7 @@ class NamesrvService:
         app = guarded_app(self.guard, [_errors, self.security.middleware])
         app.router.add_post("/v1/brokers/register", self.handle_register)
         app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
+        app.router.add_post("/v1/brokers/perm", self.handle_broker_perm)
         app.router.add_get("/v1/routes/{topic}", self.handle_route)
         app.router.add_get("/v1/clusters", self.handle_clusters)
         app.router.add_get("/v1/topics", self.handle_topics)
@@ -311,6 +314,26 @@ class NamesrvService:
 
         return _reply(request, {"v": WIRE_VERSION, "removed": await self.owner.call(job)})
 
+    async def handle_broker_perm(self, request: web.Request) -> web.Response:
+        """``{v, broker_name, write: bool}`` (admin): mqadmin wipeWritePerm / addWritePerm. The group's
+        queues are routed without (or again with) write permission until changed back; kept in
+        memory like the routes themselves."""
+        fmt = wire.format_for_content_type(request.content_type)
+        body = wire.parse_body(await self.guard.read_body(request), fmt)
+        self.security.require(request, admin=True)
+        name, write = body.get("broker_name"), body.get("write")
+        if not isinstance(name, str) or not isinstance(write, bool) or set(body) - {"v", "broker_name", "write"}:
+            raise InvalidRecordError("BAD_REQUEST", "body must be {v, broker_name, write: true|false}")
+
+        def job(table: RouteTable, now_ms: int) -> int:
+            count = table.set_write_perm(name, write)
+            log.warning("%s write permission of broker group %s (%d topics)", "added" if write else "wiped",
+                        name, count)
+            return count
+
+        count = await self.owner.call(job)
+        return _reply(request, {"v": WIRE_VERSION, "broker_name": name, "write": write, "topics": count})
+
     async def handle_route(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)
         route = await self.owner.call(lambda table, now_ms: table.topic_route(topic))
@@ -357,6 +380,7 @@ class NamesrvService:
             "started_at_ms": self._started_wall_ms,
             "namesrv_time_ms": self._wall_clock_ms(),
             "counts": table.counts(),
+            "write_wiped": list(table.write_wiped()),
             "totals": dict(self.totals),
             "brokers": [
                 {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -241,3 +242,34 @@ def test_help_lists_the_added_commands(capsys: Any) -> None:
     for cmd in ("deleteSubGroup", "consumerConnection", "topicClusterList", "allocateMQ", "getNamesrvConfig",
                 "getBrokerConfig", "statsAll", "clusterRT", "printMsg"):
         assert cmd in out
+
+
+async def test_wipe_and_add_write_perm(mqadmin: Mqadmin, make_cluster: Any) -> None:
+    cluster: InProcBrokerCluster = await make_cluster(namesrvs=2)
+    await cluster.create_topic("WT", 2)
+    r = await mqadmin("wipeWritePerm", "-b", "RaftNode00", "-n", cluster.namesrv_addr)
+    assert r.rc == 0, r.err
+    lines = r.out.splitlines()
+    assert len(lines) == 2
+    for ns, line in zip(cluster.namesrvs, lines, strict=True):
+        assert re.fullmatch(rf"wipe write perm of broker\[RaftNode00\] in namesrv\[{ns.addr}\] OK, [1-9]\d*", line)
+    for i in range(2):
+        route = await cluster.route("WT", namesrv=i)
+        assert route is not None
+        perms = {q["broker_name"]: q["perm"] for q in route["queue_datas"]}
+        assert perms == {"RaftNode00": 4, "RaftNode01": 6}, perms
+    # a send through the SDK now avoids RaftNode00 (its queues are read-only in the routes)
+    for _ in range(4):
+        data = _data(await mqadmin("--json", "sendMessage", "-t", "WT", "-p", "x", "-n", cluster.namesrv_addr))
+        assert data["broker_name"] == "RaftNode01"
+    # the broker's own re-registration does not undo it; addWritePerm does
+    await cluster.group("RaftNode00").transfer("n1")
+    route = await cluster.route("WT")
+    assert route is not None and {q["broker_name"]: q["perm"] for q in route["queue_datas"]}["RaftNode00"] == 4
+    r = await mqadmin("addWritePerm", "-b", "RaftNode00", "-n", cluster.namesrv_addr)
+    assert r.rc == 0 and r.out.startswith("add write perm of broker[RaftNode00]"), r.err
+    route = await cluster.route("WT")
+    assert route is not None and {q["broker_name"]: q["perm"] for q in route["queue_datas"]}["RaftNode00"] == 6
+    r = await mqadmin("wipeWritePerm", "-b", "NoSuchGroup", "-n", cluster.namesrv_addr)
+    assert r.rc == 1 and "BROKER_NOT_EXIST" in r.err
+    assert (await mqadmin("wipeWritePerm", "-b", "bad name", "-n", cluster.namesrv_addr)).rc == 2
