@@ -5,6 +5,7 @@ in-process cluster's NameServer (the sends go to a scripted producer)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from broker.mqbench import build_parser, run_produce
 from broker.progress import CLEAR, StatusLine, format_eta, progress_text
@@ -61,3 +62,49 @@ async def test_mq_bench_shows_a_live_line_only_on_a_terminal(cluster: InProcBrok
                              err=io.StringIO()) == 0
     assert "\r" not in plain.getvalue() and "ETA" not in plain.getvalue()
     assert "Send TPS:" in plain.getvalue() and "Send summary:" in plain.getvalue()
+
+
+def test_chaos_progress_line_names_the_eta() -> None:
+    from chaos.runner import progress_line
+    from chaos.schedule import Window
+
+    counts = {"ok": 10, "fail": 0, "unknown": 1, "receipts": 9}
+    line = progress_line(42.2, "kill-leader", Window(40, 50, "kill-leader"), 99.5, counts, {"RaftNode00": "b-n1"},
+                         total_s=120)
+    assert line.endswith("| leader RaftNode00=n1 | ETA 01:18"), line
+    assert "ETA" not in progress_line(1, None, None, 0, counts, {})
+
+
+async def test_chaos_run_progress_on_a_terminal(tmp_path: Any) -> None:
+    """``Run._progress`` with stand-ins for the cluster and the workload: a live line each second
+    (elapsed / total, ETA) below the plain lines on a terminal; only the plain lines elsewhere."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from chaos.faults import STANDARD_FAULTS
+    from chaos.runner import Run, RunOptions
+
+    counters = SimpleNamespace(sends=0, ok=0, fail=0, unknown=0)
+    counters.snapshot = lambda: {"ok": counters.ok, "fail": 0, "unknown": 0, "receipts": 0}
+    workload: Any = SimpleNamespace(counters=counters, flush=lambda: None)
+    target: Any = SimpleNamespace(members=lambda: [])
+    opts = RunOptions(str(tmp_path), (STANDARD_FAULTS[0],), interval_s=1, duration_s=3, recovery_s=1,
+                      progress_s=1.5)
+    for out, live in ((Terminal(), True), (io.StringIO(), False)):
+        run = Run(opts, out=out)
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(run._progress(loop.time(), workload, target))
+        for _ in range(12):  # ~2.4 s of sends
+            counters.sends += 10
+            counters.ok += 10
+            await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        text = out.getvalue()
+        plain = [line for line in text.replace(CLEAR, "\n").splitlines() if line.startswith("[")]
+        assert plain and "ETA 00:0" in plain[0], text
+        if live:
+            assert any(p.startswith("chaos run 00:0") and "/ 00:04 | ETA" in p for p in text.split(CLEAR)), text
+            assert text.endswith(CLEAR)  # the live line is cleared when the progress ends
+        else:
+            assert "\r" not in text
