@@ -34,6 +34,9 @@ from broker.client.admin import (
     InvalidArgument,
     MessageView,
     Outcome,
+    _path_part,
+    answers_checked,
+    check_group,
     check_topic,
 )
 from broker.client.transport import (
@@ -392,9 +395,10 @@ async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Outpu
     return Output(data, f"{table}\n\nDiff Total: {progress.total_lag}")
 
 
+@answers_checked
 async def _group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
     """(broker name, member) of every consumer of ``group`` online at any broker group."""
-    path = f"/v1/groups/{group}/consumers"
+    path = f"/v1/groups/{_path_part(check_group(group))}/consumers"
     groups = await admin._all_groups()
     answers = await asyncio.gather(*(admin._read(bd, path) for bd in groups), return_exceptions=True)
     out = []
@@ -407,6 +411,7 @@ async def _group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, 
     return out
 
 
+@answers_checked
 async def _no_progress_reason(
     admin: Admin, group: str, topic: str | None, has_rows: bool
 ) -> ClientError | None:

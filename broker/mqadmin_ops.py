@@ -20,6 +20,8 @@ from broker.client.admin import (
     InvalidArgument,
     MessageView,
     Outcome,
+    _path_part,
+    answers_checked,
     check_addr,
     check_group,
     check_name,
@@ -50,9 +52,10 @@ Command = Callable[[str, str, Runner], argparse.ArgumentParser]
 
 
 # -- subscription groups and consumers --------------------------------------------------------------
+@answers_checked
 async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
     group = check_group(args.group)
-    path = f"/v1/groups/{group}"
+    path = f"/v1/groups/{_path_part(group)}"
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
     if args.broker_addr is not None:
@@ -73,6 +76,7 @@ async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output
     return Output({"group": group, "results": to_jsonable(outcomes)}, text)
 
 
+@answers_checked
 async def run_consumer_connection(admin: Admin, args: argparse.Namespace) -> Output:
     group = check_group(args.group)
     members = await _group_members(admin, group)
@@ -103,12 +107,14 @@ async def run_consumer_connection(admin: Admin, args: argparse.Namespace) -> Out
 
 
 # -- topics ------------------------------------------------------------------------------------------
+@answers_checked
 async def run_topic_cluster_list(admin: Admin, args: argparse.Namespace) -> Output:
     route = await admin.topic_route(args.topic)
     clusters = sorted({b.cluster for b in route.broker_datas if b.cluster})
     return Output({"topic": args.topic, "clusters": clusters}, "\n".join(clusters))
 
 
+@answers_checked
 async def run_allocate_mq(admin: Admin, args: argparse.Namespace) -> Output:
     """RocketMQ's averagely strategy, as consumers of a clustering group split the topic's queues."""
     ips = [ip.strip() for ip in args.ip_list.split(",") if ip.strip()]
@@ -127,6 +133,7 @@ async def run_allocate_mq(admin: Admin, args: argparse.Namespace) -> Output:
 
 
 # -- write permission at the NameServers ------------------------------------------------------------
+@answers_checked
 async def _set_write_perm(admin: Admin, broker_name: str, write: bool) -> Output:
     name = check_name(broker_name, "broker")
     body = {"v": 1, "broker_name": name, "write": write}
@@ -166,6 +173,7 @@ def render_config(sections: Sequence[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(out)
 
 
+@answers_checked
 async def run_get_namesrv_config(admin: Admin, args: argparse.Namespace) -> Output:
     sections = []
     for addr in admin.namesrv.addrs:
@@ -177,6 +185,7 @@ async def run_get_namesrv_config(admin: Admin, args: argparse.Namespace) -> Outp
     return Output(dict(sections), render_config(sections))
 
 
+@answers_checked
 async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
@@ -215,6 +224,7 @@ async def _scrape(admin: Admin, addr: str, timeout_s: float) -> dict[str, list[t
     return out
 
 
+@answers_checked
 async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
     """Per topic and consumer group: lag, in/out TPS (the leaders' ``/metrics``, last 10 s)."""
     groups = await admin._all_groups()
@@ -318,11 +328,13 @@ async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
 
 
 # -- messages ---------------------------------------------------------------------------------------
+@answers_checked
 async def _offset_at(admin: Admin, bd: BrokerData, topic: str, qid: int, ts: int) -> int:
     ans = await admin._read(bd, "/v1/offset/search", {"topic": topic, "queue_id": qid, "ts": ts})
     return int(ans["offset"])
 
 
+@answers_checked
 async def run_print_msg(admin: Admin, args: argparse.Namespace) -> Output:
     """Every message of a topic stored in [begin, end) (default: all), optionally only the tags of
     ``-s``; reads only."""
