@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from broker.acl import Perm
+from broker.admin_config import ConfigError, NotUpdatable, config_view
+from broker.admin_config import update as update_config
 from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
@@ -39,7 +41,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
-from broker.metrics import CONTENT_TYPE, config_view
+from broker.metrics import CONTENT_TYPE
 from broker.names import is_client_id, is_decimal
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
@@ -141,6 +143,7 @@ class BrokerApi:
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
         r.add_get("/v1/admin/config", self.config_get)
+        r.add_post("/v1/admin/config", self.config_update)
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
 
@@ -777,6 +780,24 @@ class BrokerApi:
         """The replica's configuration (``mqadmin getBrokerConfig``), secrets left out; admin only."""
         self.sec.require(request, admin=True)
         return answer(request, {"config": config_view(self.s.cfg)})
+
+    async def config_update(self, request: web.Request) -> web.Response:
+        """``{key, value}`` (admin): change one hot key on this replica until it restarts."""
+        self.sec.require(request, admin=True)
+        body = await read_body(request)
+        check_fields(body, frozenset({"key", "value"}), ("key", "value"))
+        key, value = body["key"], body["value"]
+        if not isinstance(key, str) or not isinstance(value, str) or len(key) > 128 or len(value) > 1024:
+            raise ApiError(400, "BAD_REQUEST", "key and value must be strings (≤ 128 and ≤ 1024 chars)")
+        try:
+            self.s.cfg = update_config(self.s.cfg, key, value)
+        except NotUpdatable as exc:
+            raise ApiError(400, "NOT_UPDATABLE", str(exc)) from None
+        except ConfigError as exc:
+            raise ApiError(400, "BAD_PARAMETER", str(exc)) from None
+        log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
+        self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
+        return answer(request, {"key": key, "value": config_view(self.s.cfg).get(key)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:

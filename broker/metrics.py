@@ -239,32 +239,6 @@ class BrokerMetrics:
         )
 
 
-_SECRET_WORDS = ("password", "secret", "credential", "key_file")
-
-
-def config_view(cfg: Any) -> dict[str, str]:
-    """A broker configuration flattened to ``dotted.name -> text``, without secrets (peer
-    passwords, account keys, TLS key paths)."""
-    out: dict[str, str] = {}
-
-    def walk(value: Any, prefix: str) -> None:
-        if any(w in prefix.lower() for w in _SECRET_WORDS):
-            return
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for f in dataclasses.fields(value):
-                walk(getattr(value, f.name), f"{prefix}.{f.name}" if prefix else f.name)
-        elif isinstance(value, dict):
-            for k, v in sorted(value.items(), key=lambda kv: str(kv[0])):
-                walk(v, f"{prefix}.{k}")
-        elif isinstance(value, (list, tuple)):
-            out[prefix] = ";".join(str(v) for v in value)
-        else:
-            out[prefix] = str(value)
-
-    walk(cfg, "")
-    return out
-
-
 def _gauge(name: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 

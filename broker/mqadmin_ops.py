@@ -1,6 +1,6 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
 consumerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
-getBrokerConfig, statsAll, clusterRT, printMsg. Same conventions as ``broker/mqadmin.py`` (tables
+getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same conventions as ``broker/mqadmin.py`` (tables
 or ``--json``; exit 1 for cluster errors, 2 for usage), registered into its parser by ``register``."""
 
 from __future__ import annotations
@@ -199,6 +199,33 @@ async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Outpu
         ans = await admin.transport.call(addr, "GET", "/v1/admin/config")
         sections.append((addr, dict(ans.get("config") or {})))
     return Output(dict(sections), render_config(sections))
+
+
+@answers_checked
+async def run_update_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
+    """RocketMQ's updateBrokerConfig for the keys a running replica can change (its memory, until
+    restart); -c: every replica of the cluster (a follower may lead next)."""
+    if (args.cluster is None) == (args.broker_addr is None):
+        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
+    if args.broker_addr is not None:
+        addrs = [check_addr(args.broker_addr)]
+    else:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    body = {"key": args.key, "value": args.value}
+    outcomes = []
+    for addr in addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/admin/config", body)
+            outcomes.append(Outcome("broker", addr, addr, True, "OK", answer=ans))
+        except ClientError as exc:
+            if exc.code in ("NOT_UPDATABLE", "BAD_PARAMETER", "BAD_REQUEST"):
+                raise InvalidArgument(exc.code, exc.message) from None  # the same answer from every replica
+            outcomes.append(Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    text = render_outcomes(outcomes, (("Key", "key"), ("Value", "value")))
+    return Output({"key": args.key, "value": args.value, "results": to_jsonable(outcomes)}, text)
 
 
 # -- statistics -------------------------------------------------------------------------------------
@@ -406,6 +433,11 @@ def register(cmd: Command) -> None:
     cmd("getNamesrvConfig", "Every NameServer's configuration", run_get_namesrv_config)
     p = cmd("getBrokerConfig", "A broker's configuration (secrets left out)", run_get_broker_config)
     _target(p)
+    p = cmd("updateBrokerConfig", "Change a hot config key on running replicas (until restart)",
+            run_update_broker_config)
+    _target(p)
+    p.add_argument("-k", "--key", required=True, help="autoCreateTopicEnable, defaultTopicQueueNums, longPollingMaxMs")
+    p.add_argument("-v", "--value", required=True)
     p = cmd("statsAll", "Per topic and consumer group: lag and in/out TPS (last 10 s)", run_stats_all)
     p.add_argument("-t", "--topic", default=None, help="only this topic")
     p = cmd("clusterRT", "Send round trip to every broker group leader (writes test messages)", run_cluster_rt)
