@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import html
 import logging
+import signal
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -394,12 +395,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         runner, bound = await start(admin, host, int(port_text))
         log.info("dashboard on http://%s:%d (NameServers %s)", host, bound, ";".join(admin.namesrv.addrs))
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
+        log.info("dashboard stopped")
 
     try:
         asyncio.run(serve())

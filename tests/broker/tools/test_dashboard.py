@@ -103,3 +103,25 @@ async def test_transfer_needs_the_operators_admin_account(dashboard: str, cluste
                        "secret_key": ADMIN.secret_key})
     assert "the new leader is n1" in page, page
     assert (await g0.wait_leader("n1")).nid == "n1"
+
+
+async def test_unreachable_cluster_shows_the_error_not_a_crash() -> None:
+    from tests.broker.tools.test_mqadmin import closed_port
+
+    runner, port = await start(Admin(f"127.0.0.1:{closed_port()}"), "127.0.0.1", 0)
+    try:
+        for path in ("/", "/topics", "/groups", "/topic?t=T", "/group?g=G", "/message?id=RaftNode00:0000000000000000"):
+            page = await get(f"http://127.0.0.1:{port}{path}")
+            assert 'class="error"' in page and "CONNECT_FAILED" in page, (path, page)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/api/live") as resp:
+                assert resp.status == 502 and (await resp.json())["code"] == "CONNECT_FAILED"
+    finally:
+        await runner.cleanup()
+
+
+def test_bad_listen_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.dashboard.server import main
+
+    assert main(["--listen", "nowhere"]) == 2
+    assert "host:port" in capsys.readouterr().err
