@@ -108,3 +108,11 @@ async def test_chaos_run_progress_on_a_terminal(tmp_path: Any) -> None:
             assert text.endswith(CLEAR)  # the live line is cleared when the progress ends
         else:
             assert "\r" not in text
+
+
+def test_chaos_drill_status_line() -> None:
+    from chaos.drill import drill_status
+
+    assert drill_status(1, 5, "steady load", 10, 4.0, []) == "drill round 1/5 | 00:04 | steady load | acks 10"
+    line = drill_status(3, 5, "checking", 900, 41.0, [20.0, 22.0])
+    assert line == "drill round 3/5 | 00:41 | ETA 01:04 | checking | acks 900"  # 5 x 21 s - 41 s
