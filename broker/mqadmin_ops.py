@@ -1,7 +1,8 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
 consumerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
-getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same conventions as ``broker/mqadmin.py`` (tables
-or ``--json``; exit 1 for cluster errors, 2 for usage), registered into its parser by ``register``."""
+updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same
+conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
+registered into its parser by ``register``."""
 
 from __future__ import annotations
 
@@ -183,6 +184,23 @@ async def run_get_namesrv_config(admin: Admin, args: argparse.Namespace) -> Outp
             raise ClientError("NOT_A_NAMESRV", f"{addr} answered no NameServer configuration", addr=addr)
         sections.append((addr, {str(k): v for k, v in cfg.items()}))
     return Output(dict(sections), render_config(sections))
+
+
+@answers_checked
+async def run_update_namesrv_config(admin: Admin, args: argparse.Namespace) -> Output:
+    """Every NameServer of -n, in memory until it restarts (edit its config file to keep it)."""
+    body = {"v": 1, "key": args.key, "value": args.value}
+    done = []
+    for addr in admin.namesrv.addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/config", body)
+        except ClientError as exc:
+            if exc.code in ("NOT_UPDATABLE", "BAD_PARAMETER", "BAD_REQUEST"):
+                raise InvalidArgument(exc.code, exc.message) from None
+            raise
+        done.append((addr, ans.get("value")))
+    text = "\n".join(f"update name server config success![{addr}]\n{args.key} : {value}" for addr, value in done)
+    return Output({"key": args.key, "results": [{"addr": a, "value": v} for a, v in done]}, text)
 
 
 @answers_checked
@@ -431,6 +449,10 @@ def register(cmd: Command) -> None:
     p = cmd("addWritePerm", "Give a broker group's routes their write permission back", run_add_write_perm)
     p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
     cmd("getNamesrvConfig", "Every NameServer's configuration", run_get_namesrv_config)
+    p = cmd("updateNamesrvConfig", "Change a hot config key on every NameServer (until restart)",
+            run_update_namesrv_config)
+    p.add_argument("-k", "--key", required=True, help="scanNotActiveBrokerInterval, brokerChannelMaxIdleTime")
+    p.add_argument("-v", "--value", required=True)
     p = cmd("getBrokerConfig", "A broker's configuration (secrets left out)", run_get_broker_config)
     _target(p)
     p = cmd("updateBrokerConfig", "Change a hot config key on running replicas (until restart)",

@@ -8,6 +8,7 @@ JSON ``{v, code, message}``)::
     POST   /v1/brokers/register     BrokerRegistration  -> {v, accepted, changed, namesrv_time_ms, ...}
     POST   /v1/brokers/unregister   {cluster, broker_name, address} -> {v, removed}
     POST   /v1/brokers/perm         {broker_name, write} (admin) -> {v, broker_name, write, topics}
+    POST   /v1/config               {key, value} (admin) -> {v, key, value}  (updateNamesrvConfig)
     GET    /v1/routes/{topic}       TopicRouteData, or 404 TOPIC_NOT_EXIST
     GET    /v1/clusters             {v, clusters: {cluster: [names]}, brokers: {name: BrokerData}}
     GET    /v1/topics               {v, topics: [...]}
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -56,7 +58,7 @@ from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv import wire
-from namesrv.config import NamesrvConfig, load_namesrv_config
+from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config
 from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from namesrv.metrics import NamesrvMetrics
 from namesrv.route_table import (
@@ -74,6 +76,8 @@ from namesrv.route_table import (
 )
 
 log = logging.getLogger("namesrv")
+
+HOT_KEYS: Final = ("scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime")  # updateNamesrvConfig
 
 BODY_BYTES_MAX: Final = 4 << 20
 QUEUE_JOBS_MAX: Final = 1024
@@ -199,6 +203,7 @@ class NamesrvService:
         app.router.add_post("/v1/brokers/register", self.handle_register)
         app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
         app.router.add_post("/v1/brokers/perm", self.handle_broker_perm)
+        app.router.add_post("/v1/config", self.handle_config_update)
         app.router.add_get("/v1/routes/{topic}", self.handle_route)
         app.router.add_get("/v1/clusters", self.handle_clusters)
         app.router.add_get("/v1/topics", self.handle_topics)
@@ -263,9 +268,8 @@ class NamesrvService:
         return expired
 
     async def _scan_loop(self) -> None:
-        interval_s = self.cfg.scan_not_active_broker_interval_ms / 1000
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(self.cfg.scan_not_active_broker_interval_ms / 1000)  # updatable at run time
             try:
                 await self.scan_now()
             except NamesrvError as exc:
@@ -333,6 +337,41 @@ class NamesrvService:
 
         count = await self.owner.call(job)
         return _reply(request, {"v": WIRE_VERSION, "broker_name": name, "write": write, "topics": count})
+
+    async def handle_config_update(self, request: web.Request) -> web.Response:
+        """``{v, key, value}`` (admin): mqadmin updateNamesrvConfig for the keys a running NameServer
+        can change (``HOT_KEYS``), checked like the config file; in memory until restart."""
+        fmt = wire.format_for_content_type(request.content_type)
+        body = wire.parse_body(await self.guard.read_body(request), fmt)
+        self.security.require(request, admin=True)
+        key, value = body.get("key"), body.get("value")
+        if not isinstance(key, str) or not isinstance(value, str) or set(body) - {"v", "key", "value"}:
+            raise InvalidRecordError("BAD_REQUEST", "body must be {v, key, value} with string key and value")
+        if key not in HOT_KEYS:
+            raise InvalidRecordError(
+                "NOT_UPDATABLE",
+                f"{key[:80]!r} cannot change on a running NameServer (updatable: {', '.join(HOT_KEYS)}); "
+                "edit its config file and restart it",
+            )
+        current = self.cfg.as_properties()
+        props = {k: str(current[k]) for k in HOT_KEYS} | {key: value[:64]}
+        try:
+            parsed = parse_namesrv_config(props, source="updateNamesrvConfig")
+        except ConfigError as exc:
+            raise InvalidRecordError("BAD_PARAMETER", str(exc)) from None
+        self.cfg = dataclasses.replace(
+            self.cfg,
+            scan_not_active_broker_interval_ms=parsed.scan_not_active_broker_interval_ms,
+            broker_channel_max_idle_time_ms=parsed.broker_channel_max_idle_time_ms,
+        )
+        idle_ms = parsed.broker_channel_max_idle_time_ms
+
+        def job(table: RouteTable, now_ms: int) -> None:
+            table.heartbeat_timeout_ms_default = idle_ms  # brokers that send none get it at their next heartbeat
+
+        await self.owner.call(job)
+        log.warning("config %s set to %s by updateNamesrvConfig (until restart)", key, value[:64])
+        return _reply(request, {"v": WIRE_VERSION, "key": key, "value": str(self.cfg.as_properties()[key])})
 
     async def handle_route(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)

@@ -313,6 +313,37 @@ async def test_broker_config_endpoints_need_an_admin(cluster: InProcBrokerCluste
                 raise AssertionError(f"{method} /v1/admin/config allowed for a non-admin account")
             except ClientError as exc:
                 assert exc.status == 403, exc
+        for path, body in (("/v1/config", {"v": 1, "key": "brokerChannelMaxIdleTime", "value": "5000"}),
+                           ("/v1/brokers/perm", {"v": 1, "broker_name": "RaftNode00", "write": False})):
+            try:
+                await t.call(cluster.namesrv_addr, "POST", path, body)
+                raise AssertionError(f"POST {path} allowed at the NameServer for a non-admin account")
+            except ClientError as exc:
+                assert exc.status == 403, exc
     finally:
         await t.close()
     assert leader.broker.cfg.long_polling_max_ms != 1
+    assert cluster.namesrvs[0].service.cfg.broker_channel_max_idle_time_ms != 5000
+
+
+async def test_update_namesrv_config(mqadmin: Mqadmin, make_cluster: Any) -> None:
+    cluster: InProcBrokerCluster = await make_cluster(namesrvs=2, groups=("RaftNode00",))
+    n = ["-n", cluster.namesrv_addr]
+    r = await mqadmin("updateNamesrvConfig", "-k", "brokerChannelMaxIdleTime", "-v", "90000", *n)
+    assert r.rc == 0, r.err
+    assert r.out.count("update name server config success!") == 2 and "brokerChannelMaxIdleTime : 90000" in r.out
+    cfgs = _data(await mqadmin("getNamesrvConfig", "--json", *n))
+    assert [c["brokerChannelMaxIdleTime"] for c in cfgs.values()] == [90000, 90000]
+    r = await mqadmin("updateNamesrvConfig", "-k", "scanNotActiveBrokerInterval", "-v", "5000", *n)
+    assert r.rc == 0, r.err
+    # the config file's bounds and invariant hold; other keys cannot change at run time
+    r = await mqadmin("updateNamesrvConfig", "-k", "scanNotActiveBrokerInterval", "-v", "100000", *n)
+    assert r.rc == 2 and "BAD_PARAMETER" in r.err and "must not exceed" in r.err, r.err
+    r = await mqadmin("updateNamesrvConfig", "-k", "brokerChannelMaxIdleTime", "-v", "abc", *n)
+    assert r.rc == 2 and "BAD_PARAMETER" in r.err, r.err
+    r = await mqadmin("updateNamesrvConfig", "-k", "listenPort", "-v", "1", *n)
+    assert r.rc == 2 and "NOT_UPDATABLE" in r.err, r.err
+    cfgs = _data(await mqadmin("getNamesrvConfig", "--json", *n))
+    assert [(c["scanNotActiveBrokerInterval"], c["brokerChannelMaxIdleTime"]) for c in cfgs.values()] == [
+        (5000, 90000), (5000, 90000)
+    ]
