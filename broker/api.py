@@ -135,6 +135,7 @@ class BrokerApi:
         r.add_delete("/v1/groups/{group}", self.group_delete)
         r.add_get("/v1/groups/{group}/progress", self.group_progress)
         r.add_get("/v1/groups/{group}/consumers", self.group_consumers)
+        r.add_get("/v1/producers/{group}", self.producer_connections)
         r.add_post("/v1/offsets", self.offsets_commit)
         r.add_get("/v1/offsets", self.offsets_get)
         r.add_post("/v1/offsets/reset", self.offsets_reset)
@@ -281,6 +282,8 @@ class BrokerApi:
         locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
         self.s.counters["messages_sent"] += len(records)
         self.s.metrics.sent(topic, len(records), sum(len(r) for r in records), self.s.clock.monotonic() - started)
+        if body.get("producer_group") is not None:
+            self.s.producers.sent(body["producer_group"], peer, topic, self.s.monotonic_ms())
         results = []
         for m, loc in zip(msgs, locs, strict=True):
             offset = loc.result  # the queue offset its apply assigned (results travel with the call)
@@ -772,6 +775,13 @@ class BrokerApi:
     # -- broker -------------------------------------------------------------------------------------
     async def status(self, request: web.Request) -> web.Response:
         return answer(request, await self.s.status())
+
+    async def producer_connections(self, request: web.Request) -> web.Response:
+        """Producers of a group seen sending here lately (``mqadmin producerConnection``); admin."""
+        group = check_group(request.match_info["group"])
+        self.sec.require(request, admin=True)
+        connections = self.s.producers.connections(group, self.s.monotonic_ms())
+        return answer(request, {"group": group, "connections": connections})
 
     async def config_get(self, request: web.Request) -> web.Response:
         """The replica's configuration (``mqadmin getBrokerConfig``), secrets left out; admin only."""

@@ -1,5 +1,5 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
-consumerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
+consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
 updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same
 conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
 registered into its parser by ``register``."""
@@ -105,6 +105,34 @@ async def run_consumer_connection(admin: Admin, args: argparse.Namespace) -> Out
     models = sorted({str(r["model"]) for r in rows})
     text = f"{table}\n\nConsumeType: CONSUME_PASSIVELY\nMessageModel: {'/'.join(models)}"
     return Output({"group": group, "connections": rows}, text)
+
+
+@answers_checked
+async def run_producer_connection(admin: Admin, args: argparse.Namespace) -> Output:
+    """Producers of the group that sent (to ``-t`` if given) lately, as each replica saw them."""
+    group = check_group(args.group)
+    topic = check_topic(args.topic) if args.topic else None
+    path = f"/v1/producers/{_path_part(group)}"
+    targets = [(bd.broker_name, a) for bd in await admin._all_groups() for _bid, a in sorted(bd.broker_addrs.items())]
+    answers = await asyncio.gather(*(admin.transport.call(a, "GET", path) for _n, a in targets), return_exceptions=True)
+    rows = []
+    for (name, addr), ans in zip(targets, answers, strict=True):
+        if isinstance(ans, BaseException):
+            if isinstance(ans, ClientError) and not ans.status:
+                continue  # an unreachable replica: the others still answer
+            raise ans
+        for c in ans.get("connections") or []:
+            if topic is None or topic in (c.get("topics") or ()):
+                rows.append({"broker_name": name, "broker_addr": addr, **dict(c)})
+    if not rows:
+        on = f" to topic {topic}" if topic else ""
+        raise ClientError("PRODUCER_NOT_ONLINE", f"no producer of group {group} sent{on} lately", status=404)
+    table = format_table(
+        ["#", "ClientAddr", "Broker Name", "Broker Addr", "Topics", "Sends", "Last Send (ms ago)"],
+        [(i + 1, r["client_addr"], r["broker_name"], r["broker_addr"], ",".join(r.get("topics") or ()),
+          r.get("sends"), r.get("idle_ms")) for i, r in enumerate(rows)],
+    )
+    return Output({"group": group, "connections": rows}, table)
 
 
 # -- topics ------------------------------------------------------------------------------------------
@@ -439,6 +467,10 @@ def register(cmd: Command) -> None:
     _target(p)
     p = cmd("consumerConnection", "The consumers of a group online at the brokers", run_consumer_connection)
     p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p = cmd("producerConnection", "The producers of a group seen sending lately, per broker replica",
+            run_producer_connection)
+    p.add_argument("-g", "--producerGroup", dest="group", required=True)
+    p.add_argument("-t", "--topic", default=None)
     p = cmd("topicClusterList", "The clusters serving a topic", run_topic_cluster_list)
     p.add_argument("-t", "--topic", required=True)
     p = cmd("allocateMQ", "How the averagely strategy splits a topic's queues among clients", run_allocate_mq)

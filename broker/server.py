@@ -33,6 +33,7 @@ from broker.consumers import ConsumerManager
 from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.metrics import BrokerMetrics
+from broker.producers import ProducerTable
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
@@ -76,6 +77,7 @@ class BrokerServer:
             settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
         )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
+        self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
         self.creating: dict[str, asyncio.Task[Any]] = {}
@@ -385,6 +387,7 @@ class BrokerServer:
         while True:
             await asyncio.sleep(10)
             self.consumers.expire(self.monotonic_ms())
+            self.producers.expire(self.monotonic_ms())
 
 
 EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)

@@ -347,3 +347,39 @@ async def test_update_namesrv_config(mqadmin: Mqadmin, make_cluster: Any) -> Non
     assert [(c["scanNotActiveBrokerInterval"], c["brokerChannelMaxIdleTime"]) for c in cfgs.values()] == [
         (5000, 90000), (5000, 90000)
     ]
+
+
+async def test_producer_connection(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    await cluster.create_topic("PC", 2)
+    for _ in range(3):
+        assert (await mqadmin("sendMessage", "-t", "PC", "-p", "x")).rc == 0  # group mqadmin_producer
+    data = _data(await mqadmin("producerConnection", "-g", "mqadmin_producer", "--json"))
+    rows = data["connections"]
+    assert rows and {r["client_addr"] for r in rows} == {"127.0.0.1"}
+    assert sum(r["sends"] for r in rows) == 3 and all(r["topics"] == ["PC"] for r in rows)
+    assert {r["broker_name"] for r in rows} <= {"RaftNode00", "RaftNode01"}
+    r = await mqadmin("producerConnection", "-g", "mqadmin_producer", "-t", "PC")
+    assert r.rc == 0 and r.out.splitlines()[0].split()[:3] == ["##", "#ClientAddr", "#Broker"]
+    r = await mqadmin("producerConnection", "-g", "mqadmin_producer", "-t", "Other")
+    assert r.rc == 1 and "PRODUCER_NOT_ONLINE" in r.err
+    r = await mqadmin("producerConnection", "-g", "NoProducers")
+    assert r.rc == 1 and "PRODUCER_NOT_ONLINE" in r.err
+
+
+def test_producer_table_is_bounded_and_expires() -> None:
+    from broker import producers
+    from broker.producers import ProducerTable
+
+    t = ProducerTable(expiry_ms=1000)
+    t.sent("G", "10.0.0.1", "T", 0)
+    t.sent("G", "10.0.0.1", "U", 500)
+    assert t.connections("G", 600) == [{"client_addr": "10.0.0.1", "topics": ["T", "U"], "sends": 2, "idle_ms": 100}]
+    assert t.connections("G", 1600) == []  # idle past expiry: not shown, then dropped
+    t.expire(1600)
+    assert t._groups == {}
+    for i in range(producers.CLIENTS_MAX + 5):
+        t.sent("G", f"10.0.{i // 256}.{i % 256}", "T", 2000)
+    assert len(t.connections("G", 2000)) == producers.CLIENTS_MAX
+    for i in range(producers.GROUPS_MAX + 5):
+        t.sent(f"G{i}", "10.0.0.1", "T", 2000)
+    assert len(t._groups) == producers.GROUPS_MAX
