@@ -183,6 +183,12 @@ ensure_java() {
     apt_install openjdk-17-jre-headless
 }
 
+# The dashboard's browser test (tests/broker/tools/test_dashboard_browser.py) drives Debian's
+# headless Chromium through its chromedriver (selenium, from the `test` extra).
+ensure_chromium() {
+    apt_install chromium chromium-driver
+}
+
 # ---------------------------------------------------------------------------------------------
 main() {
     cd "$REPO"
@@ -197,6 +203,7 @@ main() {
     ensure_project_installed
     ensure_toxiproxy
     ensure_java
+    ensure_chromium
     log "ready: $VENV, $TOXIPROXY_BIN, java $(java -version 2>&1 | head -1)"
 }
 

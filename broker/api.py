@@ -18,6 +18,8 @@ from aiohttp import web
 
 from broker import export
 from broker.acl import Perm
+from broker.admin_config import ConfigError, NotUpdatable, config_view
+from broker.admin_config import update as update_config
 from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
@@ -40,6 +42,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
+from broker.metrics import CONTENT_TYPE
 from broker.names import is_client_id, is_decimal
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
@@ -62,6 +65,7 @@ INT64_MAX = 2**63 - 1
 MAX_PULL_COUNT = 1024
 MAX_SCAN_UNITS = 16_384
 MAX_QUERY = 512
+PULLED_KEY: web.RequestKey[tuple[int, int]] = web.RequestKey("api.pulled", tuple)  # (messages, bytes)
 _PULL_FIELDS = frozenset(
     {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group"}
 )
@@ -132,6 +136,7 @@ class BrokerApi:
         r.add_delete("/v1/groups/{group}", self.group_delete)
         r.add_get("/v1/groups/{group}/progress", self.group_progress)
         r.add_get("/v1/groups/{group}/consumers", self.group_consumers)
+        r.add_get("/v1/producers/{group}", self.producer_connections)
         r.add_post("/v1/offsets", self.offsets_commit)
         r.add_get("/v1/offsets", self.offsets_get)
         r.add_post("/v1/offsets/reset", self.offsets_reset)
@@ -140,6 +145,9 @@ class BrokerApi:
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
+        r.add_get("/v1/admin/config", self.config_get)
+        r.add_post("/v1/admin/config", self.config_update)
+        r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
 
     @web.middleware
@@ -230,6 +238,20 @@ class BrokerApi:
         return tc
 
     async def send(self, request: web.Request) -> web.Response:
+        try:
+            return await self._send(request)
+        except NotLeaderError:
+            self.s.metrics.send_failed("NOT_LEADER")
+            raise
+        except (ApiError, InvalidInput, AuthError) as exc:
+            self.s.metrics.send_failed(exc.code)
+            raise
+        except DLedgerError as exc:
+            self.s.metrics.send_failed(_DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))[1])
+            raise
+
+    async def _send(self, request: web.Request) -> web.Response:
+        started = self.s.clock.monotonic()
         body = await read_body(request, binary=True)
         check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}), ("topic", "messages"))
         topic = check_topic(body["topic"])
@@ -261,6 +283,9 @@ class BrokerApi:
         self.s.counters["send_requests"] += 1
         locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
         self.s.counters["messages_sent"] += len(records)
+        self.s.metrics.sent(topic, len(records), sum(len(r) for r in records), self.s.clock.monotonic() - started)
+        if body.get("producer_group") is not None:
+            self.s.producers.sent(body["producer_group"], peer, topic, self.s.monotonic_ms())
         results = []
         for m, loc in zip(msgs, locs, strict=True):
             offset = loc.result  # the queue offset its apply assigned (results travel with the call)
@@ -285,6 +310,7 @@ class BrokerApi:
 
     # -- pull -------------------------------------------------------------------------------------
     async def pull(self, request: web.Request) -> web.Response:
+        started = self.s.clock.monotonic()
         body = await read_body(request)
         check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
         topic = check_topic(body["topic"])
@@ -320,7 +346,11 @@ class BrokerApi:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
-            return self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            response = self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            count, nbytes = request.get(PULLED_KEY, (0, 0))
+            if count:
+                self.s.metrics.pulled(topic, group, count, nbytes, self.s.clock.monotonic() - started)
+            return response
 
     def _read_queue(
         self,
@@ -368,6 +398,7 @@ class BrokerApi:
     ) -> web.Response:
         self.s.counters["pulls"] += 1
         self.s.counters["messages_pulled"] += len(msgs)
+        request[PULLED_KEY] = (len(msgs), sum(m.get("size", 0) for m in msgs))
         return answer(
             request,
             {"status": status, "next_offset": next_offset, "min_offset": lo, "max_offset": hi, "messages": msgs},
@@ -746,6 +777,43 @@ class BrokerApi:
     # -- broker -------------------------------------------------------------------------------------
     async def status(self, request: web.Request) -> web.Response:
         return answer(request, await self.s.status())
+
+    async def producer_connections(self, request: web.Request) -> web.Response:
+        """Producers of a group seen sending here lately (``mqadmin producerConnection``); admin."""
+        group = check_group(request.match_info["group"])
+        self.sec.require(request, admin=True)
+        connections = self.s.producers.connections(group, self.s.monotonic_ms())
+        return answer(request, {"group": group, "connections": connections})
+
+    async def config_get(self, request: web.Request) -> web.Response:
+        """The replica's configuration (``mqadmin getBrokerConfig``), secrets left out; admin only."""
+        self.sec.require(request, admin=True)
+        return answer(request, {"config": config_view(self.s.cfg)})
+
+    async def config_update(self, request: web.Request) -> web.Response:
+        """``{key, value}`` (admin): change one hot key on this replica until it restarts."""
+        self.sec.require(request, admin=True)
+        body = await read_body(request)
+        check_fields(body, frozenset({"key", "value"}), ("key", "value"))
+        key, value = body["key"], body["value"]
+        if not isinstance(key, str) or not isinstance(value, str) or len(key) > 128 or len(value) > 1024:
+            raise ApiError(400, "BAD_REQUEST", "key and value must be strings (≤ 128 and ≤ 1024 chars)")
+        try:
+            self.s.cfg = update_config(self.s.cfg, key, value)
+        except NotUpdatable as exc:
+            raise ApiError(400, "NOT_UPDATABLE", str(exc)) from None
+        except ConfigError as exc:
+            raise ApiError(400, "BAD_PARAMETER", str(exc)) from None
+        log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
+        self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
+        return answer(request, {"key": key, "value": config_view(self.s.cfg).get(key)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            text = await self.s.metrics.scrape()
+        except TimeoutError:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
+        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)

@@ -34,6 +34,9 @@ from broker.client.admin import (
     InvalidArgument,
     MessageView,
     Outcome,
+    _path_part,
+    answers_checked,
+    check_group,
     check_topic,
 )
 from broker.client.transport import (
@@ -47,6 +50,7 @@ from broker.client.transport import (
 PROG = "mqadmin"
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)
 CONSUME_COUNT_MAX = 100_000
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader closed the pipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +372,10 @@ async def run_update_sub_group(admin: Admin, args: argparse.Namespace) -> Output
 
 async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Output:
     progress = await admin.consumer_progress(args.group, args.topic)
+    if not any(q.consumer_offset is not None for q in progress.queues):
+        reason = await _no_progress_reason(admin, args.group, args.topic, bool(progress.queues))
+        if reason is not None:
+            raise reason
     table = format_table(
         ["Topic", "Broker Name", "QID", "Broker Offset", "Consumer Offset", "Diff", "LastTime"],
         [
@@ -385,6 +393,62 @@ async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Outpu
     )
     data = {"group": progress.group, "queues": to_jsonable(progress.queues), "total_lag": progress.total_lag}
     return Output(data, f"{table}\n\nDiff Total: {progress.total_lag}")
+
+
+@answers_checked
+async def _group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
+    """(broker name, member) of every consumer of ``group`` online at any broker group."""
+    path = f"/v1/groups/{_path_part(check_group(group))}/consumers"
+    groups = await admin._all_groups()
+    answers = await asyncio.gather(*(admin._read(bd, path) for bd in groups), return_exceptions=True)
+    out = []
+    for bd, ans in zip(groups, answers, strict=True):
+        if isinstance(ans, BaseException):
+            if isinstance(ans, ClientError):
+                continue  # one unreachable group does not hide the others' members
+            raise ans
+        out += [(bd.broker_name, dict(m)) for m in ans.get("members") or []]
+    return out
+
+
+@answers_checked
+async def _no_progress_reason(
+    admin: Admin, group: str, topic: str | None, has_rows: bool
+) -> ClientError | None:
+    """Why a group with no committed offset has no progress to show (RocketMQ's consumerProgress
+    fails there too); None when the rows (subscribed queues, nothing committed yet) are the answer."""
+    members = await _group_members(admin, group)
+    if members and all(m.get("model") == "BROADCASTING" for _b, m in members):
+        return ClientError(
+            "BROADCASTING_GROUP",
+            f"consumer group {group} consumes in BROADCASTING mode: each of its {len(members)} consumer(s) keeps "
+            "its own offsets, the brokers hold none (see consumerConnection)",
+        )
+    known = False
+    for bd in await admin._all_groups():
+        try:
+            listed = await admin._read(bd, "/v1/groups")
+        except ClientError:
+            continue
+        if any(g.get("group") == group for g in listed.get("groups") or []):
+            known = True
+            break
+    on = f" on topic {topic}" if topic else ""
+    if not known and not members:
+        return ClientError(
+            "SUBSCRIPTION_GROUP_NOT_EXIST",
+            f"no consumer group {group}: not created (updateSubGroup), no offset committed{on} and no consumer "
+            "online",
+            status=404,
+        )
+    if has_rows:
+        return None
+    return ClientError(
+        "CONSUMER_NOT_ONLINE" if not members else "NO_CONSUME_STATS",
+        f"consumer group {group} has committed no offset{on} yet"
+        + ("" if members else " and has no consumer online"),
+        status=404,
+    )
 
 
 async def run_broker_status(admin: Admin, args: argparse.Namespace) -> Output:
@@ -441,6 +505,7 @@ async def run_send_message(admin: Admin, args: argparse.Namespace) -> Output:
         from broker.client import Message, Producer
     except ImportError as exc:
         raise ClientError("SDK_UNAVAILABLE", f"the producer SDK cannot be imported: {exc}") from None
+    await _check_writable(admin, args.topic, args.broker_name)
     msg = Message(args.topic, args.body.encode("utf-8"), tags=args.tags or "", keys=(args.keys or "").split())
     producer = Producer(
         "mqadmin_producer",
@@ -473,6 +538,25 @@ async def run_send_message(admin: Admin, args: argparse.Namespace) -> Output:
         ["Broker Name", "QID", "Send Result", "MsgId", "Unique Key", "Queue Offset"], [tuple(row.values())]
     )
     return Output(row, text)
+
+
+async def _check_writable(admin: Admin, topic: str, broker_name: str | None) -> None:
+    """A topic whose route has no writable queue fails at once with the permission named (the
+    producer would only report that no writable queue has a leader, after its retries)."""
+    try:
+        route = await admin.topic_route(topic)
+    except ClientError as exc:
+        if exc.status == 404:
+            return  # unknown topic: the producer auto-creates it or says TOPIC_NOT_EXIST itself
+        raise
+    queues = [q for q in route.queue_datas if broker_name in (None, q.broker_name)]
+    if queues and not any(q.perm & 2 and q.write_queue_nums > 0 for q in queues):
+        perms = ", ".join(f"{q.broker_name} {perm_text(q.perm)}" for q in queues)
+        raise ClientError(
+            "NO_PERMISSION",
+            f"topic {topic} is not writable ({perms}): `updateTopic -t {topic} -p 6` grants write permission",
+            status=403,
+        )
 
 
 async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
@@ -647,6 +731,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("transferLeader", "Hand a broker group's leadership to another replica", run_transfer_leader)
     p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
     p.add_argument("-i", "--targetId", dest="target_id", default=None, help="peer id, e.g. n1 (default: any)")
+    from broker.mqadmin_ops import register  # (imports this module: loaded once it is complete)
+
+    register(cmd)
     return parser
 
 
@@ -687,7 +774,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
         return 1
     except ClientError as exc:
-        return _fail(args, exc, 1)
+        return _fail(args, await _explain(admin, exc), 1)
     except Exception as exc:
         code = getattr(exc, "code", None)
         if not isinstance(code, str):  # not a typed client failure: a bug
@@ -696,7 +783,36 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await admin.close()
     print(json.dumps(out.data, indent=2, ensure_ascii=False) if args.json else out.text)
+    sys.stdout.flush()  # a closed pipe fails here, inside main's BrokenPipeError handling
     return out.exit_code
+
+
+async def _explain(admin: Admin, exc: ClientError) -> ClientError:
+    """A 404 for a NameServer path from an address given with -n: that address is no NameServer."""
+    if exc.code != "NOT_FOUND" or exc.addr is None or exc.addr not in admin.namesrv.addrs:
+        return exc
+    what = "it has no NameServer API"
+    try:
+        st = await admin.transport.call(exc.addr, "GET", "/v1/status", timeout_s=2.0)
+        if isinstance(st, dict) and st.get("broker_name"):
+            what = f"it is a broker ({st.get('cluster')}/{st.get('broker_name')}, replica {st.get('self_id')})"
+    except ClientError:
+        pass
+    return ClientError(
+        "NOT_A_NAMESRV",
+        f"{exc.addr} is not a NameServer: {what}; -n takes the NameServer list, e.g. 127.0.0.1:9876",
+        addr=exc.addr,
+    )
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush stays silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -715,6 +831,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `mqadmin ... | head -1`: the reader left; exit like a Unix tool, quietly
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

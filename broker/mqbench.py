@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from broker.auth import CredentialsError
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
+from broker.progress import StatusLine, progress_text
 from dledger.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -221,13 +222,36 @@ def stop_on_sigint(stop: asyncio.Event) -> Callable[[], None]:
     return undo
 
 
-async def _report_loop(interval_s: float, line: Callable[[float], str], out: TextIO, clock: Clock) -> None:
-    last = clock()
-    while True:
-        await asyncio.sleep(interval_s)
-        now = clock()
-        print(line(max(now - last, 1e-9)), file=out, flush=True)
-        last = now
+STATUS_EVERY_S = 0.5  # the live status line's refresh on a terminal
+
+
+async def _report_loop(
+    interval_s: float,
+    line: Callable[[float], str],
+    out: TextIO,
+    clock: Clock,
+    status: Callable[[], str] | None = None,
+) -> None:
+    """A report line every ``interval_s``; on a terminal also a live status line (``status()``:
+    count, rate, elapsed, ETA) refreshed every ``STATUS_EVERY_S``, kept below the report lines."""
+    sl = StatusLine(out) if status is not None else StatusLine(out, live=False)
+    last = next_status = clock()
+    try:
+        while True:
+            next_report = last + interval_s
+            if sl.live and status is not None:
+                next_status += STATUS_EVERY_S
+                await asyncio.sleep(max(0.0, min(next_status, next_report) - clock()))
+            else:
+                await asyncio.sleep(max(0.0, next_report - clock()))
+            now = clock()
+            if now >= next_report:
+                sl.println(line(max(now - last, 1e-9)))
+                last = now
+            if sl.live and status is not None:
+                sl.update(status())
+    finally:
+        sl.close()
 
 
 async def run_produce(
@@ -294,13 +318,18 @@ async def run_produce(
         n, h, _ = stats.take_interval()
         return format_send_report(n / elapsed_s, h, stats.send_failed, stats.response_failed)
 
-    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock))
+    def status() -> str:
+        failed = f"failed {stats.send_failed + stats.response_failed}"
+        return progress_text(stats.msgs, "msgs", clock() - start, args.duration, failed)
+
+    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock, status))
     undo_sigint = stop_on_sigint(stop)
     try:
         await asyncio.gather(*(sender() for _ in range(args.threads)))
     finally:
         undo_sigint()
         reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)  # its status line is cleared first
         elapsed = clock() - start
         if not stop.is_set():  # paced senders end at their last due time, before the deadline
             elapsed = max(elapsed, args.duration)
@@ -370,7 +399,10 @@ async def run_consume(
         n, b2c, s2c = stats.take_interval()
         return format_consume_report(n / elapsed_s, b2c, s2c)
 
-    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock))
+    def status() -> str:
+        return progress_text(stats.msgs, "msgs", clock() - start, args.duration)
+
+    reporter = asyncio.create_task(_report_loop(args.report_interval, line, report_out, clock, status))
     stop = asyncio.Event()
     undo_sigint = stop_on_sigint(stop)
     try:
@@ -380,6 +412,7 @@ async def run_consume(
     finally:
         undo_sigint()
         reporter.cancel()
+        await asyncio.gather(reporter, return_exceptions=True)  # its status line is cleared first
         elapsed = clock() - start
         await consumer.shutdown()
     summary = {

@@ -32,6 +32,8 @@ from broker.config import BrokerConfig, load_broker_config
 from broker.consumers import ConsumerManager
 from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
+from broker.metrics import BrokerMetrics
+from broker.producers import ProducerTable
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
@@ -75,6 +77,7 @@ class BrokerServer:
             settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
         )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
+        self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
         self.creating: dict[str, asyncio.Task[Any]] = {}
@@ -101,7 +104,7 @@ class BrokerServer:
         # Every replica enforces the same ACL file (followers serve pulls too).
         self.security = Security(
             sec.acl_file, self.wall_ms, self.guard,
-            anonymous=lambda request: request.method == "GET" and request.path == "/v1/status",
+            anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
         )
         ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
@@ -112,6 +115,8 @@ class BrokerServer:
             # The group's own account only (never a client's from the environment).
             transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
+        self.metrics = BrokerMetrics(self)
+        self.node.core.observe = self.metrics.observe
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
@@ -382,6 +387,7 @@ class BrokerServer:
         while True:
             await asyncio.sleep(10)
             self.consumers.expire(self.monotonic_ms())
+            self.producers.expire(self.monotonic_ms())
 
 
 EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)

@@ -31,6 +31,7 @@ from typing import Any
 
 from broker.client import ClientError, Message, Producer
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
+from broker.progress import StatusLine, format_eta
 from chaos.layout import Ports
 from chaos.target import REPO, LocalTarget, Member, Target, find_leader, groups_of, wait_for
 from chaos.workload import create_topic, read_queue, writable_leader
@@ -92,6 +93,16 @@ async def registered_leader(ns: NamesrvClient, group: str) -> str | None:
     return str(addr) if addr else None
 
 
+def drill_status(round_no: int, rounds: int, phase: str, acks: int, elapsed_s: float,
+                 round_s: list[float]) -> str:
+    """``drill round 2/5 | 00:41 | ETA 01:02 | <phase> | acks 1234`` (ETA from the mean finished round)."""
+    eta = ""
+    if round_s:
+        mean = sum(round_s) / len(round_s)
+        eta = f" | ETA {format_eta(max(0.0, mean * rounds - elapsed_s))}"
+    return f"drill round {round_no}/{rounds} | {format_eta(elapsed_s)}{eta} | {phase} | acks {acks}"
+
+
 class Drill:
     def __init__(self, opts: DrillOptions, target: Target, out: Any = sys.stdout, as_json: bool = False):
         self.opts, self.target, self.out, self.as_json = opts, target, out, as_json
@@ -104,10 +115,25 @@ class Drill:
         self.stop = asyncio.Event()
         self.credentials = getattr(target, "credentials", FROM_ENV)  # a local cluster's admin account
         self.transport = Transport(timeout_s=5.0, credentials=self.credentials)
+        # On a terminal (not --json): a live line (round, phase, acks, ETA) below the round lines.
+        self.status = StatusLine(out, live=False if as_json else None)
+        self.phase = "starting"
+        self.round_no = 0
+        self.round_s: list[float] = []  # durations of the finished rounds (for the ETA)
 
     def say(self, text: str) -> None:
         if not self.as_json:
-            print(text, file=self.out, flush=True)
+            self.status.println(text)
+
+    async def show_progress(self) -> None:
+        started = time.monotonic()
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                self.status.update(drill_status(self.round_no, self.opts.rounds, self.phase, len(self.acks.by_uid),
+                                                time.monotonic() - started, self.round_s))
+        finally:
+            self.status.close()
 
     async def produce(self, i: int) -> None:
         p = Producer(f"chaos_drill_p{i}", self.target.namesrv_addr, credentials=self.credentials)
@@ -132,11 +158,18 @@ class Drill:
     async def run(self) -> dict[str, Any]:
         await create_topic(self.target, self.opts.topic, self.opts.queues)
         tasks = [asyncio.create_task(self.produce(i)) for i in range(self.opts.producers)]
+        progress = asyncio.create_task(self.show_progress()) if self.status.live else None
         rounds: list[dict[str, Any]] = []
         try:
             for r in range(1, self.opts.rounds + 1):
+                self.round_no = r
+                t0 = time.monotonic()
                 rounds.append(await self.round(r))
+                self.round_s.append(time.monotonic() - t0)
         finally:
+            if progress is not None:
+                progress.cancel()
+                await asyncio.gather(progress, return_exceptions=True)
             self.stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.transport.close()
@@ -153,7 +186,9 @@ class Drill:
         return result
 
     async def round(self, r: int) -> dict[str, Any]:
+        self.phase = "waiting for a writable leader and acks"
         await self.ready()
+        self.phase = "steady load"
         await asyncio.sleep(self.opts.steady_s)
         leader = await writable_leader(self.target, self.members, 30)
         old_status = await self.target.status(leader) or {}
@@ -168,6 +203,7 @@ class Drill:
                 return addr
             return None
 
+        self.phase = f"killed {leader.name}: waiting for the new leader's first ack"
         killed_at = time.monotonic()
         route_task = asyncio.create_task(wait_for(new_route, 30, "a new leader at the NameServer", 0.01))
         await self.target.kill(leader)
@@ -182,8 +218,10 @@ class Drill:
         route_ms = round((route_seen[0] - killed_at) * 1000, 1)
         new = await writable_leader(self.target, self.members, 30)
         new_status = await self.target.status(new) or {}
+        self.phase = f"restarting {leader.name}, waiting until it caught up"
         await self.target.start(leader)
         await self.caught_up(leader)
+        self.phase = "checking that no acknowledged message is lost"
         lost = await self.lost()
         row = {
             "round": r, "killed": leader.name, "killed_term": old_status.get("term"), "new_leader": new.name,

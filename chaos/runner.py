@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from broker.progress import StatusLine, format_eta
 from chaos import plants as plant_registry
 from chaos.faults import SKEW_DEFAULT, Fault, FaultContext, make_fault
 from chaos.history import HISTORY_VERSION, FaultRecord, JsonlWriter, now_us, read_jsonl
@@ -79,11 +80,13 @@ def git_commit() -> str | None:
 
 
 def progress_line(elapsed_s: float, fault: str | None, window: Window | None, rate: float,
-                  counts: dict[str, Any], leaders: dict[str, str | None]) -> str:
+                  counts: dict[str, Any], leaders: dict[str, str | None], total_s: float | None = None) -> str:
     where = f"{fault} ({max(0.0, window.end_s - elapsed_s):.0f}s left)" if fault and window else "no fault"
     lead = " ".join(f"{g}={n.rsplit('-', 1)[-1] if n else '-'}" for g, n in sorted(leaders.items()))
+    eta = f" | ETA {format_eta(total_s - elapsed_s)}" if total_s is not None else ""
     return (f"[{elapsed_s:6.0f}s] {where:<32} | sends/s {rate:6.1f} | acks {counts['ok']} | "
-            f"fail {counts['fail']} | unknown {counts['unknown']} | receipts {counts['receipts']} | leader {lead}")
+            f"fail {counts['fail']} | unknown {counts['unknown']} | receipts {counts['receipts']} | leader {lead}"
+            f"{eta}")
 
 
 class Run:
@@ -96,9 +99,10 @@ class Run:
                                        rng=random.Random(opts.seed))
         self.info: dict[str, Any] = {}
         self.current: tuple[str, Window] | None = None
+        self.status = StatusLine(out)  # a live line on a terminal (rate, ETA); inert otherwise
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        self.status.println(text)
 
     def write_run_json(self) -> None:
         path = os.path.join(self.dir, "run.json")
@@ -250,18 +254,37 @@ class Run:
         return r.returncode
 
     async def _progress(self, t0: float, workload: Workload, target: LocalTarget) -> None:
+        """A plain line every ``progress_s``; on a terminal also a live line every second (elapsed /
+        schedule + recovery, ETA, current fault, sends/s, acks), kept below the plain lines."""
+        total_s = self.opts.duration_s + self.opts.recovery_s
         last_sends, last_t = workload.counters.sends, time.monotonic()
-        while True:
-            await asyncio.sleep(self.opts.progress_s)
-            now = time.monotonic()
-            c = workload.counters
-            rate = (c.sends - last_sends) / max(now - last_t, 1e-6)
-            last_sends, last_t = c.sends, now
-            leaders = {g: await find_leader(target, ms) for g, ms in groups_of(target.members()).items()}
-            fault, w = self.current if self.current else (None, None)
-            self.say(progress_line(now - t0, fault, w or window_at(self.schedule, now - t0), rate,
-                                   c.snapshot(), leaders))
-            workload.flush()
+        live_sends, live_t = last_sends, last_t
+        next_line = last_t + self.opts.progress_s
+        try:
+            while True:
+                tick = 1.0 if self.status.live else self.opts.progress_s
+                await asyncio.sleep(max(0.0, min(next_line, time.monotonic() + tick) - time.monotonic()))
+                now = time.monotonic()
+                c = workload.counters
+                fault, w = self.current if self.current else (None, None)
+                if now >= next_line:
+                    rate = (c.sends - last_sends) / max(now - last_t, 1e-6)
+                    last_sends, last_t = c.sends, now
+                    next_line = now + self.opts.progress_s
+                    leaders = {g: await find_leader(target, ms) for g, ms in groups_of(target.members()).items()}
+                    self.say(progress_line(now - t0, fault, w or window_at(self.schedule, now - t0), rate,
+                                           c.snapshot(), leaders, total_s))
+                    workload.flush()
+                if self.status.live:
+                    rate = (c.sends - live_sends) / max(now - live_t, 1e-6)
+                    live_sends, live_t = c.sends, now
+                    self.status.update(
+                        f"chaos run {format_eta(now - t0)} / {format_eta(total_s)} | ETA "
+                        f"{format_eta(total_s - (now - t0))} | {fault or 'no fault'} | sends/s {rate:.0f} | "
+                        f"acks {c.ok} | fail {c.fail} | unknown {c.unknown}"
+                    )
+        finally:
+            self.status.close()
 
     async def _restore_everything(self, target: LocalTarget, log: JsonlWriter) -> list[str]:
         """After the schedule: every link healed, every replica running and continued. Replicas found

@@ -149,6 +149,9 @@ class ReplicaCore:
         self.counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
+        # Metrics hook (broker/metrics.py), called on the tick thread: ("fsync_seconds", duration)
+        # after every flush, ("batch_bodies", n) per entry written (a group commit of n bodies).
+        self.observe: Callable[[str, float], None] = _observe_nothing
 
     # -- lifecycle (tick thread) ------------------------------------------------------------------
     def _owned(self) -> None:
@@ -337,16 +340,19 @@ class ReplicaCore:
             self._waiting_indexes.add(index)
             self.counters["entries_appended"] += 1
             self.counters["bodies_appended"] += len(bodies)
+            self.observe("batch_bodies", len(bodies))
             appended = True
         return appended
 
     def _flush(self) -> bool:
         if not self.store.dirty:
             return False
+        started = self._clock.monotonic()
         self.store.flush()
         self._durable_index = self.store.last_index
         self._last_flush = self._clock.monotonic()
         self.counters["fsync"] += 1
+        self.observe("fsync_seconds", self._last_flush - started)
         return True
 
     def _flush_per_policy(self) -> None:
@@ -577,8 +583,13 @@ class ReplicaCore:
             },
             "max_append_gap_ms": round(sync.dl_max_append_gap_s * 1000, 3),
             "waiting_entries": len(self._waiting),
+            "queued_requests": len(self._queue),
             "commit_latency_ms": _latency_summary(list(self.commit_latency_ms)),
         }
+
+
+def _observe_nothing(_name: str, _value: float) -> None:
+    pass
 
 
 def _latency_summary(samples: list[float]) -> dict[str, float | int]:

@@ -310,6 +310,9 @@ class RouteTable:
         self._live: dict[str, LiveBroker] = {}
         self._topic_groups: dict[str, int] = {}  # topic -> how many groups announce it
         self._topic_entries = 0  # sum of len(group.topics)
+        # Broker groups whose write permission was wiped (mqadmin wipeWritePerm): their queues are
+        # routed read-only until addWritePerm, whatever their registrations announce.
+        self._write_wiped: set[str] = set()
 
     # -- writes ------------------------------------------------------------------------------
     def register(self, reg: BrokerRegistration, now_ms: int) -> RegisterResult:
@@ -384,6 +387,22 @@ class RouteTable:
                 found = True
         return found
 
+    def set_write_perm(self, broker_name: str, writable: bool) -> int:
+        """Wipe (``writable=False``) or give back the write permission of a broker group's routes;
+        returns how many of its topics are affected. NotFoundError for a group not in the table."""
+        validate_name(broker_name, "INVALID_BROKER_NAME", "broker name")
+        group = self._groups.get(broker_name)
+        if group is None:
+            raise NotFoundError("BROKER_NOT_EXIST", f"no broker group {broker_name} is registered here")
+        if writable:
+            self._write_wiped.discard(broker_name)
+        else:
+            self._write_wiped.add(broker_name)
+        return len(group.topics)
+
+    def write_wiped(self) -> tuple[str, ...]:
+        return tuple(sorted(self._write_wiped))
+
     # -- reads -------------------------------------------------------------------------------
     def topic_route(self, topic: str) -> TopicRouteData | None:
         validate_topic(topic)
@@ -395,7 +414,8 @@ class RouteTable:
             tc = group.topics.get(topic)
             if tc is None:
                 continue
-            queue_datas.append(QueueData(name, tc.read_queue_nums, tc.write_queue_nums, tc.perm))
+            perm = tc.perm & ~PERM_WRITE if name in self._write_wiped else tc.perm
+            queue_datas.append(QueueData(name, tc.read_queue_nums, tc.write_queue_nums, perm))
             broker_datas.append(group.broker_data(name))
             order = order or tc.order
         if not queue_datas:

@@ -7,11 +7,14 @@ JSON ``{v, code, message}``)::
 
     POST   /v1/brokers/register     BrokerRegistration  -> {v, accepted, changed, namesrv_time_ms, ...}
     POST   /v1/brokers/unregister   {cluster, broker_name, address} -> {v, removed}
+    POST   /v1/brokers/perm         {broker_name, write} (admin) -> {v, broker_name, write, topics}
+    POST   /v1/config               {key, value} (admin) -> {v, key, value}  (updateNamesrvConfig)
     GET    /v1/routes/{topic}       TopicRouteData, or 404 TOPIC_NOT_EXIST
     GET    /v1/clusters             {v, clusters: {cluster: [names]}, brokers: {name: BrokerData}}
     GET    /v1/topics               {v, topics: [...]}
     DELETE /v1/topics/{topic}       {v, topic, deleted: true}, or 404 TOPIC_NOT_EXIST
     GET    /v1/status               uptime, counts, totals, live brokers, config
+    GET    /metrics                 Prometheus text exposition (namesrv/metrics.py)
 
 With ``aclEnable=true`` (docs/SECURITY.md) registrations and unregistrations must be signed by an
 account whose ``brokerNames`` lists the group, and route deletions by an admin account; reads stay
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -54,7 +58,9 @@ from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv import wire
-from namesrv.config import NamesrvConfig, load_namesrv_config
+from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config
+from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from namesrv.metrics import NamesrvMetrics
 from namesrv.route_table import (
     WIRE_VERSION,
     BrokerRegistration,
@@ -70,6 +76,8 @@ from namesrv.route_table import (
 )
 
 log = logging.getLogger("namesrv")
+
+HOT_KEYS: Final = ("scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime")  # updateNamesrvConfig
 
 BODY_BYTES_MAX: Final = 4 << 20
 QUEUE_JOBS_MAX: Final = 1024
@@ -183,6 +191,7 @@ class NamesrvService:
             cfg.acl_file, wall_clock_ms, self.guard, anonymous=lambda request: request.method in ("GET", "HEAD")
         )
         self._started_ms = clock_ms()
+        self.metrics = NamesrvMetrics()
         self._started_wall_ms = wall_clock_ms()
         # Owned by the table task (updated only inside closures it runs).
         self.totals = dict.fromkeys(
@@ -193,11 +202,14 @@ class NamesrvService:
         app = guarded_app(self.guard, [_errors, self.security.middleware])
         app.router.add_post("/v1/brokers/register", self.handle_register)
         app.router.add_post("/v1/brokers/unregister", self.handle_unregister)
+        app.router.add_post("/v1/brokers/perm", self.handle_broker_perm)
+        app.router.add_post("/v1/config", self.handle_config_update)
         app.router.add_get("/v1/routes/{topic}", self.handle_route)
         app.router.add_get("/v1/clusters", self.handle_clusters)
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_delete("/v1/topics/{topic}", self.handle_delete_topic)
         app.router.add_get("/v1/status", self.handle_status)
+        app.router.add_get("/metrics", self.handle_metrics)  # Prometheus exposition (namesrv/metrics.py)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -256,9 +268,8 @@ class NamesrvService:
         return expired
 
     async def _scan_loop(self) -> None:
-        interval_s = self.cfg.scan_not_active_broker_interval_ms / 1000
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(self.cfg.scan_not_active_broker_interval_ms / 1000)  # updatable at run time
             try:
                 await self.scan_now()
             except NamesrvError as exc:
@@ -307,6 +318,61 @@ class NamesrvService:
 
         return _reply(request, {"v": WIRE_VERSION, "removed": await self.owner.call(job)})
 
+    async def handle_broker_perm(self, request: web.Request) -> web.Response:
+        """``{v, broker_name, write: bool}`` (admin): mqadmin wipeWritePerm / addWritePerm. The group's
+        queues are routed without (or again with) write permission until changed back; kept in
+        memory like the routes themselves."""
+        fmt = wire.format_for_content_type(request.content_type)
+        body = wire.parse_body(await self.guard.read_body(request), fmt)
+        self.security.require(request, admin=True)
+        name, write = body.get("broker_name"), body.get("write")
+        if not isinstance(name, str) or not isinstance(write, bool) or set(body) - {"v", "broker_name", "write"}:
+            raise InvalidRecordError("BAD_REQUEST", "body must be {v, broker_name, write: true|false}")
+
+        def job(table: RouteTable, now_ms: int) -> int:
+            count = table.set_write_perm(name, write)
+            log.warning("%s write permission of broker group %s (%d topics)", "added" if write else "wiped",
+                        name, count)
+            return count
+
+        count = await self.owner.call(job)
+        return _reply(request, {"v": WIRE_VERSION, "broker_name": name, "write": write, "topics": count})
+
+    async def handle_config_update(self, request: web.Request) -> web.Response:
+        """``{v, key, value}`` (admin): mqadmin updateNamesrvConfig for the keys a running NameServer
+        can change (``HOT_KEYS``), checked like the config file; in memory until restart."""
+        fmt = wire.format_for_content_type(request.content_type)
+        body = wire.parse_body(await self.guard.read_body(request), fmt)
+        self.security.require(request, admin=True)
+        key, value = body.get("key"), body.get("value")
+        if not isinstance(key, str) or not isinstance(value, str) or set(body) - {"v", "key", "value"}:
+            raise InvalidRecordError("BAD_REQUEST", "body must be {v, key, value} with string key and value")
+        if key not in HOT_KEYS:
+            raise InvalidRecordError(
+                "NOT_UPDATABLE",
+                f"{key[:80]!r} cannot change on a running NameServer (updatable: {', '.join(HOT_KEYS)}); "
+                "edit its config file and restart it",
+            )
+        current = self.cfg.as_properties()
+        props = {k: str(current[k]) for k in HOT_KEYS} | {key: value[:64]}
+        try:
+            parsed = parse_namesrv_config(props, source="updateNamesrvConfig")
+        except ConfigError as exc:
+            raise InvalidRecordError("BAD_PARAMETER", str(exc)) from None
+        self.cfg = dataclasses.replace(
+            self.cfg,
+            scan_not_active_broker_interval_ms=parsed.scan_not_active_broker_interval_ms,
+            broker_channel_max_idle_time_ms=parsed.broker_channel_max_idle_time_ms,
+        )
+        idle_ms = parsed.broker_channel_max_idle_time_ms
+
+        def job(table: RouteTable, now_ms: int) -> None:
+            table.heartbeat_timeout_ms_default = idle_ms  # brokers that send none get it at their next heartbeat
+
+        await self.owner.call(job)
+        log.warning("config %s set to %s by updateNamesrvConfig (until restart)", key, value[:64])
+        return _reply(request, {"v": WIRE_VERSION, "key": key, "value": str(self.cfg.as_properties()[key])})
+
     async def handle_route(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)
         route = await self.owner.call(lambda table, now_ms: table.topic_route(topic))
@@ -342,6 +408,10 @@ class NamesrvService:
         _check_query_version(request)
         return _reply(request, await self.owner.call(self._status))
 
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        status = await self.owner.call(self._status)
+        return web.Response(body=self.metrics.render(status), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     def _status(self, table: RouteTable, now_ms: int) -> dict[str, Any]:
         return {
             "v": WIRE_VERSION,
@@ -349,6 +419,7 @@ class NamesrvService:
             "started_at_ms": self._started_wall_ms,
             "namesrv_time_ms": self._wall_clock_ms(),
             "counts": table.counts(),
+            "write_wiped": list(table.write_wiped()),
             "totals": dict(self.totals),
             "brokers": [
                 {

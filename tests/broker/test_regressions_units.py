@@ -87,6 +87,9 @@ def _fake_server(ms: MessageStore) -> Any:
         clock=SYSTEM,
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
         wait_for_queue=wait_for_queue,
+        metrics=types.SimpleNamespace(  # broker/metrics.py's event hooks, not under test here
+            sent=lambda *_a: None, pulled=lambda *_a: None, send_failed=lambda *_a: None
+        ),
     )
 
 

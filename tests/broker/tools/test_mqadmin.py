@@ -440,14 +440,6 @@ async def test_consumer_progress(mqadmin: Mqadmin, cluster: InProcBrokerCluster)
     assert data["total_lag"] == 6 and len(data["queues"]) == 8
 
 
-async def test_consumer_progress_of_an_unknown_group_is_empty(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
-    await seed(cluster)
-    r = await mqadmin("consumerProgress", "-g", "Nobody")  # no offsets, no members: nothing to show
-    assert r.rc == 0, r.err
-    assert [line for line in r.out.splitlines() if line][1:] == ["Diff Total: 0"]
-    assert (await mqadmin("consumerProgress", "-g", "Nobody", "--json")).json()["queues"] == []
-
-
 async def test_consumer_progress_on_one_group_only(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
     await seed(cluster)
     await commit(cluster, "G1", "T1", {"RaftNode01": {0: 1, 1: 1}})  # RaftNode00 never saw G1: 404 there

@@ -1,0 +1,509 @@
+"""More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
+consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
+updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same
+conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
+registered into its parser by ``register``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.client.admin import (
+    Admin,
+    FanOutError,
+    InvalidArgument,
+    MessageView,
+    Outcome,
+    _path_part,
+    answers_checked,
+    check_addr,
+    check_group,
+    check_name,
+    check_topic,
+)
+from broker.client.allocate import allocate_averagely
+from broker.client.transport import BrokerData, ClientError
+from broker.mqadmin import (
+    Output,
+    Runner,
+    _group_members,
+    body_text,
+    format_table,
+    format_ts,
+    non_negative_int,
+    parse_timestamp,
+    render_message_table,
+    render_outcomes,
+    to_jsonable,
+)
+from dledger.clock import process_clock
+
+CLUSTER_RT_AMOUNT_MAX = 1000
+PRINT_MSG_MAX = 100_000
+METRICS_BYTES_MAX = 16 << 20
+
+Command = Callable[[str, str, Runner], argparse.ArgumentParser]
+
+
+# -- subscription groups and consumers --------------------------------------------------------------
+@answers_checked
+async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
+    group = check_group(args.group)
+    path = f"/v1/groups/{_path_part(group)}"
+    if (args.cluster is None) == (args.broker_addr is None):
+        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
+    if args.broker_addr is not None:
+        addr = check_addr(args.broker_addr)
+        try:
+            ans, landed = await admin._write_addr(addr, "DELETE", path, None)
+        except ClientError as exc:
+            raise FanOutError(
+                [Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status)]
+            ) from None
+        outcomes = [Outcome("broker", addr, landed, True, "OK", answer=ans)]
+    else:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        outcomes = await admin._fan_out_groups(groups, lambda bd: admin._write(bd, "DELETE", path, None))
+        if not all(o.ok for o in outcomes):
+            raise FanOutError(outcomes)
+    text = render_outcomes(outcomes, (("Deleted", "deleted"),))
+    return Output({"group": group, "results": to_jsonable(outcomes)}, text)
+
+
+@answers_checked
+async def run_consumer_connection(admin: Admin, args: argparse.Namespace) -> Output:
+    group = check_group(args.group)
+    members = await _group_members(admin, group)
+    if not members:
+        raise ClientError("CONSUMER_NOT_ONLINE", f"no consumer of group {group} is online at any broker", status=404)
+    by_client: dict[str, dict[str, Any]] = {}
+    for broker, m in members:
+        row = by_client.setdefault(
+            str(m.get("client_id")),
+            {"client_id": m.get("client_id"), "model": m.get("model"), "topics": set(), "brokers": set()},
+        )
+        row["topics"].update(m.get("topics") or ())
+        row["brokers"].add(broker)
+    rows = [
+        {**r, "topics": sorted(r["topics"]), "brokers": sorted(r["brokers"])}
+        for _cid, r in sorted(by_client.items())
+    ]
+    table = format_table(
+        ["#", "ClientId", "Model", "Topics", "Brokers"],
+        [
+            (i + 1, r["client_id"], r["model"], ",".join(r["topics"]), ",".join(r["brokers"]))
+            for i, r in enumerate(rows)
+        ],
+    )
+    models = sorted({str(r["model"]) for r in rows})
+    text = f"{table}\n\nConsumeType: CONSUME_PASSIVELY\nMessageModel: {'/'.join(models)}"
+    return Output({"group": group, "connections": rows}, text)
+
+
+@answers_checked
+async def run_producer_connection(admin: Admin, args: argparse.Namespace) -> Output:
+    """Producers of the group that sent (to ``-t`` if given) lately, as each replica saw them."""
+    group = check_group(args.group)
+    topic = check_topic(args.topic) if args.topic else None
+    path = f"/v1/producers/{_path_part(group)}"
+    targets = [(bd.broker_name, a) for bd in await admin._all_groups() for _bid, a in sorted(bd.broker_addrs.items())]
+    answers = await asyncio.gather(*(admin.transport.call(a, "GET", path) for _n, a in targets), return_exceptions=True)
+    rows = []
+    for (name, addr), ans in zip(targets, answers, strict=True):
+        if isinstance(ans, BaseException):
+            if isinstance(ans, ClientError) and not ans.status:
+                continue  # an unreachable replica: the others still answer
+            raise ans
+        for c in ans.get("connections") or []:
+            if topic is None or topic in (c.get("topics") or ()):
+                rows.append({"broker_name": name, "broker_addr": addr, **dict(c)})
+    if not rows:
+        on = f" to topic {topic}" if topic else ""
+        raise ClientError("PRODUCER_NOT_ONLINE", f"no producer of group {group} sent{on} lately", status=404)
+    table = format_table(
+        ["#", "ClientAddr", "Broker Name", "Broker Addr", "Topics", "Sends", "Last Send (ms ago)"],
+        [(i + 1, r["client_addr"], r["broker_name"], r["broker_addr"], ",".join(r.get("topics") or ()),
+          r.get("sends"), r.get("idle_ms")) for i, r in enumerate(rows)],
+    )
+    return Output({"group": group, "connections": rows}, table)
+
+
+# -- topics ------------------------------------------------------------------------------------------
+@answers_checked
+async def run_topic_cluster_list(admin: Admin, args: argparse.Namespace) -> Output:
+    route = await admin.topic_route(args.topic)
+    clusters = sorted({b.cluster for b in route.broker_datas if b.cluster})
+    return Output({"topic": args.topic, "clusters": clusters}, "\n".join(clusters))
+
+
+@answers_checked
+async def run_allocate_mq(admin: Admin, args: argparse.Namespace) -> Output:
+    """RocketMQ's averagely strategy, as consumers of a clustering group split the topic's queues."""
+    ips = [ip.strip() for ip in args.ip_list.split(",") if ip.strip()]
+    if not ips or len(ips) > 1024 or len(set(ips)) != len(ips):
+        raise InvalidArgument("BAD_REQUEST", "-i takes 1..1024 distinct client ids separated by commas")
+    route = await admin.topic_route(args.topic)
+    queues = sorted((q.broker_name, qid) for q in route.queue_datas for qid in range(q.read_queue_nums))
+    cids = sorted(ips)
+    result = {cid: allocate_averagely(cid, queues, cids) for cid in ips}
+    rows = [(cid, b, q) for cid in ips for b, q in result[cid]]
+    data = {
+        "topic": args.topic,
+        "result": {cid: [{"broker_name": b, "queue_id": q} for b, q in mqs] for cid, mqs in result.items()},
+    }
+    return Output(data, format_table(["Client", "Broker Name", "QID"], rows))
+
+
+# -- write permission at the NameServers ------------------------------------------------------------
+@answers_checked
+async def _set_write_perm(admin: Admin, broker_name: str, write: bool) -> Output:
+    name = check_name(broker_name, "broker")
+    body = {"v": 1, "broker_name": name, "write": write}
+    outcomes = []
+    for addr in admin.namesrv.addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/brokers/perm", body)
+            outcomes.append(Outcome("namesrv", addr, addr, True, "OK", answer=ans))
+        except ClientError as exc:
+            outcomes.append(Outcome("namesrv", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+    verb = "add" if write else "wipe"
+    lines = [
+        f"{verb} write perm of broker[{name}] in namesrv[{o.addr}] "
+        + (f"OK, {(o.answer or {}).get('topics')}" if o.ok else f"Failed: {o.code}: {o.message}")
+        for o in outcomes
+    ]
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    return Output({"broker_name": name, "write": write, "results": to_jsonable(outcomes)}, "\n".join(lines))
+
+
+async def run_wipe_write_perm(admin: Admin, args: argparse.Namespace) -> Output:
+    return await _set_write_perm(admin, args.broker_name, False)
+
+
+async def run_add_write_perm(admin: Admin, args: argparse.Namespace) -> Output:
+    return await _set_write_perm(admin, args.broker_name, True)
+
+
+# -- configuration ----------------------------------------------------------------------------------
+def render_config(sections: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """RocketMQ's layout: a ``====addr====`` header, then ``key = value`` lines."""
+    out = []
+    for addr, cfg in sections:
+        out.append(f"============{addr}============")
+        out += [f"{k:<40}= {v}" for k, v in sorted(cfg.items())]
+    return "\n".join(out)
+
+
+@answers_checked
+async def run_get_namesrv_config(admin: Admin, args: argparse.Namespace) -> Output:
+    sections = []
+    for addr in admin.namesrv.addrs:
+        st = await admin.transport.call(addr, "GET", "/v1/status", params={"v": 1})
+        cfg = st.get("config") if isinstance(st, dict) else None
+        if not isinstance(cfg, dict):
+            raise ClientError("NOT_A_NAMESRV", f"{addr} answered no NameServer configuration", addr=addr)
+        sections.append((addr, {str(k): v for k, v in cfg.items()}))
+    return Output(dict(sections), render_config(sections))
+
+
+@answers_checked
+async def run_update_namesrv_config(admin: Admin, args: argparse.Namespace) -> Output:
+    """Every NameServer of -n, in memory until it restarts (edit its config file to keep it)."""
+    body = {"v": 1, "key": args.key, "value": args.value}
+    done = []
+    for addr in admin.namesrv.addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/config", body)
+        except ClientError as exc:
+            if exc.code in ("NOT_UPDATABLE", "BAD_PARAMETER", "BAD_REQUEST"):
+                raise InvalidArgument(exc.code, exc.message) from None
+            raise
+        done.append((addr, ans.get("value")))
+    text = "\n".join(f"update name server config success![{addr}]\n{args.key} : {value}" for addr, value in done)
+    return Output({"key": args.key, "results": [{"addr": a, "value": v} for a, v in done]}, text)
+
+
+@answers_checked
+async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
+    if (args.cluster is None) == (args.broker_addr is None):
+        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
+    if args.broker_addr is not None:
+        addrs = [check_addr(args.broker_addr)]
+    else:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    sections = []
+    for addr in addrs:
+        ans = await admin.transport.call(addr, "GET", "/v1/admin/config")
+        sections.append((addr, dict(ans.get("config") or {})))
+    return Output(dict(sections), render_config(sections))
+
+
+@answers_checked
+async def run_update_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
+    """RocketMQ's updateBrokerConfig for the keys a running replica can change (its memory, until
+    restart); -c: every replica of the cluster (a follower may lead next)."""
+    if (args.cluster is None) == (args.broker_addr is None):
+        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
+    if args.broker_addr is not None:
+        addrs = [check_addr(args.broker_addr)]
+    else:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    body = {"key": args.key, "value": args.value}
+    outcomes = []
+    for addr in addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/admin/config", body)
+            outcomes.append(Outcome("broker", addr, addr, True, "OK", answer=ans))
+        except ClientError as exc:
+            if exc.code in ("NOT_UPDATABLE", "BAD_PARAMETER", "BAD_REQUEST"):
+                raise InvalidArgument(exc.code, exc.message) from None  # the same answer from every replica
+            outcomes.append(Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    text = render_outcomes(outcomes, (("Key", "key"), ("Value", "value")))
+    return Output({"key": args.key, "value": args.value, "results": to_jsonable(outcomes)}, text)
+
+
+# -- statistics -------------------------------------------------------------------------------------
+async def _scrape(admin: Admin, addr: str, timeout_s: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+    url = f"{admin.transport.scheme}://{addr}/metrics"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+            async with http.get(url, ssl=admin.transport.ssl_context or False) as resp:
+                if resp.status != 200:
+                    raise ClientError("BAD_ANSWER", f"/metrics answered HTTP {resp.status}", addr=addr)
+                raw = await resp.content.read(METRICS_BYTES_MAX + 1)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ClientError("CONNECT_FAILED", str(exc) or type(exc).__name__, addr=addr) from None
+    if len(raw) > METRICS_BYTES_MAX:
+        raise ClientError("BAD_ANSWER", f"/metrics answered more than {METRICS_BYTES_MAX} bytes", addr=addr)
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for fam in text_string_to_metric_families(raw.decode("utf-8", "replace")):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    except ValueError as exc:
+        raise ClientError("BAD_ANSWER", f"/metrics is not Prometheus text: {exc}", addr=addr) from None
+    return out
+
+
+@answers_checked
+async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
+    """Per topic and consumer group: lag, in/out TPS (the leaders' ``/metrics``, last 10 s)."""
+    groups = await admin._all_groups()
+    leaders = [(bd.broker_name, bd.leader_addr) for bd in groups if bd.leader_addr]
+    scraped = await asyncio.gather(*(_scrape(admin, a, args.timeout) for _n, a in leaders))
+    in_tps: dict[str, float] = {}
+    out_tps: dict[tuple[str, str], float] = {}
+    lag: dict[tuple[str, str], float] = {}
+    for samples in scraped:
+        for lab, v in samples.get("rocketmq_producer_tps", []):
+            in_tps[lab["topic"]] = in_tps.get(lab["topic"], 0.0) + v
+        for lab, v in samples.get("rocketmq_consumer_tps", []):
+            if lab.get("group"):
+                key = (lab["topic"], lab["group"])
+                out_tps[key] = out_tps.get(key, 0.0) + v
+        for lab, v in samples.get("rocketmq_group_diff", []):
+            key = (lab["topic"], lab["group"])
+            lag[key] = lag.get(key, 0.0) + v
+        for lab, _v in samples.get("rocketmq_producer_offset", []):
+            in_tps.setdefault(lab["topic"], 0.0)
+    rows = []
+    topics = sorted(t for t in in_tps if args.topic in (None, t))
+    for topic in topics:
+        tgroups = sorted({g for t, g in (*lag, *out_tps) if t == topic})
+        if not tgroups:
+            rows.append({"topic": topic, "group": None, "accumulation": None, "in_tps": in_tps[topic], "out_tps": None})
+        for g in tgroups:
+            rows.append(
+                {
+                    "topic": topic,
+                    "group": g,
+                    "accumulation": int(lag.get((topic, g), 0)),
+                    "in_tps": in_tps[topic],
+                    "out_tps": out_tps.get((topic, g), 0.0),
+                }
+            )
+    table = format_table(
+        ["Topic", "Consumer Group", "Accumulation", "InTPS", "OutTPS"],
+        [
+            (
+                r["topic"],
+                r["group"],
+                r["accumulation"],
+                f"{r['in_tps']:.2f}",
+                None if r["out_tps"] is None else f"{r['out_tps']:.2f}",
+            )
+            for r in rows
+        ],
+    )
+    return Output({"stats": rows}, table)
+
+
+async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
+    """Send ``-a`` small messages to every group leader of the cluster (topic ``-t``), one at a
+    time, and report the round trip per group (RocketMQ's clusterRT)."""
+    if not 1 <= args.amount <= CLUSTER_RT_AMOUNT_MAX:
+        raise InvalidArgument("BAD_REQUEST", f"-a amount must be in [1, {CLUSTER_RT_AMOUNT_MAX}]")
+    topic = check_topic(args.topic)
+    if args.cluster is not None:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+    else:
+        groups = await admin._all_groups()
+    clock = process_clock()
+    body = {"topic": topic, "queue_id": 0, "messages": [{"body": b"x" * args.size}]}
+    rows = []
+    for bd in groups:
+        rts: list[float] = []
+        errors = 0
+        last_error = None
+        for _ in range(args.amount):
+            started = clock.monotonic()
+            try:
+                await admin._write(bd, "POST", "/v1/send", body)
+            except ClientError as exc:
+                errors += 1
+                last_error = f"{exc.code}: {exc.message}"
+                continue
+            rts.append((clock.monotonic() - started) * 1000)
+        rows.append(
+            {
+                "cluster": bd.cluster,
+                "broker_name": bd.broker_name,
+                "sent": len(rts),
+                "failed": errors,
+                "rt_avg_ms": round(sum(rts) / len(rts), 3) if rts else None,
+                "rt_max_ms": round(max(rts), 3) if rts else None,
+                "rt_p99_ms": round(sorted(rts)[max(0, math.ceil(len(rts) * 0.99) - 1)], 3) if rts else None,
+                "error": last_error,
+            }
+        )
+    table = format_table(
+        ["Cluster Name", "Broker Name", "RT(ms) avg", "RT(ms) p99", "RT(ms) max", "Sent", "Failed"],
+        [(r["cluster"], r["broker_name"], r["rt_avg_ms"], r["rt_p99_ms"], r["rt_max_ms"], r["sent"], r["failed"])
+         for r in rows],
+    )
+    failed = [r for r in rows if r["failed"]]
+    if failed:
+        detail = "; ".join(f"{r['broker_name']}: {r['error']}" for r in failed)
+        return Output({"results": rows}, f"{table}\n\nErrors: {detail}", exit_code=1)
+    return Output({"results": rows}, table)
+
+
+# -- messages ---------------------------------------------------------------------------------------
+@answers_checked
+async def _offset_at(admin: Admin, bd: BrokerData, topic: str, qid: int, ts: int) -> int:
+    ans = await admin._read(bd, "/v1/offset/search", {"topic": topic, "queue_id": qid, "ts": ts})
+    return int(ans["offset"])
+
+
+@answers_checked
+async def run_print_msg(admin: Admin, args: argparse.Namespace) -> Output:
+    """Every message of a topic stored in [begin, end) (default: all), optionally only the tags of
+    ``-s``; reads only."""
+    if not 1 <= args.count <= PRINT_MSG_MAX:
+        raise InvalidArgument("BAD_REQUEST", f"-c count must be in [1, {PRINT_MSG_MAX}]")
+    tags = None if args.sub_expression in (None, "", "*") else {
+        t.strip() for t in args.sub_expression.split("||") if t.strip()
+    }
+    route = await admin.topic_route(args.topic)
+    got: list[MessageView] = []
+    for q in sorted(route.queue_datas, key=lambda q: q.broker_name):
+        bd = route.broker(q.broker_name)
+        if bd is None:
+            continue
+        for qid in range(q.read_queue_nums):
+            offset = 0 if args.begin is None else await _offset_at(admin, bd, args.topic, qid, args.begin)
+            end = None if args.end is None else await _offset_at(admin, bd, args.topic, qid, args.end)
+            while len(got) < args.count and (end is None or offset < end):
+                r = await admin.pull(args.topic, q.broker_name, qid, offset, max_count=32, route=route)
+                if end is None:
+                    end = r.max_offset
+                if r.status in ("OFFSET_TOO_SMALL", "NO_MATCHED_MSG") and r.next_offset > offset:
+                    offset = r.next_offset
+                    continue
+                if r.status != "FOUND":
+                    break
+                for m in r.messages:
+                    if m.queue_offset is not None and end is not None and m.queue_offset >= end:
+                        continue
+                    if tags is None or m.tags in tags:
+                        got.append(m)
+                offset = r.next_offset
+            if len(got) >= args.count:
+                break
+    got = got[: args.count]
+    if args.print_body:
+        lines = [
+            f"MSGID: {m.msg_id} QID: {m.queue_id} OFFSET: {m.queue_offset} TAGS: {m.tags or '-'} "
+            f"STORED: {format_ts(m.store_ts)} BODY: {body_text(m.body, None)}"
+            for m in got
+        ]
+        text = "\n".join(lines)
+    else:
+        text = render_message_table(got)
+    return Output({"messages": to_jsonable(got)}, f"{text}\n\nPrinted: {len(got)}")
+
+
+# -- the parser -------------------------------------------------------------------------------------
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--clusterName", dest="cluster", default=None, help="every group of this cluster")
+    p.add_argument("-b", "--brokerAddr", dest="broker_addr", default=None, help="this one broker (host:port)")
+
+
+def register(cmd: Command) -> None:
+    p = cmd("deleteSubGroup", "Delete a subscription group (and its offsets) from brokers", run_delete_sub_group)
+    p.add_argument("-g", "--groupName", dest="group", required=True)
+    _target(p)
+    p = cmd("consumerConnection", "The consumers of a group online at the brokers", run_consumer_connection)
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p = cmd("producerConnection", "The producers of a group seen sending lately, per broker replica",
+            run_producer_connection)
+    p.add_argument("-g", "--producerGroup", dest="group", required=True)
+    p.add_argument("-t", "--topic", default=None)
+    p = cmd("topicClusterList", "The clusters serving a topic", run_topic_cluster_list)
+    p.add_argument("-t", "--topic", required=True)
+    p = cmd("allocateMQ", "How the averagely strategy splits a topic's queues among clients", run_allocate_mq)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-i", "--ipList", dest="ip_list", required=True, help="client ids, comma-separated")
+    p = cmd("wipeWritePerm", "Route a broker group read-only at every NameServer (drain it)", run_wipe_write_perm)
+    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
+    p = cmd("addWritePerm", "Give a broker group's routes their write permission back", run_add_write_perm)
+    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
+    cmd("getNamesrvConfig", "Every NameServer's configuration", run_get_namesrv_config)
+    p = cmd("updateNamesrvConfig", "Change a hot config key on every NameServer (until restart)",
+            run_update_namesrv_config)
+    p.add_argument("-k", "--key", required=True, help="scanNotActiveBrokerInterval, brokerChannelMaxIdleTime")
+    p.add_argument("-v", "--value", required=True)
+    p = cmd("getBrokerConfig", "A broker's configuration (secrets left out)", run_get_broker_config)
+    _target(p)
+    p = cmd("updateBrokerConfig", "Change a hot config key on running replicas (until restart)",
+            run_update_broker_config)
+    _target(p)
+    p.add_argument("-k", "--key", required=True, help="autoCreateTopicEnable, defaultTopicQueueNums, longPollingMaxMs")
+    p.add_argument("-v", "--value", required=True)
+    p = cmd("statsAll", "Per topic and consumer group: lag and in/out TPS (last 10 s)", run_stats_all)
+    p.add_argument("-t", "--topic", default=None, help="only this topic")
+    p = cmd("clusterRT", "Send round trip to every broker group leader (writes test messages)", run_cluster_rt)
+    p.add_argument("-c", "--clusterName", dest="cluster", default=None)
+    p.add_argument("-a", "--amount", type=int, default=10, help="messages per group (default 10)")
+    p.add_argument("-s", "--size", type=non_negative_int, default=128, help="body bytes (default 128)")
+    p.add_argument("-t", "--topic", default="SELF_TEST_TOPIC", help="topic written to (default SELF_TEST_TOPIC)")
+    p = cmd("printMsg", "Print the messages of a topic stored in a time range (reads only)", run_print_msg)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-s", "--subExpression", dest="sub_expression", default="*", help="tags: '*' or 'a||b'")
+    p.add_argument("-b", "--beginTimestamp", dest="begin", type=parse_timestamp, default=None)
+    p.add_argument("-e", "--endTimestamp", dest="end", type=parse_timestamp, default=None)
+    p.add_argument("-c", "--count", dest="count", type=int, default=1024, help="at most this many (default 1024)")
+    p.add_argument("-d", "--printBody", dest="print_body", action="store_true", help="one line per message")
+
