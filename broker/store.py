@@ -262,7 +262,7 @@ class MessageStore:
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
             return False
         with self._md_lock:
-            result = self.metadata.apply(cmd)
+            result = self.metadata.apply(cmd, position)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
             topic = str(cmd["topic"])
             for key in [k for k in self._queue_cache if k[0] == topic]:
@@ -499,6 +499,10 @@ class MessageStore:
     def topic(self, name: str) -> TopicConfig | None:
         with self._md_lock:
             return self.metadata.topics.get(name)
+
+    def topic_epoch(self, name: str) -> int | None:
+        with self._md_lock:
+            return self.metadata.topic_epoch(name)
 
     def group(self, name: str) -> GroupConfig | None:
         with self._md_lock:

@@ -155,6 +155,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[MessageExt]
+    topic_epoch: int | None = None  # the topic's incarnation on the answering replica (None: unknown)
 
 
 # -- validation (the broker checks everything again; these catch mistakes before a round trip) --
@@ -309,6 +310,7 @@ def pull_result_from_answer(answer: Any) -> PullResult:
             min_offset=int(answer.get("min_offset", 0)),
             max_offset=int(answer.get("max_offset", 0)),
             messages=[message_ext_from_dict(m) for m in answer.get("messages") or ()],
+            topic_epoch=int(answer["topic_epoch"]) if answer.get("topic_epoch") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ClientError("BAD_ANSWER", f"unexpected pull answer: {exc!r}") from None
