@@ -250,6 +250,8 @@ class BrokerApi:
             new_unique_id=lambda: uuid.uuid4().hex.upper(),
             default_born_host=peer,
         )
+        # Delayed and timed messages go to the schedule topic until due (broker/schedule.py).
+        msgs = [self.s.schedule.policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:

@@ -33,6 +33,7 @@ from broker.consumers import ConsumerManager
 from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.registration import Registrar
+from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.store import MessageStore
 from dledger.apps.node_server import settings_from_config
@@ -113,6 +114,9 @@ class BrokerServer:
             # The group's own account only (never a client's from the environment).
             transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
+        self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
+            self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
+        )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
@@ -144,6 +148,7 @@ class BrokerServer:
             self.loop.create_task(self._expire_clients(), name="clients"),
             self.loop.create_task(self._state_entries(), name="state-entries"),
             self.loop.create_task(self._watch_replica(), name="replica-watch"),
+            self.loop.create_task(self.schedule.run(), name="schedule"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s, NameServers %s",
@@ -344,6 +349,7 @@ class BrokerServer:
                 "last_role": list(self.registrar.last_registered_role or ()),
             },
             "consumer_groups": self.consumers.groups(),
+            "schedule": self.schedule.status(),
             "security": {
                 "acl": self.security.enabled,
                 "tls": self.cfg.security.tls_cert_file is not None,

@@ -54,6 +54,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
+from broker.schedule import ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
@@ -95,6 +96,7 @@ class MessageStore:
         os.makedirs(root, exist_ok=True)
         self.cqs = ConsumeQueueStore(os.path.join(root, "consumequeue"), units_per_file=units_per_file)
         self.index = KeyIndex(os.path.join(root, "index"))
+        self.schedule = ScheduleIndex(os.path.join(root, "schedule", "pending.db"))  # broker/schedule.py
         self.metadata = Metadata()
         self._md_lock = threading.Lock()
         self._clock = clock
@@ -116,6 +118,7 @@ class MessageStore:
         self.results: dict[int, Any] = {}
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
+            "schedule_duplicates": 0,
         }
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
@@ -156,6 +159,9 @@ class MessageStore:
                 damaged.add(key)
         if damaged:
             self._rebuild_queues({k: expected.get(k, 0) for k in damaged})
+        if self.schedule.applied_index() != self._applied:
+            log.warning("schedule index does not match applied index %d: rebuilding it from the log", self._applied)
+            self.schedule.rebuild(self._scan_records(self._applied), self._applied)
         rebuild_from = self.index.needs_rebuild_from()
         if rebuild_from is not None and rebuild_from < self.applied_end_position:
             self._reindex_keys(rebuild_from)
@@ -171,6 +177,7 @@ class MessageStore:
             self._syncer.shutdown(wait=True)
             self.cqs.close()
             self.index.close()
+            self.schedule.close()
 
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:
@@ -236,6 +243,9 @@ class MessageStore:
             log.error("undecodable message record at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
             return
+        if not self.schedule.on_message(position, len(body), topic, h[5]):
+            self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
+            return
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
@@ -260,6 +270,9 @@ class MessageStore:
             self.counters["skipped"] += 1
             return False
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
+            return False
+        if str(cmd.get("op", "")).startswith("schedule."):
+            self.schedule.on_command(cmd)
             return False
         with self._md_lock:
             result = self.metadata.apply(cmd, position)
@@ -323,6 +336,7 @@ class MessageStore:
         self._queue_cache.clear()
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
+        self.schedule.rebuild(self._scan_records(as_of), as_of)  # what the retained log still holds
         self.needs_state_after = None
         assert self._log is not None
         from dledger.records import to_committed
@@ -367,6 +381,7 @@ class MessageStore:
         if self._log is not None and self._log.dirty:
             self._log.flush()
         pending = self.cqs.begin_flush_all()
+        self.schedule.commit(self._applied)
         self._units_since_write_out = 0
         with self._md_lock:
             md = self.metadata.to_snapshot()

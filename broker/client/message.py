@@ -77,6 +77,12 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
     unique_id: str | None = None
+    # Delayed delivery (broker/schedule.py): a RocketMQ delay level (1 = 1 s ... 18 = 2 h; wire
+    # property DELAY), or a deliver time in ms since the epoch (wire property TIMER_DELIVER_MS, at
+    # most timerMaxDelaySec ahead of the broker's clock). The message is stored when sent and shows
+    # up in its topic when due.
+    delay_time_level: int = 0
+    deliver_time_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
@@ -168,6 +174,10 @@ def check_message(msg: Message) -> None:
         raise ClientError("MESSAGE_TOO_LARGE", f"body of {len(msg.body)} bytes exceeds {MESSAGE_BYTES_MAX}")
     if not isinstance(msg.tags, str) or "||" in msg.tags or len(msg.tags) > 255:
         raise ClientError("INVALID_TAGS", "tags must be a string of at most 255 chars without '||'")
+    if not isinstance(msg.delay_time_level, int) or msg.delay_time_level < 0:
+        raise ClientError("INVALID_DELAY", "delay_time_level must be an integer ≥ 0 (0: not delayed)")
+    if msg.deliver_time_ms is not None and (not isinstance(msg.deliver_time_ms, int) or msg.deliver_time_ms < 0):
+        raise ClientError("INVALID_DELAY", "deliver_time_ms must be milliseconds since the epoch")
 
 
 def check_batch(msgs: Sequence[Message]) -> str:
@@ -223,8 +233,13 @@ def send_request(
             item["tags"] = m.tags
         if m.keys:
             item["keys"] = list(m.keys)
-        if m.properties:
-            item["properties"] = dict(m.properties)
+        props = dict(m.properties)
+        if m.delay_time_level:
+            props["DELAY"] = str(m.delay_time_level)
+        if m.deliver_time_ms is not None:
+            props["TIMER_DELIVER_MS"] = str(m.deliver_time_ms)
+        if props:
+            item["properties"] = props
         if m.flag:
             item["flag"] = m.flag
         items.append(item)
