@@ -40,6 +40,7 @@ from broker.message import (
 )
 from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, TopicConfig
 from broker.names import is_client_id, is_decimal
+from broker.retry_api import RetryApi
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -138,6 +139,7 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
         return app
 
     @web.middleware

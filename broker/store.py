@@ -160,7 +160,9 @@ class MessageStore:
         if damaged:
             self._rebuild_queues({k: expected.get(k, 0) for k in damaged})
         if self.schedule.applied_index() != self._applied:
-            log.warning("schedule index does not match applied index %d: rebuilding it from the log", self._applied)
+            if self.schedule.applied_index() is not None or self._applied:
+                log.warning("schedule index does not match applied index %d: rebuilding it from the log",
+                            self._applied)
             self.schedule.rebuild(self._scan_records(self._applied), self._applied)
         rebuild_from = self.index.needs_rebuild_from()
         if rebuild_from is not None and rebuild_from < self.applied_end_position:

@@ -70,7 +70,7 @@ from broker.client.message import (
 )
 from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.process_queue import ProcessQueue, backoff_s
-from broker.client.route_cache import RouteCache, all_addrs, call_replicas, subscribe_queues
+from broker.client.route_cache import RouteCache, all_addrs, call_leader, call_replicas, subscribe_queues
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -82,6 +82,7 @@ from broker.client.transport import (
     resolve_security,
 )
 from broker.names import TOPIC_RULE, is_topic
+from broker.retry import PROP_RETRY_TOPIC, RETRY_PREFIX, retry_topic
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ LONG_POLL_MARGIN_S = 3.0
 PULL_BACKOFF_S = 0.1
 PULL_BACKOFF_MAX_S = 3.0
 FOLLOWER_LAG_PAUSE_S = 0.2
+ORDERLY_DEFAULT_MAX_RECONSUME = 16
 OVERFLOW_WARN_EVERY_S = 30.0  # a leader short of our offset (same topic epoch) is waited for, with a warning
 LEADER_RETRY_S = 10.0  # after this long on a follower, try the leader again
 FLOW_CONTROL_WAIT_S = 1.0
@@ -291,6 +293,7 @@ class PushConsumer:
         self._local_recreated: dict[tuple[str, str], int] = {}
         self._local_restart: set[tuple[str, str]] = set()
         self._local_from_min: set[MessageQueue] = set()
+        self._retry_brokers: set[str] = set()  # broker groups that took a send-back (have %RETRY%<group>)
         self._running = False
         self.consumed = 0
         self.reconsumed = 0
@@ -338,6 +341,9 @@ class PushConsumer:
             timeout_s=self.timeout_s,
         )
         if self.message_model is MessageModel.CLUSTERING:
+            # RocketMQ: every clustering consumer of a group consumes its retry topic too (created
+            # by the broker at the first send-back; until then it has no route).
+            self._subscriptions.setdefault(retry_topic(self.group), None)
             self._store = RemoteOffsetStore(
                 self._transport,
                 self._routes,
@@ -524,8 +530,13 @@ class PushConsumer:
         complete &= await self._take_local_recreations()
         for topic, tags in sorted(self._subscriptions.items()):
             try:
+                if topic == retry_topic(self.group) and not await self._retry_route_current():
+                    complete = False
                 complete &= await self._rebalance_topic(topic, tags)
             except ClientError as exc:
+                if topic == retry_topic(self.group) and exc.code in ("TOPIC_NOT_EXIST", "NO_ROUTE"):
+                    log.debug("retry topic %s has no route yet: %s", topic, exc)
+                    continue
                 log.warning("rebalance of %s failed: %s", topic, exc)
                 complete = False
         return complete
@@ -692,6 +703,48 @@ class PushConsumer:
                 complete &= await self._start_workers(mqs, self._subscriptions[key[0]])
         return complete
 
+    # -- retries (clustering): back to the broker ------------------------------------------------------
+    async def _retry_route_current(self) -> bool:
+        """The retry topic's route names every broker group this consumer sent messages back to
+        (refreshed when not: those groups created it since); False while one is still missing."""
+        if not self._retry_brokers:
+            return True
+        topic = retry_topic(self.group)
+        cached = self.routes.cached(topic)
+        if cached is not None and self._retry_brokers <= {mq.broker_name for mq in subscribe_queues(cached)}:
+            return True
+        route = await self.routes.refresh(topic)
+        return self._retry_brokers <= {mq.broker_name for mq in subscribe_queues(route)}
+
+    async def _send_back(
+        self, mq: MessageQueue, msgs: list[MessageExt], *, dlq: bool = False
+    ) -> list[MessageExt]:
+        """Send failed messages back to their broker group (``%RETRY%<group>``, or ``%DLQ%<group>``
+        after ``max_reconsume_times``); returns those the broker did not take."""
+        failed = []
+        for m in msgs:
+            body: dict[str, Any] = {"group": self.group, "msg_id": m.msg_id, "dlq": dlq}
+            if self.max_reconsume_times is not None:
+                body["max_reconsume_times"] = self.max_reconsume_times
+            try:
+                answer = await call_leader(
+                    self.transport, self.routes, mq.topic, mq.broker_name, "/v1/consumer/sendback", body,
+                    timeout_s=self.timeout_s,
+                )
+            except ClientError as exc:
+                log.warning("%s: send-back of %s failed (consumed again here): %s", mq, m.msg_id, exc)
+                failed.append(m)
+                continue
+            if not answer.get("dlq"):
+                self._retry_brokers.add(mq.broker_name)
+            if answer.get("dlq"):
+                log.warning("%s: %s went to the dead-letter queue %s after %s re-consumptions",
+                            mq, m.msg_id, answer.get("topic"), answer.get("reconsume_times"))
+        retry_groups = {w.broker_name for w in self._workers if w.topic == retry_topic(self.group)}
+        if not self._retry_brokers <= retry_groups:
+            self._rebalance_wanted.set()  # the retry topic may exist now: take its queues
+        return failed
+
     # -- listener calls -------------------------------------------------------------------------------
     async def _invoke(self, msgs: list[MessageExt], ctx: ConsumeContext) -> ConsumeStatus:
         listener = self._listener
@@ -846,6 +899,8 @@ class _QueueWorker:
         if status is PullStatus.FOUND:
             self.overflow_since = None
             msgs = [m for m in result.messages if self.tags is None or m.tags in self.tags]
+            if self.mq.topic.startswith(RETRY_PREFIX):  # shown under the topic it was sent to
+                msgs = [dataclasses.replace(m, topic=m.properties.get(PROP_RETRY_TOPIC, m.topic)) for m in msgs]
             added = self.pq.put(msgs, result.next_offset)
             self.next_offset = max(self.next_offset, result.next_offset)
             self._record_progress()
@@ -894,9 +949,10 @@ class _QueueWorker:
             self._spawn(self._consume_concurrently(added[i : i + n]))
 
     # -- consuming ------------------------------------------------------------------------------------
-    def _done(self, batch: list[MessageExt]) -> None:
+    def _done(self, batch: list[MessageExt], *, consumed: bool = True) -> None:
         self.pq.remove(m.queue_offset for m in batch)
-        self.owner.consumed += len(batch)
+        if consumed:  # not when sent back to the broker (retry topic, DLQ)
+            self.owner.consumed += len(batch)
         self._record_progress()
         if not self._over_threshold():
             self.space.set()
@@ -913,6 +969,15 @@ class _QueueWorker:
         )
         return True
 
+    def _orderly_limit_reached(self, batch: list[MessageExt]) -> bool:
+        """Orderly: retried in place ``max_reconsume_times`` times (16 when unset), then the DLQ."""
+        limit = self.owner.max_reconsume_times
+        if batch[0].reconsume_times < (limit if limit is not None else ORDERLY_DEFAULT_MAX_RECONSUME):
+            return False
+        log.error("%s: offsets %s failed %d times in order: to the dead-letter queue",
+                  self.mq, [m.queue_offset for m in batch], batch[0].reconsume_times + 1)
+        return True
+
     async def _call(self, batch: list[MessageExt]) -> ConsumeStatus | None:
         """One listener call under the consumer-wide concurrency bound; None when dropped first."""
         assert self.owner._slots is not None
@@ -926,10 +991,21 @@ class _QueueWorker:
             status = await self._call(batch)
             if status is None:
                 return
-            if status is ConsumeStatus.CONSUME_SUCCESS or self._give_up(batch):
+            if status is ConsumeStatus.CONSUME_SUCCESS:
                 self._done(batch)
                 return
             self.owner.reconsumed += len(batch)
+            if self.owner.message_model is MessageModel.CLUSTERING:
+                left = await self.owner._send_back(self.mq, batch)
+                taken = [m for m in batch if m not in left]
+                if taken:
+                    self._done(taken, consumed=False)  # stored in the retry topic (or the DLQ): this offset is done
+                if not left or self.dropped:
+                    return
+                batch = left  # the broker did not take them: consume them again here
+            elif self._give_up(batch):
+                self._done(batch)
+                return
             delay_s = backoff_s(batch[0].reconsume_times, self.owner.redeliver_backoff_s)
             batch = [dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch]
             if await self._pause(delay_s):
@@ -946,9 +1022,17 @@ class _QueueWorker:
                 status = await self._call(batch)
                 if status is None:
                     return
-                if status is ConsumeStatus.CONSUME_SUCCESS or self._give_up(batch):
+                if status is ConsumeStatus.CONSUME_SUCCESS:
                     self._done(batch)
                     break
+                if self._orderly_limit_reached(batch):
+                    if self.owner.message_model is not MessageModel.CLUSTERING:
+                        self._done(batch)  # broadcasting: no DLQ, given up (logged)
+                        break
+                    left = await self.owner._send_back(self.mq, batch, dlq=True)
+                    if not left:
+                        self._done(batch, consumed=False)
+                        break
                 self.owner.reconsumed += len(batch)
                 batch = [dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch]
                 if await self._pause(self.owner.orderly_retry_s):

@@ -291,6 +291,14 @@ def pull_request(
     return body
 
 
+def _reconsume_times(props: Any) -> int:
+    """RECONSUME_TIME of a message from a retry topic (0 for a first delivery)."""
+    try:
+        return max(0, int(dict(props or {}).get("RECONSUME_TIME", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
 def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
     body = d.get("body")
     if body is None and "body_b64" in d:
@@ -314,6 +322,7 @@ def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
         size=int(d.get("size", 0)),
         broker_name=str(d["broker_name"]),
         flag=int(d.get("flag", 0)),
+        reconsume_times=_reconsume_times(d.get("properties")),
     )
 
 
