@@ -23,11 +23,12 @@ Pull loop of one queue::
 
 Delivery guarantees: at least once. The committed offset of a queue is the lowest offset not yet
 consumed successfully (``ProcessQueue.committable``), so a crash redelivers, never skips.
-``RECONSUME_LATER`` (or an exception, or any other answer) in concurrent mode redelivers the batch
-locally after 1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that
-message. RocketMQ would instead send it back to ``%RETRY%<group>`` and move on; this SDK keeps it in
-its queue. In orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing
-later in that queue is delivered meanwhile. The API has no queue locks, so in clustering mode a
+``RECONSUME_LATER`` (or an exception, or any other answer) in concurrent clustering mode sends the
+messages back to the broker (``%RETRY%<group>``, later ``%DLQ%<group>``; broker/retry.py) and moves
+on once they are stored; a failed send-back, and broadcasting mode, redeliver the batch locally after
+1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that message. In
+orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing later in that
+queue is delivered meanwhile; after ``max_reconsume_times`` (16) it goes to the DLQ. The API has no queue locks, so in clustering mode a
 queue that moves to another consumer during a rebalance may briefly be consumed by both.
 
 Offset resets (clustering): ``mqadmin resetOffsetByTime`` moves the group's offsets backwards on the
@@ -659,7 +660,8 @@ class PushConsumer:
             log.warning("%s: topic %s was created again: starting at the new queue's minimum %d", mq, mq.topic, lo)
             self.store.update(mq, lo, increase_only=False)
             return lo, epoch
-        if self.consume_from is ConsumeFrom.TIMESTAMP:
+        from_first = self.consume_from is ConsumeFrom.FIRST or mq.topic.startswith(RETRY_PREFIX)
+        if self.consume_from is ConsumeFrom.TIMESTAMP and not from_first:
             ts = self.consume_timestamp_ms
             if ts is None:
                 ts = time.time_ns() // 1_000_000 - CONSUME_TIMESTAMP_DEFAULT_AGO_MS
@@ -669,7 +671,8 @@ class PushConsumer:
             if epoch is not None and status_epoch is not None and status_epoch != epoch:
                 raise ClientError("STALE_REPLICA", f"{mq}: offsets and queue status of different topic epochs")
             epoch = status_epoch if epoch is None else epoch
-            offset = lo if self.consume_from is ConsumeFrom.FIRST else hi
+            # A retry topic holds only this group's failed messages: always from its start (RocketMQ).
+            offset = lo if from_first else hi
         # Remember it, so the first commit pins where this group starts even if nothing arrives.
         self.store.update(mq, offset, increase_only=False)
         return offset, epoch

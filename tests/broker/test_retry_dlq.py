@@ -66,7 +66,7 @@ async def test_failed_messages_are_retried_through_the_broker_then_dead_lettered
             done.add(body)
         return "CONSUME_SUCCESS"
 
-    consumer = PushConsumer("cg", cluster.namesrv_addr, credentials=CONSUMER, consume_from="FIRST",
+    consumer = PushConsumer("cg", cluster.namesrv_addr, credentials=CONSUMER, consume_from="LAST",
                             suspend_ms=300, commit_interval_s=0.2, rebalance_interval_s=1,
                             heartbeat_interval_s=0.5, max_reconsume_times=2)
     consumer.subscribe("T")
