@@ -28,8 +28,9 @@ messages back to the broker (``%RETRY%<group>``, later ``%DLQ%<group>``; broker/
 on once they are stored; a failed send-back, and broadcasting mode, redeliver the batch locally after
 1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that message. In
 orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing later in that
-queue is delivered meanwhile; after ``max_reconsume_times`` (16) it goes to the DLQ. The API has no queue locks, so in clustering mode a
-queue that moves to another consumer during a rebalance may briefly be consumed by both.
+queue is delivered meanwhile; after ``max_reconsume_times`` (16) it goes to the DLQ. The API has no
+queue locks, so in clustering mode a queue that moves to another consumer during a rebalance may
+briefly be consumed by both.
 
 Offset resets (clustering): ``mqadmin resetOffsetByTime`` moves the group's offsets backwards on the
 brokers. The offset store fences its commits with the reset generation it read (see

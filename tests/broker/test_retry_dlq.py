@@ -4,6 +4,8 @@ retry in place, then DLQ; an operator resends a DLQ message. On real brokers in 
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +15,9 @@ import pytest
 
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
 from broker.message import StoredMessage
+from broker.mqadmin import main as mqadmin_main
 from broker.retry import send_back
-from tests.acl_fixtures import CONSUMER, PRODUCER
+from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.dledger.harness import wait_until
 
@@ -50,7 +53,7 @@ def test_send_back_copies() -> None:
 
 
 async def test_failed_messages_are_retried_through_the_broker_then_dead_lettered(
-    cluster: InProcBrokerCluster,
+    cluster: InProcBrokerCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     attempts: dict[str, list[tuple[str, int]]] = defaultdict(list)  # body -> (topic, reconsume_times)
     done: set[str] = set()
@@ -98,8 +101,18 @@ async def test_failed_messages_are_retried_through_the_broker_then_dead_lettered
         assert dead["body"] == b"bad" and dead["unique_id"] == sent["bad"].unique_id
         assert props["RETRY_TOPIC"] == "T" and props["RECONSUME_TIME"] == "2"
         assert props["ORIGIN_MESSAGE_ID"] == sent["bad"].msg_id and props["DLQ_ORIGIN_GROUP"] == "cg"
-        # the operator resends it: it comes again with a fresh count
-        await cluster.call(leader.addr, "POST", "/v1/dlq/resend", {"group": "cg", "msg_id": dead["msg_id"]})
+        # the operator lists the DLQ and resends the message: it comes again with a fresh count
+        monkeypatch.setenv("DLEDGER_ACCESS_KEY", ADMIN.access_key)
+        monkeypatch.setenv("DLEDGER_SECRET_KEY", ADMIN.secret_key)
+        n = ["-n", cluster.namesrv_addr]
+        capsys.readouterr()
+        assert await asyncio.to_thread(mqadmin_main, ["queryDlqMessageByConsumerGroup", "-g", "cg", "--json", *n]) == 0
+        listed = json.loads(capsys.readouterr().out)["messages"]
+        assert [m["msg_id"] for m in listed] == [dead["msg_id"]]
+        assert await asyncio.to_thread(mqadmin_main, ["queryMsgById", "-i", dead["msg_id"], *n]) == 0
+        assert "Reconsume Times" in capsys.readouterr().out
+        assert await asyncio.to_thread(mqadmin_main, ["resendDlqMessage", "-g", "cg", "-i", dead["msg_id"], *n]) == 0
+        assert "%RETRY%cg" in capsys.readouterr().out
         await wait_until(lambda: len(attempts["bad"]) == 4, 30, "the resent message")
         assert attempts["bad"][3] == ("T", 0)
     finally:

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
+from broker.client.admin import message_from_dict
 from broker.client.transport import ClientError
 from broker.message import InvalidInput, StoredMessage, decode_message, encode_message
+from broker.mqadmin import message_details
 from broker.schedule import (
     PROP_DUE_MS,
     PROP_SCHED_POS,
@@ -137,6 +139,9 @@ async def test_delayed_and_timed_messages_show_up_when_due_and_once(cluster: InP
             r1 = await p.send(Message("T", b"level2", delay_time_level=2))
             r2 = await p.send(Message("T", b"timer", deliver_time_ms=now + 1500))
             r3 = await p.send(Message("T", b"plain"))
+            pending = await cluster.call(leader.addr, "GET", f"/v1/msg/id/{r1.msg_id}")
+            assert pending["topic"] == "SCHEDULE_TOPIC_XXXX" and pending["properties"]["REAL_TOPIC"] == "T"
+            assert message_details(message_from_dict(pending)).count("Due Timestamp") == 1  # mqadmin queryMsgById
             status = await cluster.call(leader.addr, "GET", "/v1/status")
             backlog = status["schedule"]["backlog"]
             assert backlog.get("level2") == 1 and backlog.get("timer") == 1, backlog
