@@ -119,6 +119,8 @@ class SchedulePolicy:
 
     def prepare(self, m: StoredMessage, where: str) -> StoredMessage:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
+        if m.topic == SCHEDULE_TOPIC:
+            raise InvalidInput("NO_PERMISSION", f"{where}: topic {SCHEDULE_TOPIC} is the broker's own", 403)
         due = self.due_of(m.properties, m.store_ts, where)
         if due is None:
             return m

@@ -364,7 +364,8 @@ class PushConsumer:
             try:
                 await self._routes.get(topic)
             except ClientError as exc:
-                log.warning("no route for %s yet (rebalance retries): %s", topic, exc)
+                level = logging.DEBUG if topic == retry_topic(self.group) else logging.WARNING  # made on demand
+                log.log(level, "no route for %s yet (rebalance retries): %s", topic, exc)
         await self._heartbeat_once()
         complete = await self._rebalance_once()
         if not complete:
@@ -538,6 +539,7 @@ class PushConsumer:
             except ClientError as exc:
                 if topic == retry_topic(self.group) and exc.code in ("TOPIC_NOT_EXIST", "NO_ROUTE"):
                     log.debug("retry topic %s has no route yet: %s", topic, exc)
+                    complete &= not self._retry_brokers  # created by a send-back: soon routed
                     continue
                 log.warning("rebalance of %s failed: %s", topic, exc)
                 complete = False

@@ -14,6 +14,7 @@ import pytest
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
 from broker.client.admin import message_from_dict
 from broker.client.transport import ClientError
+from broker.config import load_broker_config
 from broker.message import InvalidInput, StoredMessage, decode_message, encode_message
 from broker.mqadmin import message_details
 from broker.schedule import (
@@ -26,6 +27,7 @@ from broker.schedule import (
     delivered_copy,
     parse_delay_levels,
 )
+from dledger.config import ConfigError
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.dledger.harness import wait_until
@@ -73,6 +75,15 @@ def test_levels_and_deliver_times() -> None:
             parse_delay_levels(bad)
 
 
+def test_config_keys() -> None:
+    conf = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "broker-n0.conf")
+    cfg = load_broker_config(conf, {"messageDelayLevel": "2s 1h", "timerMaxDelaySec": "60"})
+    assert cfg.message_delay_levels_ms == (2000, 3_600_000) and cfg.timer_max_delay_sec == 60
+    assert load_broker_config(conf).message_delay_levels_ms == SchedulePolicy().levels_ms
+    with pytest.raises(ConfigError, match="messageDelayLevel"):
+        load_broker_config(conf, {"messageDelayLevel": "1s 5x"})
+
+
 def test_prepare_and_the_delivered_copy() -> None:
     p = SchedulePolicy()
     m = _msg({"DELAY": "2", "a": "b"})
@@ -86,6 +97,9 @@ def test_prepare_and_the_delivered_copy() -> None:
     assert (c.topic, c.queue_id, c.store_ts, c.unique_id) == ("T", 1, 2_000_000, m.unique_id)
     assert c.properties == {"a": "b", PROP_DUE_MS: s.properties[PROP_DUE_MS], PROP_SCHED_POS: "4242"}
     assert p.prepare(_msg({"a": "b"}), "m").topic == "T"
+    with pytest.raises(InvalidInput) as e:  # the schedule topic is the broker's own
+        p.prepare(dataclasses.replace(_msg({}), topic=SCHEDULE_TOPIC), "m")
+    assert e.value.status == 403
 
 
 def test_the_index_keeps_100k_pending_on_disk_and_answers_the_earliest(tmp_path: Path) -> None:
