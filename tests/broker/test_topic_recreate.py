@@ -123,3 +123,36 @@ async def test_a_stale_epoch_commit_is_refused(cluster: InProcBrokerCluster) -> 
         await cluster.call(leader.addr, "POST", "/v1/offsets",
                            {"group": "g", "topic": "T", "offsets": {"0": 7}, "topic_epoch": old})
     assert cluster.groups[0].offsets("g", "T") == {}
+
+
+async def test_a_broadcasting_consumer_restarts_a_re_created_topic_at_its_minimum(
+    cluster: InProcBrokerCluster, tmp_path: Path
+) -> None:
+    """Broadcasting keeps offsets locally (no broker fencing): the pull answers' epoch alone makes the
+    consumer drop them and start the new queues at their minimum."""
+    await cluster.create_topic("B", 2)
+    broker = cluster.groups[0].name
+    bodies: list[bytes] = []
+    consumer = PushConsumer("bg", cluster.namesrv_addr, credentials=CONSUMER, consume_from="FIRST",
+                            message_model="BROADCASTING", offset_dir=str(tmp_path / "offsets"),
+                            suspend_ms=300, rebalance_interval_s=1, commit_interval_s=0.3)
+    consumer.subscribe("B")
+    consumer.register_listener(lambda msgs, _ctx: bodies.extend(m.body for m in msgs) or "CONSUME_SUCCESS")
+    try:
+        await consumer.start()
+        async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER) as p:
+            for i in range(6):
+                await p.send(Message("B", f"old{i}".encode()), queue=MessageQueue("B", broker, i % 2))
+        await wait_until(lambda: len(bodies) >= 6, 30, "the old messages")
+        await _delete_and_create(cluster, "B", 2)
+        sent = []
+        async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER) as p:
+            for i in range(5):
+                sent.append(f"new{i}".encode())
+                await p.send(Message("B", sent[-1]), queue=MessageQueue("B", broker, 0))
+        try:
+            await wait_until(lambda: set(sent) <= set(bodies), 30, "the new messages")
+        except AssertionError:
+            raise AssertionError(f"never delivered: {sorted(set(sent) - set(bodies))}") from None
+    finally:
+        await consumer.shutdown()
