@@ -87,10 +87,10 @@ async def test_failed_messages_are_retried_through_the_broker_then_dead_lettered
         await wait_until(lambda: g.offsets("cg", "T").get(0) == 4, 20, "T's offset past every message")
         assert attempts["flaky"] == [("T", 0), ("T", 1)] and attempts["boom"] == [("T", 0), ("T", 1)]
         assert attempts["bad"] == [("T", 0), ("T", 1), ("T", 2)]
+        await wait_until(lambda: g.max_offset("%DLQ%cg", 0) == 1, 20, "the bad message in the DLQ")
         assert cluster.groups[0].topic_config("%RETRY%cg") is not None
         dlq = g.topic_config("%DLQ%cg")
         assert dlq is not None and dlq["perm"] == 2, dlq  # write only
-        await wait_until(lambda: g.max_offset("%DLQ%cg", 0) == 1, 20, "the bad message in the DLQ")
         leader = g.leader()
         assert leader is not None
         with pytest.raises(Exception, match="NO_PERMISSION"):  # nobody consumes it by default
