@@ -267,6 +267,21 @@ class ScheduleIndex:
         self.commit(applied_index)
         log.info("schedule index rebuilt from %d log records: %d pending", n, sum(self.backlog().values()))
 
+    def rows(self) -> list[list[int]]:
+        """Every pending record as [position, size, due ms, level] (for a state entry)."""
+        with self._lock:
+            return [list(r) for r in self._db.execute("SELECT position, size, due_ms, level FROM pending")]
+
+    def load_rows(self, rows: Iterable[Any], applied_index: int) -> None:
+        """Take a leader's pending set (a state entry) instead of this replica's."""
+        self.reset()
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO pending (position, size, due_ms, level) VALUES (?, ?, ?, ?)",
+                [(int(p), int(sz), int(d), int(lv)) for p, sz, d, lv in rows],
+            )
+        self.commit(applied_index)
+
     def commit(self, applied_index: int) -> None:
         """Make the changes so far one transaction, stamped with the store's applied index."""
         with self._lock:

@@ -18,6 +18,11 @@ at the snapshot's index + 1 — no entry is applied twice, none skipped (invaria
 missing or damaged is rebuilt from the log: the snapshot knows its max offset at the snapshot
 index, so counting its messages in the retained log gives its first offset even after retention.
 
+Delayed messages (broker/schedule.py): a delivered copy of a schedule record is dispatched only
+while that record is pending in ``schedule`` (the on-disk pending set, derived from the log and
+committed with every snapshot): a second copy is a committed record that no queue holds, skipped on
+every replica alike (and by ``_queue_members`` when a queue is rebuilt: the first copy wins).
+
 A follower re-anchored past entries it never applied (it was behind the leader's retention, so
 dledger installed it at an anchor) cannot derive metadata or queue offsets from its log. It enters
 *needs-state* mode (persisted): it applies nothing until a ``state`` command arrives — the leader
@@ -54,7 +59,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
-from broker.schedule import ScheduleIndex
+from broker.schedule import PROP_SCHED_POS, ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
@@ -305,6 +310,8 @@ class MessageStore:
             "as_of": self._applied,
             "metadata": md,
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
+            # the pending delayed messages, so the follower skips the same second copies
+            "schedule": self.schedule.rows(),
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -338,7 +345,7 @@ class MessageStore:
         self._queue_cache.clear()
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
-        self.schedule.rebuild(self._scan_records(as_of), as_of)  # what the retained log still holds
+        self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.needs_state_after = None
         assert self._log is not None
         from dledger.records import to_committed
@@ -462,11 +469,17 @@ class MessageStore:
                     continue
                 if cmd.get("op") == "topic.delete":
                     deleted_at[str(cmd.get("topic"))] = position
+        copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
         for position, body in self._scan_messages(self._applied):
             try:
                 h, _ = decode_header(body)
             except ValueError:
                 continue
+            sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
+            if sched_pos is not None:
+                if sched_pos in copies:
+                    continue
+                copies.add(sched_pos)
             key = (h[0], int(h[1]))
             if key in wanted and position > deleted_at.get(key[0], -1):
                 yield key, position, body

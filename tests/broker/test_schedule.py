@@ -210,6 +210,12 @@ async def test_a_second_copy_of_a_delivered_message_is_skipped_on_every_replica(
     for r in g.replicas:
         assert _real_queue_uids(cluster, r.nid)[sent.unique_id] == 1, r.nid
         assert r.broker.store.counters["schedule_duplicates"] >= 2
+    # a queue rebuilt from the log (damaged, or a follower loading a state entry) keeps the first copy only
+    f = g.replica("n2").broker
+    want = {("T", q): (f.store.cqs.get("T", q) or cq).max_offset for q in range(2) if f.store.cqs.get("T", q)}
+    await f.node._on_tick_thread(lambda: f.store._rebuild_queues(want), 5.0)
+    assert _real_queue_uids(cluster, "n2")[sent.unique_id] == 1
+    assert {k: f.store.cqs.get(*k).max_offset for k in want} == want  # type: ignore[union-attr]
 
 
 async def test_pending_messages_survive_a_leader_crash_and_are_delivered_once(
@@ -272,3 +278,19 @@ def test_a_copy_decoded_again_is_the_same() -> None:
     assert dataclasses.asdict(decode_message(encode_message(c))) == dataclasses.asdict(c)
 
 
+
+
+def test_a_state_entry_carries_the_pending_set(tmp_path: Path) -> None:
+    """A follower that loads a leader's state entry takes the leader's pending set (its own log may
+    not reach back to the schedule records), so both skip the same second copies."""
+    leader = ScheduleIndex(str(tmp_path / "a" / "pending.db"))
+    leader.add(100, 50, {PROP_DUE_MS: "7", "__DELAY_LEVEL": "2"})
+    leader.add(300, 60, {PROP_DUE_MS: "9"})
+    follower = ScheduleIndex(str(tmp_path / "b" / "pending.db"))
+    follower.add(999, 1, {PROP_DUE_MS: "1"})  # what it had: replaced
+    follower.load_rows(leader.rows(), 42)
+    assert follower.applied_index() == 42 and sorted(follower.rows()) == [[100, 50, 7, 2], [300, 60, 9, 0]]
+    assert follower.on_message(500, 10, "T", {PROP_SCHED_POS: "100"})  # the first copy
+    assert not follower.on_message(600, 10, "T", {PROP_SCHED_POS: "100"})  # a second one: skipped
+    leader.close()
+    follower.close()
