@@ -36,10 +36,9 @@ from broker.registration import Registrar
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.store import MessageStore
-from dledger.apps.node_server import settings_from_config
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
-from dledger.config import ConfigError
+from dledger.config import ConfigError, settings_from_config
 from dledger.durable import private_dir
 from dledger.inproc import InProcNetwork
 from dledger.log_store import LogStore
@@ -133,7 +132,7 @@ class BrokerServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         private_dir(self.cfg.dledger.node_dir)
-        self.store.open(self.node.store)
+        self.store.open(self.node.log)
         self.store.listener = self
         await self.node.start()
         sec = self.cfg.security
@@ -217,11 +216,8 @@ class BrokerServer:
         generation = self._role_generation
         self._ready_term = -1
         if change.role != "LEADER":
-            self.store.track_results = False
-            self.store.results.clear()
             self.registrar.trigger()
             return
-        self.store.track_results = True
         if self.store.needs_state_after is not None:
             log.error("elected leader while waiting for state from a leader: handing leadership over")
             try:
@@ -229,7 +225,7 @@ class BrokerServer:
             except Exception as exc:  # the next election may pick a replica with state
                 log.error("leadership transfer failed: %s", exc)
             return
-        target = self.node.store.last_index
+        target = self.node.last_index
         self.registrar.trigger()  # as CANDIDATE under its own id until ready
         started = self.clock.monotonic()
         while self.node.applied_index < target or self.node.commit_index < target:
@@ -299,7 +295,7 @@ class BrokerServer:
 
     # -- status ---------------------------------------------------------------------------------
     def first_log_position(self) -> int:
-        st = self.node.store
+        st = self.node.log
         return st.position_at(st.first_index) if st.first_index <= st.last_index else st.next_position
 
     async def status(self) -> dict[str, Any]:
@@ -376,7 +372,7 @@ class BrokerServer:
             if not due and installs == installs_seen:
                 continue
             try:
-                cmd = await self.node._on_tick_thread(self.store.capture_state, 5.0)
+                cmd = await self.node.run_on_tick_thread(self.store.capture_state, 5.0)
                 record = encode_command(cmd)
                 if len(record) + 1024 > self.node.settings.max_entry_bytes:
                     raise ValueError(

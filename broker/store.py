@@ -35,7 +35,6 @@ offsets) and re-applies A+1 .. the state entry from its own log, exactly as the 
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import os
 import threading
@@ -64,13 +63,12 @@ from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
 if TYPE_CHECKING:
-    from dledger.log_store import LogStore
+    from dledger.log_store import LogReader
     from dledger.node import CommittedEntry
 
 log = logging.getLogger("broker.store")
 
 SNAPSHOT_VERSION = 1
-RECENT_MAX = 200_000
 WRITE_OUT_EVERY_UNITS = 8192
 
 
@@ -114,13 +112,10 @@ class MessageStore:
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._sync_job: concurrent.futures.Future[None] | None = None
         self._units_since_write_out = 0
-        self._log: LogStore | None = None
+        self._log: LogReader | None = None
+        self._owner: int | None = None  # the thread that applies (see _owned)
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
-        # The leader's send path reads what applying its records produced (queue offsets, command
-        # results) by log position; bounded, filled only while ``track_results`` is set.
-        self.track_results = False
-        self.results: dict[int, Any] = {}
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
             "schedule_duplicates": 0,
@@ -129,7 +124,7 @@ class MessageStore:
         self.needs_state_after: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def open(self, log_store: LogStore) -> None:
+    def open(self, log_store: LogReader) -> None:
         """Recover against the node's log (before the node starts applying)."""
         self._log = log_store
         self._log_first_index = log_store.first_index
@@ -194,33 +189,55 @@ class MessageStore:
         """The last snapshot on disk: recovery re-applies the log from there."""
         return self._durable_applied
 
+    def _owned(self) -> None:
+        """Applying and capturing state run on one thread (the replica's tick thread): the first
+        one to apply owns the store; any other raises instead of racing it."""
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif me != self._owner:
+            raise RuntimeError(f"MessageStore applied on thread {threading.current_thread().name!r}, not its owner's")
+
     def checkpoint(self) -> None:
         """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        self._owned()
         if self._applied > self._durable_applied and (
             self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
         ):
             self.snapshot()
 
-    def apply(self, entries: Sequence[CommittedEntry]) -> None:
+    def apply(self, entries: Sequence[CommittedEntry]) -> list[list[Any] | None]:
+        """Apply committed entries; returns, per entry, what each of its bodies produced (a
+        message's queue offset, a command's result): the append's caller reads it from
+        ``BodyLocation.result`` (the results travel with the call)."""
+        self._owned()
         touched: set[tuple[str, int]] = set()
         md_changed = False
+        out: list[list[Any] | None] = []
         for e in entries:
             bodies = e.bodies
+            aligned = True
             if self.needs_state_after is not None:
                 bodies = self._await_state(e, touched)
                 md_changed |= self.needs_state_after is None
+                aligned = False  # some bodies were skipped: no per-body results (nobody waits here)
+            produced: list[Any] = []
             for position, body in bodies:
                 # Readers must be able to read a record as soon as its queue unit is visible.
                 end = position + len(body)
                 if end > self.applied_end_position:
                     self.applied_end_position = end
                 kind = body[:1]
+                result: Any = None
                 if kind in MESSAGE_MAGICS:
-                    self._dispatch(position, body, touched)
+                    result = self._dispatch(position, body, touched)
                 elif kind == COMMAND_MAGIC:
-                    md_changed |= self._command(position, body)
+                    changed, result = self._command(position, body)
+                    md_changed |= changed
                 else:
                     self.counters["skipped"] += 1
+                produced.append(result)
+            out.append(produced if aligned else None)
             self._applied = e.index
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
@@ -229,8 +246,10 @@ class MessageStore:
             self.snapshot()
         if self.listener is not None and (touched or md_changed):
             self.listener.on_applied(touched, md_changed)
+        return out
 
     def on_install(self, anchor_index: int) -> None:
+        self._owned()
         if anchor_index <= self._applied:
             return
         log.warning(
@@ -242,17 +261,18 @@ class MessageStore:
         self.snapshot(wait=True)
 
     # -- applying ---------------------------------------------------------------------------------
-    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> None:
+    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None:
+        """Index one message record; its queue offset (None: undecodable, skipped)."""
         try:
             h, _start = decode_header(body)
             topic, qid, tags, keys, store_ts, uid = h[0], int(h[1]), h[3], h[4], int(h[8]), h[9]
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
             log.error("undecodable message record at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
-            return
+            return None
         if not self.schedule.on_message(position, len(body), topic, h[5]):
             self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
-            return
+            return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
@@ -266,21 +286,21 @@ class MessageStore:
             self.index.put(topic, uid, position, store_ts)
         touched.add(key)
         self.counters["messages"] += 1
-        if self.track_results:
-            self._remember(position, offset)
+        return offset
 
-    def _command(self, position: int, body: bytes) -> bool:
+    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+        """Apply one command: (whether the NameServers must hear of it, its result)."""
         try:
             cmd = decode_command(body)
         except (ValueError, msgpack.UnpackException) as exc:
             log.error("undecodable command at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
-            return False
+            return False, None
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
-            return False
+            return False, None
         if str(cmd.get("op", "")).startswith("schedule."):
             self.schedule.on_command(cmd)
-            return False
+            return False, {}
         with self._md_lock:
             result = self.metadata.apply(cmd, position)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
@@ -289,20 +309,13 @@ class MessageStore:
                 del self._queue_cache[key]
             self.cqs.delete_topic(topic)
         self.counters["commands"] += 1
-        if self.track_results:
-            self._remember(position, result)
         # Only topic changes concern the NameServers (offset commits are frequent and local).
-        return "error" not in result and str(cmd.get("op", "")).startswith("topic.")
-
-    def _remember(self, position: int, value: Any) -> None:
-        if len(self.results) >= RECENT_MAX:
-            for k in list(itertools.islice(self.results, RECENT_MAX // 2)):
-                self.results.pop(k, None)
-        self.results[position] = value
+        return "error" not in result and str(cmd.get("op", "")).startswith("topic."), result
 
     # -- state entries (followers behind retention) ---------------------------------------------
     def capture_state(self) -> dict[str, Any]:
         """The ``state`` command for this replica's state now (call on the tick thread)."""
+        self._owned()
         with self._md_lock:
             md = self.metadata.to_snapshot()
         return {

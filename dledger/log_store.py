@@ -96,6 +96,36 @@ class SegmentInfo:
     path: str
 
 
+class LogReader(Protocol):
+    """What a state machine (the broker's message store) may use of its replica's log: reads of
+    committed entries and records by position, and ``flush`` so that a snapshot never claims more
+    than the log holds on disk (called on the tick thread, between ticks). ``DLedgerNode.log``."""
+
+    header_bytes: int
+
+    @property
+    def first_index(self) -> int: ...
+
+    @property
+    def last_index(self) -> int: ...
+
+    @property
+    def next_position(self) -> int: ...
+
+    @property
+    def dirty(self) -> bool: ...
+
+    def read(self, index: int) -> Entry: ...
+
+    def read_range(self, first: int, max_count: int, max_bytes: int) -> list[Entry]: ...
+
+    def position_at(self, index: int) -> int: ...
+
+    def read_at_position(self, position: int, size: int) -> bytes: ...
+
+    def flush(self) -> None: ...
+
+
 class LogStore(Protocol):
     header_bytes: int
     segment_bytes: int

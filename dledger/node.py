@@ -38,7 +38,7 @@ from dledger import command_codec
 from dledger.clock import Clock
 from dledger.entry_store import EntryStore
 from dledger.inproc import InProcNetwork, InProcTransport
-from dledger.log_store import LogStore
+from dledger.log_store import LogReader, LogStore
 from dledger.meta_store import FileMetaStore, MetaStore
 from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import (
@@ -158,6 +158,15 @@ class DLedgerNode:
     @property
     def leader_id(self) -> str | None:
         return self.core.leader_id
+
+    @property
+    def log(self) -> LogReader:
+        """The replica's log as its state machine may read it (``dledger.log_store.LogReader``)."""
+        return self.store
+
+    @property
+    def last_index(self) -> int:
+        return self.store.last_index
 
     @property
     def commit_index(self) -> int:
@@ -419,7 +428,6 @@ class DLedgerNode:
         self._wake()
         return await asyncio.wait_for(future, timeout_s)
 
-    _on_tick_thread = run_on_tick_thread  # the name older callers use
 
     def run_retention_now(self) -> None:
         """Tick-thread only (tests use it through ``run_on_tick_thread``)."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from dledger import command_codec
-from dledger.log_store import Entry, LogStore
+from dledger.log_store import Entry, LogReader
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ class StateMachine(Protocol):
     def on_install(self, anchor_index: int) -> None: ...
 
 
-def to_committed(entry: Entry, store: LogStore) -> CommittedEntry:
+def to_committed(entry: Entry, store: LogReader) -> CommittedEntry:
     """A stored entry as the state machine sees it: its bodies with their log positions."""
     body = entry.body
     if not command_codec.is_batch(body):

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import random
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -128,6 +129,7 @@ class ReplicaCore:
         self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
         self._self_address = settings.peers[settings.self_id]
         self.sync: DLedgerSyncObj | None = None
+        self._owner: int | None = None  # the thread that opened it (see _owned)
         self._queue: collections.deque[Request] = collections.deque()
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._waiting_indexes: set[int] = set()
@@ -149,7 +151,17 @@ class ReplicaCore:
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
 
     # -- lifecycle (tick thread) ------------------------------------------------------------------
+    def _owned(self) -> None:
+        """Every method that changes or reads the replica's state runs on the thread that opened it
+        (a node's tick thread; the simulator's one thread): enforced, not left to the GIL."""
+        if self._owner is not None and threading.get_ident() != self._owner:
+            raise RuntimeError(
+                f"ReplicaCore {self.settings.self_id} used on thread {threading.current_thread().name!r}, "
+                "not the thread that owns it (use DLedgerNode.run_on_tick_thread)"
+            )
+
     def open(self) -> DLedgerSyncObj:
+        self._owner = threading.get_ident()
         s = self.settings
         conf = SyncObjConf(
             password=None,  # peers authenticate in the transport (peer_tcp), not in pysyncobj
@@ -184,6 +196,7 @@ class ReplicaCore:
         return sync
 
     def tick(self, wait_s: float) -> None:
+        self._owned()
         assert self.sync is not None
         self.sync.doTick(wait_s)
 
@@ -191,6 +204,7 @@ class ReplicaCore:
         """Stop: appends still waiting get "outcome unknown"; the log is flushed; SyncObj destroyed;
         ``before_log_close`` runs (the state machine's last snapshot may still read the log); then
         the log closes."""
+        self._owned()
         self.fail_queue(DLedgerError("node stopped"))
         self._fail_waiting(
             AppendTimeoutError("node stopped before the entry committed: the outcome is unknown")
@@ -479,6 +493,7 @@ class ReplicaCore:
                 )
 
     def run_retention_now(self) -> None:
+        self._owned()
         assert self.sync is not None
         self._retention_tick(self.sync)
 
@@ -487,6 +502,7 @@ class ReplicaCore:
         return int(self.sync.dl_installs_sent) if self.sync is not None else 0
 
     def start_transfer(self, target_id: str | None) -> str:
+        self._owned()
         sync = self.sync
         assert sync is not None
         if sync.dl_state != RAFT_STATE_LEADER:
@@ -506,6 +522,7 @@ class ReplicaCore:
         return target_id or "the most caught-up follower"
 
     def status(self) -> dict[str, Any]:
+        self._owned()
         sync = self.sync
         assert sync is not None
         store = self.store

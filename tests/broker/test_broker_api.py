@@ -170,7 +170,16 @@ async def test_registration_names_the_leader_and_follows_a_transfer(cluster: Bro
 
     assert await wait_until(route_leader, 5, "route with a leader") == leader.cfg.address
     target = next(nid for nid, b in cluster.brokers.items() if b is not leader)
-    r = await t.call(leader.cfg.address, "POST", "/v1/admin/transfer", {"target": target})
+
+    async def transfer() -> Any:
+        try:
+            return await t.call(leader.cfg.address, "POST", "/v1/admin/transfer", {"target": target})
+        except ClientError as exc:  # refused while the target is not caught up (a busy machine)
+            if exc.code != "SERVICE_UNAVAILABLE":
+                raise
+            return None
+
+    r = await wait_until(transfer, 10, "the leader to accept the transfer")
     assert r["leader_id"] == target
     new_addr = cluster.addr(target)
     loop = asyncio.get_running_loop()

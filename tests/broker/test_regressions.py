@@ -143,14 +143,14 @@ async def test_status_while_the_tick_thread_is_busy_is_a_clear_503_not_500(
 ) -> None:
     """BUG: ``GET /v1/status`` (and ``POST /v1/admin/transfer``) answer 500 INTERNAL, with a traceback
     logged, whenever the dledger tick thread does not run the request within 2 s (a long apply
-    batch, snapshot fsyncs of many queues, a slow disk). ``DLedgerNode._on_tick_thread``
+    batch, snapshot fsyncs of many queues, a slow disk). ``DLedgerNode.run_on_tick_thread``
     (dledger/node.py:467-472) lets ``asyncio.wait_for`` raise the builtin ``TimeoutError``, which is
     not a DLedgerError, so the middleware broker/api.py:152-154 maps it to 500. docs/BROKER_API.md:
     errors carry a code users can read; 500 is reserved for bugs.
 
     Fix: map TimeoutError from ``node.status()`` / ``transfer_leadership`` to a typed error (e.g.
     503 ``BUSY``/``SERVICE_UNAVAILABLE``) — in the handlers or by raising a DLedgerError subclass in
-    ``_on_tick_thread``.
+    ``run_on_tick_thread``.
     """
     leader = cluster.writable_leader()
     assert leader is not None

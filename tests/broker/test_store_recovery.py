@@ -141,7 +141,7 @@ async def test_snapshot_never_runs_ahead_of_the_durable_log(tmp_path: Any) -> No
         for b in c.brokers.values():
             await wait_until(lambda b=b: b.node.applied_index >= leader.node.commit_index, 5, "applied")
             assert b.node.store.dirty  # the policy has not flushed it yet (interval 10 s)
-            await b.node._on_tick_thread(lambda b=b: b.store.snapshot(wait=True), 5.0)
+            await b.node.run_on_tick_thread(lambda b=b: b.store.snapshot(wait=True), 5.0)
             assert not b.node.store.dirty, f"{b.cfg.dledger.self_id}: snapshot taken over an unflushed log"
     finally:
         await t.close()

@@ -306,3 +306,13 @@ async def test_async_flush_policy_replicates(tmp_path: Any) -> None:
         assert not leader.store.dirty or leader.core.counters["fsync"] > 0
     finally:
         await c.stop()
+
+
+async def test_the_replica_core_refuses_calls_off_its_tick_thread(cluster: InProcCluster) -> None:
+    """Thread ownership is enforced (issue 11): the event loop calling the core directly raises;
+    the same call through ``run_on_tick_thread`` answers."""
+    node = await cluster.leader()
+    with pytest.raises(RuntimeError, match="not the thread that owns it"):
+        node.core.status()
+    st = await node.run_on_tick_thread(node.core.status, 5)
+    assert st["role"] == "LEADER"
