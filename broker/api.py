@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from broker import export
 from broker.acl import Perm
 from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
@@ -140,6 +141,7 @@ class BrokerApi:
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
         RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
+        export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         return app
 
     @web.middleware

@@ -12,7 +12,7 @@ consume: one ``PushConsumer``; B2C latency = receive time − ``bench_ts_ns`` (`
 property is absent), S2C = receive time − ``store_ts``; both in wall-clock time, so producer and
 consumer should share a host (or synchronised clocks).
 
-Latencies go into ``LatencyHistogram`` (fixed log-linear buckets): memory stays constant however
+Latencies go into ``LatencyHistogram`` (``dledger.stats``, an HdrHistogram): memory stays constant however
 long the run. Reports every ``--report-interval`` seconds; a summary at the end (``--json``: one
 JSON object on stdout, the periodic lines on stderr); Ctrl-C ends a run early, summary included.
 Exit codes: 0 done (failed sends are counted, not fatal), 1 the run could not start or not a single
@@ -26,7 +26,6 @@ import asyncio
 import datetime
 import itertools
 import json
-import math
 import signal
 import sys
 import threading
@@ -38,92 +37,12 @@ from typing import Any, TextIO
 from broker.auth import CredentialsError
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
+from dledger.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
 ERROR_CODES_MAX = 32  # distinct error codes kept; the rest count as OTHER
 Clock = Callable[[], float]
-
-
-# -- latency histogram --------------------------------------------------------------------------------
-class LatencyHistogram:
-    """Counts of latencies in microseconds: exact below 128 µs, then 64 buckets per power of two
-    (relative error ≤ 1/64 — about 1.6 %), clamped at 2^40 µs (12.7 days): 2240 counters."""
-
-    EXACT = 128
-    SUB = 64
-    MAX_US = (1 << 40) - 1
-    BUCKETS = EXACT + 33 * SUB
-
-    def __init__(self) -> None:
-        self.counts = [0] * self.BUCKETS
-        self.count = 0
-        self.sum_us = 0
-        self.max_us = 0
-
-    @classmethod
-    def index(cls, us: int) -> int:
-        if us < cls.EXACT:
-            return us
-        shift = us.bit_length() - 7  # us >> shift is in [64, 128)
-        return cls.EXACT + (shift - 1) * cls.SUB + ((us >> shift) - cls.SUB)
-
-    @classmethod
-    def bucket_bounds(cls, idx: int) -> tuple[int, int]:
-        """The smallest and largest value counted in bucket ``idx``."""
-        if idx < cls.EXACT:
-            return idx, idx
-        shift, sub = divmod(idx - cls.EXACT, cls.SUB)
-        m = sub + cls.SUB
-        return m << (shift + 1), ((m + 1) << (shift + 1)) - 1
-
-    def record_us(self, us: int) -> None:
-        us = min(max(int(us), 0), self.MAX_US)
-        self.counts[self.index(us)] += 1
-        self.count += 1
-        self.sum_us += us
-        if us > self.max_us:
-            self.max_us = us
-
-    def record_s(self, seconds: float) -> None:
-        self.record_us(round(seconds * 1e6))
-
-    def merge(self, other: LatencyHistogram) -> None:
-        for i, n in enumerate(other.counts):
-            if n:
-                self.counts[i] += n
-        self.count += other.count
-        self.sum_us += other.sum_us
-        self.max_us = max(self.max_us, other.max_us)
-
-    def percentile_ms(self, p: float) -> float:
-        """The ``p``-th percentile (0 < p ≤ 100): the middle of its bucket, never above the max."""
-        if not self.count:
-            return 0.0
-        rank = max(1, math.ceil(p / 100 * self.count))
-        seen = 0
-        for idx, n in enumerate(self.counts):
-            seen += n
-            if seen >= rank:
-                lo, hi = self.bucket_bounds(idx)
-                return min((lo + hi) / 2, self.max_us) / 1000
-        return self.max_us / 1000
-
-    def mean_ms(self) -> float:
-        return self.sum_us / self.count / 1000 if self.count else 0.0
-
-    def max_ms(self) -> float:
-        return self.max_us / 1000
-
-    def summary_ms(self) -> dict[str, float]:
-        return {
-            "avg": round(self.mean_ms(), 3),
-            "p50": round(self.percentile_ms(50), 3),
-            "p90": round(self.percentile_ms(90), 3),
-            "p99": round(self.percentile_ms(99), 3),
-            "p999": round(self.percentile_ms(99.9), 3),
-            "max": round(self.max_ms(), 3),
-        }
 
 
 # -- pacing -------------------------------------------------------------------------------------------

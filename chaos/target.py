@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -32,6 +31,7 @@ from broker.client.transport import ClientError, Transport, cluster_credentials
 from chaos.layout import ProxySpec, data_dir
 from chaos.unsynced import LossReport, lose_unsynced
 from dledger.apps.cluster import STATE_FILE, ProcessInfo, is_running
+from dledger.waiting import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUS_TIMEOUT_S = 1.0
@@ -108,17 +108,9 @@ async def find_leader(target: Target, members: Sequence[Member], *, writable: bo
 
 
 async def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.02) -> Any:
-    """Poll ``cond`` (sync or async) until it returns something truthy; TimeoutError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(step_s)
+    """Poll ``cond`` (sync or async) until it returns something truthy; TimeoutError after
+    ``timeout_s`` (``dledger.waiting``; an error raised by ``cond`` propagates)."""
+    return await wait_until(cond, timeout_s, what, step_s, tolerate_errors=False)
 
 
 class LocalTarget:

@@ -33,6 +33,8 @@ from typing import Any
 if __package__ in (None, ""):  # spark-submit spark_jobs/audit.py: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from broker.auth import CredentialsError
+from broker.client.transport import add_security_arguments, security_kwargs
 from spark_jobs import evidence, report
 from spark_jobs.history import HistoryStats, ingest_history, ingest_samples
 from spark_jobs.replica_tables import ReplicaSummary, scan_replicas
@@ -107,6 +109,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=None, help="processes reading replicas (default: by size)")
     ap.add_argument("--keep-work", action="store_true", help="keep the Parquet work directory (audit/work)")
     ap.add_argument("--no-plots", action="store_true", help="leave the plots out of report.html")
+    ap.add_argument(
+        "--from-cluster", metavar="NAMESRV", default=None,
+        help="read the replicas' files through the brokers of the cluster these NameServers know "
+             "(read-only export routes, admin account) instead of RUN_DIR/cluster/data",
+    )  # fmt: skip
+    add_security_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -549,8 +557,67 @@ def run_audit(run: RunDir, out_dir: str, args: argparse.Namespace, fail_on: list
     return summary
 
 
+class Fetched:
+    """The replica copies ``--from-cluster`` made, and what they add to the run's inputs."""
+
+    def __init__(self, data_dir: str, replicas: list[Any], errors: list[str], namesrv: str):
+        self.data_dir, self.replicas, self.errors, self.namesrv = data_dir, replicas, errors, namesrv
+
+    def apply(self, run: RunDir) -> None:
+        from spark_jobs.run_dir import ReplicaStatus
+
+        got = {(r.group, r.node_id) for r in self.replicas}
+        run.warnings.extend(f"--from-cluster: could not copy {e}" for e in self.errors)
+        missing = sorted(k for k in run.statuses if k not in got)
+        if missing:
+            run.warnings.append(
+                "--from-cluster: replicas run.json lists were not copied (not registered with the NameServers, "
+                f"or unreachable): {', '.join(f'{g}-{n}' for g, n in missing)}; their logs are not compared"
+            )
+        for r in self.replicas:  # the commit index each one reported when it listed its files
+            old = run.statuses.get((r.group, r.node_id))
+            commits = [c for c in (r.commit_index, old.commit_index if old else None) if c is not None]
+            run.statuses[(r.group, r.node_id)] = ReplicaStatus(
+                r.group, r.node_id, old.role if old else r.role, old.term if old else r.term,
+                max(commits) if commits else None, old.applied_index if old else None,
+            )  # fmt: skip
+        run.run["fetched_from"] = {
+            "namesrv": self.namesrv,
+            "replicas": [{"group": r.group, "node_id": r.node_id, "addr": r.addr, "files": r.files,
+                          "bytes": r.bytes, "commit_index": r.commit_index} for r in self.replicas],
+        }  # fmt: skip
+
+
+def from_cluster(args: argparse.Namespace, out_dir: str) -> Fetched:
+    """Copy every replica's files through the brokers (``spark_jobs.remote``) into OUT/replicas."""
+    import asyncio
+
+    from broker.client.transport import parse_addrs
+    from spark_jobs.remote import fetch_cluster
+
+    try:
+        parse_addrs(args.from_cluster)
+        security = security_kwargs(args)
+    except (ValueError, CredentialsError) as exc:
+        raise UsageError(f"--from-cluster: {exc}") from None
+    dest = os.path.join(out_dir, "replicas")
+    shutil.rmtree(dest, ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        replicas, errors = asyncio.run(fetch_cluster(args.from_cluster, dest, security=security))
+    except Exception as exc:  # the NameServers did not answer, or refused
+        raise UsageError(f"--from-cluster {args.from_cluster}: {exc}") from None
+    if not replicas:
+        raise UsageError(f"--from-cluster {args.from_cluster}: no replica could be copied: {'; '.join(errors)}")
+    size = sum(r.bytes for r in replicas)
+    print(f"audit: copied {len(replicas)} replicas ({size / 1e6:.1f} MB) through the brokers in "
+          f"{time.perf_counter() - started:.1f} s", file=sys.stderr)  # fmt: skip
+    return Fetched(dest, replicas, errors, args.from_cluster)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    fetched: Fetched | None = None
     try:
         fail_on = _fail_on(args.fail_on)
         if args.unavailable_ms <= 0:
@@ -558,14 +625,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad_conf = [c for c in args.conf if "=" not in c]
         if bad_conf:
             raise UsageError(f"--conf wants KEY=VALUE, got {bad_conf[0]!r}")
-        run = RunDir.open(args.run_dir)
-        out_dir = os.path.abspath(args.out or os.path.join(run.path, "audit"))
+        if args.from_cluster:  # the run's own files first (as RunDir.open checks them), then the copies
+            RunDir.check_history(args.run_dir)
+        else:
+            run = RunDir.open(args.run_dir)
+        out_dir = os.path.abspath(args.out or os.path.join(args.run_dir, "audit"))
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the output directory {out_dir}: {exc}") from None
         if not os.access(out_dir, os.W_OK):
             raise UsageError(f"the output directory {out_dir} is not writable (use --out)")
+        if args.from_cluster:
+            fetched = from_cluster(args, out_dir)
+            run = RunDir.open(args.run_dir, data_dir=fetched.data_dir)
+            fetched.apply(run)
     except UsageError as exc:
         print(f"audit: error: {exc}", file=sys.stderr)
         return 2
@@ -575,6 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         print("audit: internal error (exit 3): the audit itself failed, not the run", file=sys.stderr)
         return 3
+    finally:
+        if fetched and not args.keep_work:
+            shutil.rmtree(fetched.data_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:

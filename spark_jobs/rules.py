@@ -70,7 +70,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
@@ -99,7 +98,6 @@ __all__ = [
     "nonconflicting_truncations",
     "offset_regressions",
     "pair_faults",
-    "percentile",
     "poll_order_violations",
     "recovery_times",
     "send_order_violations",
@@ -598,11 +596,3 @@ def fault_recovery(
         "time_to_recover_ms": ms(overlapping[0].end_us) if overlapping else ms(recovered_us),
         "unavailability_ms": sum(w.duration_ms for w in overlapping),
     }
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in [0, 1]) of an ascending sequence."""
-    if not sorted_values:
-        return None
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[k]

@@ -57,18 +57,27 @@ class RunDir:
     samples_file: str | None = None
     offset_files: list[str] = dataclasses.field(default_factory=list)
 
-    @classmethod
-    def open(cls, path: str) -> RunDir:
+    @staticmethod
+    def check_history(path: str) -> list[str]:
+        """The send files of the run directory ``path`` (UsageError when it is none)."""
         path = os.path.abspath(path)
         if not os.path.isdir(path):
             raise UsageError(f"RUN_DIR {path} does not exist or is not a directory")
-        warnings: list[str] = []
-        hist = os.path.join(path, "history")
-        send_files = sorted(glob.glob(os.path.join(hist, "sends-*.jsonl")))
+        send_files = sorted(glob.glob(os.path.join(path, "history", "sends-*.jsonl")))
         if not send_files:
             raise UsageError(
                 f"{path} is not a chaos run directory: no history/sends-*.jsonl (see docs/CHAOS.md)"
             )
+        return send_files
+
+    @classmethod
+    def open(cls, path: str, data_dir: str | None = None) -> RunDir:
+        """``data_dir``: where the replicas' directories are (default ``RUN_DIR/cluster/data``;
+        ``--from-cluster`` gives the copies it fetched)."""
+        path = os.path.abspath(path)
+        send_files = cls.check_history(path)
+        warnings: list[str] = []
+        hist = os.path.join(path, "history")
         receipt_files = sorted(glob.glob(os.path.join(hist, "receipts-*.jsonl")))
         drain = os.path.join(hist, "drain.jsonl")
         drain_file = drain if os.path.isfile(drain) else None
@@ -76,7 +85,7 @@ class RunDir:
             warnings.append("no history/drain.jsonl: 'never consumed' is judged on receipts alone")
         if not receipt_files and drain_file is None:
             warnings.append("no receipts and no drain: the 'never consumed' check is skipped")
-        data = os.path.join(path, "cluster", "data")
+        data = data_dir or os.path.join(path, "cluster", "data")
         replicas = []
         for d in sorted(glob.glob(os.path.join(data, "*", "dledger-*"))):
             if os.path.isdir(d):

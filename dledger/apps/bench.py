@@ -36,6 +36,7 @@ import aiohttp
 import msgpack
 
 from dledger.apps import cluster as local_cluster
+from dledger.stats import LatencyHistogram
 
 
 @dataclass
@@ -50,13 +51,6 @@ class Target:
     def pid(self, node: str) -> int:
         p = self.procs[node]
         return int(p.pid)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def find_leader(session: aiohttp.ClientSession, target: Target, timeout_s: float = 20.0) -> str:
@@ -86,7 +80,7 @@ class Load:
         self.appends = 0
         self.errors = 0
         self.error_codes: dict[str, int] = {}
-        self.latencies_ms: list[float] = []
+        self.latencies = LatencyHistogram()
         self.leader: str | None = None
 
     async def _post(self) -> bool:
@@ -107,7 +101,7 @@ class Load:
             code = type(exc).__name__
         if code == "OK":
             self.appends += 1
-            self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            self.latencies.record_s(time.perf_counter() - t0)
             return True
         self.errors += 1
         self.error_codes[code] = self.error_codes.get(code, 0) + 1
@@ -164,8 +158,8 @@ async def case_throughput(
         "in_flight": concurrency,
         "appends_per_s": round(load.appends / elapsed, 1),
         "msgs_per_s": round(load.appends * per_append / elapsed, 1),
-        "latency_ms_p50": round(pct(load.latencies_ms, 0.50), 2),
-        "latency_ms_p99": round(pct(load.latencies_ms, 0.99), 2),
+        "latency_ms_p50": round(load.latencies.percentile_ms(50), 2),
+        "latency_ms_p99": round(load.latencies.percentile_ms(99), 2),
         "errors": load.errors,
         "error_codes": load.error_codes,
     }
@@ -191,9 +185,9 @@ async def case_latency(
         "case": f"{target.name} commit latency at {rate:.0f} msgs/s ({body_bytes} B, single)",
         "offered_msgs_per_s": rate,
         "achieved_msgs_per_s": round(load.appends / duration_s, 1),
-        "latency_ms_p50": round(pct(load.latencies_ms, 0.50), 2),
-        "latency_ms_p99": round(pct(load.latencies_ms, 0.99), 2),
-        "latency_ms_max": round(max(load.latencies_ms) if load.latencies_ms else float("nan"), 2),
+        "latency_ms_p50": round(load.latencies.percentile_ms(50), 2),
+        "latency_ms_p99": round(load.latencies.percentile_ms(99), 2),
+        "latency_ms_max": round(load.latencies.max_ms(), 2),
         "leader_commit_latency_ms": server_side,
         "errors": load.errors,
         "error_codes": load.error_codes,

@@ -275,7 +275,10 @@ class Group:
     def __init__(self, cluster: InProcBrokerCluster, name: str, index: int, http_ports: Sequence[int]):
         self.cluster = cluster
         self.name = name
-        self.raft_base_port = 40000 + 10 * index
+        # Virtual Raft addresses (InProcNetwork): ports below the OS's ephemeral range, so that no
+        # free HTTP port it hands out can equal one (a config naming its HTTP port as a peer's Raft
+        # port is refused; 40000-range ports collided on a busy machine).
+        self.raft_base_port = 1000 + 10 * index
         self.network = InProcNetwork()
         self.replicas = [Replica(self, i, port) for i, port in enumerate(http_ports)]
 

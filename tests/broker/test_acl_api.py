@@ -74,6 +74,7 @@ ROUTES: list[tuple[str, str, Any, dict[str, Any] | None, Credentials]] = [
     ("POST", "/v1/unregister", {"client_id": "c1"}, None, CONSUMER),
     ("DELETE", "/v1/groups/g2", None, None, ADMIN),
     ("DELETE", "/v1/topics/T2", None, None, ADMIN),
+    ("GET", "/v1/replica/files", None, {"limit": 5}, ADMIN),
     ("POST", "/v1/admin/transfer", {}, None, ADMIN),
 ]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -134,8 +135,9 @@ async def test_pull_never_skips_a_unit_whose_record_is_not_yet_readable(
     and answer what was read, with next_offset at that unit).
     """
     ms, log = store
-    ms.apply([log.entry([encode_command({"op": "topic.put", "topic": "T", "read_queue_nums": 1,
-                                         "write_queue_nums": 1, "perm": 6})])])
+    tick = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fake-tick")  # the store's one applier
+    tick.submit(ms.apply, [log.entry([encode_command({"op": "topic.put", "topic": "T", "read_queue_nums": 1,
+                                                      "write_queue_nums": 1, "perm": 6})])]).result(5)
     cq = ms.cqs.get_or_create("T", 0)
     published, release = threading.Event(), threading.Event()
     real_append = cq.append
@@ -149,14 +151,14 @@ async def test_pull_never_skips_a_unit_whose_record_is_not_yet_readable(
     cq.append = append_then_pause  # type: ignore[method-assign,assignment]
     ms._queue_cache[("T", 0)] = cq
     entry = log.entry([_message("T", b"payload", "U1")])
-    tick = threading.Thread(target=ms.apply, args=([entry],), name="fake-tick")
-    tick.start()
+    applying = tick.submit(ms.apply, [entry])
     try:
         assert await asyncio.get_running_loop().run_in_executor(None, published.wait, 5)
         during = await _pull(api_client, 0)
     finally:
         release.set()
-        await asyncio.get_running_loop().run_in_executor(None, tick.join, 5)
+        await asyncio.wrap_future(applying)
+        tick.shutdown()
     after = await _pull(api_client, 0)
     assert [m["body"] for m in after["messages"]] == [b"payload"], "the message is committed and applied"
     # A pull racing the apply may answer the message or nothing yet, but must not step past it.

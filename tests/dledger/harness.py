@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
+from dledger import waiting
 from dledger.checkpoint import ApplyCheckpoint
 from dledger.clock import Clock
 from dledger.node import DLedgerNode, RaftSettings
@@ -43,24 +43,9 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
 async def wait_until(
     cond: Callable[[], Any] | Callable[[], Awaitable[Any]], timeout_s: float, what: str, step_s: float = 0.02
 ) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            value = cond()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-        except AssertionError:
-            raise
-        except Exception as exc:  # conditions may race with failover
-            last_exc = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout_s} s waiting for {what} (last error: {last_exc!r})"
-            )
-        await asyncio.sleep(step_s)
+    """``dledger.waiting.wait_until`` failing the test (AssertionError) at the deadline; errors of
+    ``cond`` count as "not yet" (conditions may race with failover)."""
+    return await waiting.wait_until(cond, timeout_s, what, step_s, error=AssertionError)
 
 
 def settings_for(root: str, ids: list[str], ports: list[int], self_id: str, **overrides: Any) -> RaftSettings:

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from dledger import peer_codec
 from dledger.peer_tcp import _ACCEPT, _CONFIRM, _HELLO, _key_id, _raw_public, _session_keys, pre_shared_key
+from dledger.waiting import wait_until_sync
 from tests.dledger.harness import PASSWORD, InProcCluster, wait_until
 
 
@@ -388,8 +389,10 @@ async def test_a_replica_without_the_password_never_joins(tmp_path: Path) -> Non
         await leader.append([b"two of three"])
         st = await cluster.nodes["n2"].status()
         assert not any(p["connected"] for p in st["peers"].values())
-        failed = sum(n._sync.dl_transport.counters["handshake_failed"] for n in cluster.nodes.values())
-        assert failed > 0
+        await wait_until(  # the refused handshakes (attempts go on every connect retry)
+            lambda: sum(n._sync.dl_transport.counters["handshake_failed"] for n in cluster.nodes.values()) > 0,
+            10, "a refused handshake",
+        )
     finally:
         await cluster.stop()
 
@@ -434,22 +437,15 @@ def test_the_resolver_answers_off_the_thread_and_retries_failures() -> None:
     try:
         assert r.resolve("127.0.0.3", 0.0) == "127.0.0.3" and not asked  # an address needs no lookup
         assert r.resolve("n1", 0.0) is None  # asked; not known yet
-        wait_until_sync(lambda: r.resolve("n1", 0.1) == "10.0.0.7")
+        wait_until_sync(lambda: r.resolve("n1", 0.1) == "10.0.0.7", 5, "the first answer", 0.01)
         assert r.resolve("n1", 1.0) == "10.0.0.7" and asked.count("n1") == 1  # cached within ttl
         assert r.resolve("n1", 2.5) == "10.0.0.7"  # stale while a fresh lookup runs
-        wait_until_sync(lambda: r.resolve("n1", 2.6) == "10.0.0.9")  # a restarted container's new address
+        wait_until_sync(lambda: r.resolve("n1", 2.6) == "10.0.0.9", 5, "a restarted container's new address", 0.01)
         assert r.resolve("gone", 0.0) is None
-        wait_until_sync(lambda: "gone" in asked)
+        wait_until_sync(lambda: "gone" in asked, 5, "the failed lookup", 0.01)
         n = asked.count("gone")
         assert r.resolve("gone", 0.2) is None and asked.count("gone") == n  # not before retry_s
         r.resolve("gone", 0.6)
-        wait_until_sync(lambda: asked.count("gone") == n + 1)
+        wait_until_sync(lambda: asked.count("gone") == n + 1, 5, "the retried lookup", 0.01)
     finally:
         r.close()
-
-
-def wait_until_sync(cond: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)

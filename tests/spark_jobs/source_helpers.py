@@ -19,24 +19,16 @@ from broker.client import Message, Producer
 from broker.client.admin import Admin
 from broker.client.transport import ClientError, Transport
 from dledger.apps.cluster import ACL_FILE, write_private
+from dledger.waiting import wait_until_sync
 from spark_jobs.source.localcluster import LocalCluster
 
 Key = tuple[str, int, int]  # (broker, queue id, queue offset)
 
 
 def wait_for(cond: Any, timeout_s: float, what: str, step_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while True:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as exc:  # conditions race with the cluster settling
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last!r})")
-        time.sleep(step_s)
+    """``dledger.waiting.wait_until_sync`` failing the test at the deadline (errors of ``cond``
+    count as "not yet": conditions race with the cluster settling)."""
+    return wait_until_sync(cond, timeout_s, what, step_s, error=AssertionError)
 
 
 async def _call(

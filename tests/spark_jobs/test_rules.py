@@ -25,7 +25,6 @@ from spark_jobs.rules import (
     nonconflicting_truncations,
     offset_regressions,
     pair_faults,
-    percentile,
     poll_order_violations,
     recovery_times,
     send_order_violations,
@@ -312,9 +311,3 @@ def test_fault_recovery_prefers_the_outage_it_caused() -> None:
     assert got == {"first_ok_after_ms": 3.0, "time_to_recover_ms": 3000.0, "unavailability_ms": 2990.0}
     calm = fault_recovery(1_000_000, 2_000_000, 1_003_000, 1_005_000, [])
     assert calm == {"first_ok_after_ms": 3.0, "time_to_recover_ms": 5.0, "unavailability_ms": 0}
-
-
-def test_percentile_nearest_rank() -> None:
-    values = list(range(1, 101))
-    assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 1.0)) == (50, 99, 100)
-    assert percentile([], 0.5) is None

@@ -20,7 +20,6 @@ import pytest
 from broker.client.transport import ClientError
 from broker.mqbench import (
     ERROR_CODES_MAX,
-    LatencyHistogram,
     Pacer,
     Stats,
     build_parser,
@@ -33,23 +32,11 @@ from broker.mqbench import (
     run_consume,
     run_produce,
 )
+from dledger.stats import MAX_US, LatencyHistogram
 from tests.broker.inproc_cluster import InProcBrokerCluster
 
 
-# -- histogram ------------------------------------------------------------------------------------
-def test_every_value_lands_in_a_bucket_that_contains_it() -> None:
-    values = list(range(0, 5000)) + [int(1.37**k) for k in range(20, 88)] + [LatencyHistogram.MAX_US]
-    for us in values:
-        idx = LatencyHistogram.index(us)
-        lo, hi = LatencyHistogram.bucket_bounds(idx)
-        assert 0 <= idx < LatencyHistogram.BUCKETS
-        assert lo <= us <= hi, (us, idx, lo, hi)
-        assert hi - lo <= max(lo / 64, 0), (us, lo, hi)  # exact below 128 µs, then ≤ 1/64 wide
-    # buckets tile the range: each starts right after the previous one ends
-    for idx in range(1, LatencyHistogram.BUCKETS):
-        assert LatencyHistogram.bucket_bounds(idx)[0] == LatencyHistogram.bucket_bounds(idx - 1)[1] + 1
-
-
+# -- histogram (dledger.stats, an HdrHistogram) --------------------------------------------------
 def test_percentiles_of_a_uniform_spread() -> None:
     h = LatencyHistogram()
     for ms in range(1, 1001):
@@ -57,19 +44,17 @@ def test_percentiles_of_a_uniform_spread() -> None:
     assert h.count == 1000 and h.max_ms() == 1000.0
     assert h.mean_ms() == pytest.approx(500.5)
     for p, expected in ((50, 500), (90, 900), (99, 990), (100, 1000)):
-        assert h.percentile_ms(p) == pytest.approx(expected, rel=0.016), p
+        assert h.percentile_ms(p) == pytest.approx(expected, rel=0.01), p
     assert h.percentile_ms(100) <= h.max_ms()
 
 
-def test_histogram_edges_and_bounded_memory() -> None:
+def test_histogram_edges() -> None:
     h = LatencyHistogram()
     assert (h.percentile_ms(99), h.mean_ms(), h.max_ms()) == (0.0, 0.0, 0.0)
     h.record_s(-0.5)  # clock skew: clamped to 0
-    h.record_us(10**15)  # clamped to the top bucket
-    assert h.count == 2 and h.max_us == LatencyHistogram.MAX_US
-    for us in range(0, 10**6, 7):
-        h.record_us(us)
-    assert len(h.counts) == LatencyHistogram.BUCKETS  # constant however many values
+    h.record_us(10**15)  # clamped to the top of the range
+    assert h.count == 2 and h.max_us == MAX_US
+    assert h.percentile_ms(100) <= h.max_ms()
 
 
 def test_merge_adds_counts() -> None:
@@ -79,7 +64,7 @@ def test_merge_adds_counts() -> None:
     b.record_us(5000)
     a.merge(b)
     assert (a.count, a.sum_us, a.max_us) == (3, 8100, 5000)
-    assert a.percentile_ms(50) == pytest.approx(3.0, rel=0.016)
+    assert a.percentile_ms(50) == pytest.approx(3.0, rel=0.01)
 
 
 # -- pacing and stats -----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -15,6 +14,7 @@ import pytest
 
 from broker.mqadmin import main as mqadmin
 from broker.mqbench import main as mqbench
+from dledger.waiting import wait_until_sync
 
 T = TypeVar("T")
 
@@ -48,14 +48,7 @@ def real_cluster(tmp_path: Any) -> Iterator[Any]:
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)  # polling a condition with a deadline, not synchronising on time
+    return wait_until_sync(cond, timeout_s, what, 0.1, tolerate_errors=False, error=AssertionError)
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
