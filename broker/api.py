@@ -41,9 +41,10 @@ from broker.message import (
     parse_msg_id,
     tag_hash,
 )
-from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
+from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, TopicConfig
 from broker.metrics import CONTENT_TYPE
 from broker.names import is_client_id, is_decimal
+from broker.retry_api import RetryApi
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -144,6 +145,7 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/config", self.config_update)
@@ -274,6 +276,8 @@ class BrokerApi:
             new_unique_id=lambda: uuid.uuid4().hex.upper(),
             default_born_host=peer,
         )
+        # Delayed and timed messages go to the schedule topic until due (broker/schedule.py).
+        msgs = [self.s.schedule.policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
@@ -337,16 +341,16 @@ class BrokerApi:
             cq = self.s.store.cqs.get(topic, qid)
             lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
             if offset < lo:
-                return self._pull_answer(request, "OFFSET_TOO_SMALL", lo, lo, hi, [])
+                return self._pull_answer(request, topic, "OFFSET_TOO_SMALL", lo, lo, hi, [])
             if offset > hi:
-                return self._pull_answer(request, "OFFSET_OVERFLOW", hi, lo, hi, [])
+                return self._pull_answer(request, topic, "OFFSET_OVERFLOW", hi, lo, hi, [])
             if offset == hi or cq is None:
                 remaining = deadline - self.s.clock.monotonic()
                 if remaining <= 0 or self.s.stopping:
-                    return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
+                    return self._pull_answer(request, topic, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
-            response = self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            response = self._read_queue(request, topic, cq, offset, max_count, max_bytes, flt, lo)
             count, nbytes = request.get(PULLED_KEY, (0, 0))
             if count:
                 self.s.metrics.pulled(topic, group, count, nbytes, self.s.clock.monotonic() - started)
@@ -355,6 +359,7 @@ class BrokerApi:
     def _read_queue(
         self,
         request: web.Request,
+        topic: str,
         cq: ConsumeQueue,
         offset: int,
         max_count: int,
@@ -391,17 +396,27 @@ class BrokerApi:
                 break
         hi = cq.max_offset
         status = "FOUND" if out else ("NO_MATCHED_MSG" if next_offset > offset else "NO_NEW_MSG")
-        return self._pull_answer(request, status, next_offset, max(lo, cq.min_offset), hi, out)
+        return self._pull_answer(request, topic, status, next_offset, max(lo, cq.min_offset), hi, out)
 
     def _pull_answer(
-        self, request: web.Request, status: str, next_offset: int, lo: int, hi: int, msgs: list[dict[str, Any]]
+        self,
+        request: web.Request,
+        topic: str,
+        status: str,
+        next_offset: int,
+        lo: int,
+        hi: int,
+        msgs: list[dict[str, Any]],
     ) -> web.Response:
         self.s.counters["pulls"] += 1
         self.s.counters["messages_pulled"] += len(msgs)
         request[PULLED_KEY] = (len(msgs), sum(m.get("size", 0) for m in msgs))
+        # Read after the queue: an answer never pairs a new incarnation's offsets with an older epoch.
+        epoch = self.s.store.topic_epoch(topic)
         return answer(
             request,
-            {"status": status, "next_offset": next_offset, "min_offset": lo, "max_offset": hi, "messages": msgs},
+            {"status": status, "next_offset": next_offset, "min_offset": lo, "max_offset": hi, "messages": msgs,
+             "topic_epoch": epoch},
         )
 
     def _view(self, m: StoredMessage, position: int, size: int, offset: int | None) -> dict[str, Any]:
@@ -559,7 +574,11 @@ class BrokerApi:
                     "last_store_ts": last.store_ts if last else 0,
                 }
             )
-        return answer(request, {"topic": topic, "broker_name": self.s.cfg.broker_name, "queues": queues})
+        return answer(
+            request,
+            {"topic": topic, "broker_name": self.s.cfg.broker_name, "queues": queues,
+             "topic_epoch": self.s.store.topic_epoch(topic)},
+        )
 
     # -- groups and offsets -------------------------------------------------------------------------
     async def group_put(self, request: web.Request) -> web.Response:
@@ -605,7 +624,8 @@ class BrokerApi:
     async def offsets_commit(self, request: web.Request) -> web.Response:
         body = await read_body(request)
         check_fields(
-            body, frozenset({"group", "topic", "offsets", "reset_generation"}), ("group", "topic", "offsets")
+            body, frozenset({"group", "topic", "offsets", "reset_generation", "topic_epoch"}),
+            ("group", "topic", "offsets"),
         )
         group, topic = check_group(body["group"]), check_topic(body["topic"])
         self.sec.require(request, topics={topic: Perm.SUB}, groups={group: Perm.SUB})
@@ -614,11 +634,15 @@ class BrokerApi:
         fence: int | None = None
         if body.get("reset_generation") is not None:
             fence = cmd["reset_generation"] = check_int(body["reset_generation"], "reset_generation", 0, INT64_MAX)
+        if body.get("topic_epoch") is not None:
+            cmd["topic_epoch"] = check_int(body["topic_epoch"], "topic_epoch", 0, INT64_MAX)
         result = await self._command(cmd)
         if not result:  # the apply result is gone (not tracked): decide from what was applied since
             md = self.s.store.metadata_view()
             current = md.reset_generation(group, topic)
-            if fence is not None and fence < current:
+            if "topic_epoch" in cmd and cmd["topic_epoch"] != md.topic_epoch(topic):
+                result = {"refused": REFUSED_TOPIC_RECREATED, "topic_epoch": md.topic_epoch(topic)}
+            elif fence is not None and fence < current:
                 result = {
                     "refused": REFUSED_OFFSET_RESET,
                     "reset_generation": current,
@@ -626,6 +650,14 @@ class BrokerApi:
                 }
             else:
                 result = {"reset_generation": current}
+        if result.get("refused") == REFUSED_TOPIC_RECREATED:
+            raise ApiError(
+                409,
+                "TOPIC_RECREATED",
+                f"topic {topic!r} was deleted and created again (epoch {result.get('topic_epoch')}) after "
+                f"this client read its offsets (epoch {cmd['topic_epoch']}): they belong to the old topic",
+                topic_epoch=result.get("topic_epoch"),
+            )
         if result.get("refused") == REFUSED_OFFSET_RESET:
             generation = int(result["reset_generation"])
             raise ApiError(
@@ -651,6 +683,7 @@ class BrokerApi:
             {
                 "offsets": _offsets_answer(md.group_offsets(group, topic)),
                 "reset_generation": md.reset_generation(group, topic),
+                "topic_epoch": md.topic_epoch(topic),
             },
         )
 

@@ -15,6 +15,8 @@
 | bindAddress | = brokerIP1 | address the client API binds (0.0.0.0 in containers); brokerIP1 is advertised |
 | brokerAdvertisedPort | = listenPort | port advertised to NameServers and clients (a proxy's port in chaos runs) |
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
+| messageDelayLevel | 1s 5s 10s 30s 1m 2m ... 30m 1h 2h | the 18 delay levels (`DELAY=N` picks the N-th) |
+| timerMaxDelaySec | 259200 | how far ahead a deliver time may be (3 days) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 | aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
@@ -38,6 +40,7 @@ from collections.abc import Mapping
 
 from broker.auth import Credentials
 from broker.names import is_decimal, is_name
+from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
     ConfigError,
     DLedgerConfig,
@@ -60,6 +63,8 @@ BROKER_KEYS = frozenset(
         "clientExpiryMs",
         "storeSnapshotIntervalMs",
         "stateEntryIntervalMs",
+        "messageDelayLevel",
+        "timerMaxDelaySec",
         "bindAddress",
         "brokerAdvertisedPort",
         "brokerPeerClientAddrs",
@@ -115,6 +120,8 @@ class BrokerConfig:
     snapshot_interval_ms: int
     peer_client_addrs: dict[str, str]
     state_entry_interval_ms: int = 60_000
+    message_delay_levels_ms: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
+    timer_max_delay_sec: int = DEFAULT_TIMER_MAX_DELAY_SEC
     bind_address: str = ""
     advertised_port: int = 0
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
@@ -181,10 +188,19 @@ def parse_broker_config(
         snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),
         peer_client_addrs=client_addrs,
         state_entry_interval_ms=r.integer("stateEntryIntervalMs", 60_000, 100, 86_400_000),
+        message_delay_levels_ms=_delay_levels(r),
+        timer_max_delay_sec=r.integer("timerMaxDelaySec", DEFAULT_TIMER_MAX_DELAY_SEC, 1, 365 * 86_400),
         bind_address=_bind_address(r),
         advertised_port=r.integer("brokerAdvertisedPort", dl.listen_port, 1, 65535),
         security=_security(r),
     )
+
+
+def _delay_levels(r: _Reader) -> tuple[int, ...]:
+    try:
+        return parse_delay_levels(r.optional("messageDelayLevel") or DEFAULT_DELAY_LEVELS)
+    except ValueError as exc:
+        raise r.error("messageDelayLevel", str(exc)) from None
 
 
 def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:

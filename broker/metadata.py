@@ -15,6 +15,13 @@ is refused as a whole (``{"refused": "OFFSET_RESET", ...}``) instead of undoing 
 without one is applied as before. Deciding this here, at apply time, makes every replica decide the
 same way. Generations only grow: deleting a topic or a group keeps them, so a consumer that read an
 older generation can never slip a stale commit past a later reset.
+
+Topic epochs tell the incarnations of a topic apart: the Raft log position of the ``topic.put`` that
+created it (an update keeps it; a delete drops it, so creating it again gives a new, larger one; 0 for
+topics of snapshots older than epochs). Queue offsets restart at 0 in a new incarnation, so an
+offset read from an older one means nothing there: an ``offset.commit`` that carries a
+``topic_epoch`` other than the topic's current one is refused as a whole
+(``{"refused": "TOPIC_RECREATED", ...}``), and consumers restart from the new queues' minimum.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class GroupConfig:
 OffsetKey = tuple[str, str, int]  # (group, topic, queue_id)
 ResetKey = tuple[str, str]  # (group, topic)
 REFUSED_OFFSET_RESET = "OFFSET_RESET"
+REFUSED_TOPIC_RECREATED = "TOPIC_RECREATED"
 
 
 class Metadata:
@@ -70,16 +78,21 @@ class Metadata:
         self.groups: dict[str, GroupConfig] = {}
         self.offsets: dict[OffsetKey, int] = {}
         self.reset_generations: dict[ResetKey, int] = {}  # absent: 0 (never reset)
+        self.topic_epochs: dict[str, int] = {}  # absent for an existing topic: 0 (created before epochs)
         self.version = 0  # bumped by every applied change (registration data_version source)
 
     # -- commands -----------------------------------------------------------------------------
-    def apply(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    def apply(self, cmd: Mapping[str, Any], position: int = 0) -> dict[str, Any]:
+        """Apply one command; ``position`` is its Raft log position (the epoch of a topic it creates)."""
         try:
             op = cmd["op"]
             handler = _HANDLERS.get(op)
             if handler is None:
                 return {"error": f"unknown op {str(op)[:40]!r}"}
+            created = op == "topic.put" and str(cmd["topic"]) not in self.topics
             result = handler(self, cmd)
+            if created:
+                self.topic_epochs[str(cmd["topic"])] = int(position)
         except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"malformed command: {exc!r}"[:200]}
         if "refused" not in result:  # a refused commit changes nothing
@@ -100,6 +113,7 @@ class Metadata:
     def _topic_delete(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         topic = str(cmd["topic"])
         existed = self.topics.pop(topic, None) is not None
+        self.topic_epochs.pop(topic, None)
         for key in [k for k in self.offsets if k[1] == topic]:
             del self.offsets[key]
         return {"deleted": existed}
@@ -137,6 +151,9 @@ class Metadata:
     def _offset_commit(self, cmd: Mapping[str, Any]) -> dict[str, Any]:
         group, topic = str(cmd["group"]), str(cmd["topic"])
         current = self.reset_generation(group, topic)
+        epoch = cmd.get("topic_epoch")
+        if epoch is not None and int(epoch) != self.topic_epoch(topic):
+            return {"refused": REFUSED_TOPIC_RECREATED, "topic_epoch": self.topic_epoch(topic)}
         fence = cmd.get("reset_generation")
         if fence is not None and int(fence) < current:
             return {
@@ -160,6 +177,12 @@ class Metadata:
     def reset_generation(self, group: str, topic: str) -> int:
         return self.reset_generations.get((group, topic), 0)
 
+    def topic_epoch(self, topic: str) -> int | None:
+        """The epoch of the topic's current incarnation (None: no such topic)."""
+        if topic not in self.topics:
+            return None
+        return self.topic_epochs.get(topic, 0)
+
     def group_topics(self, group: str) -> list[str]:
         return sorted({t for (g, t, _q) in self.offsets if g == group})
 
@@ -170,6 +193,7 @@ class Metadata:
             "groups": [gc.to_dict() for gc in self.groups.values()],
             "offsets": [[g, t, q, off] for (g, t, q), off in self.offsets.items()],
             "reset_generations": [[g, t, gen] for (g, t), gen in self.reset_generations.items()],
+            "topic_epochs": [[t, e] for t, e in self.topic_epochs.items()],
             "version": self.version,
         }
 
@@ -184,6 +208,8 @@ class Metadata:
             md.offsets[(g, t, int(q))] = int(off)
         for g, t, gen in snap.get("reset_generations", []):  # absent in snapshots of older brokers
             md.reset_generations[(g, t)] = int(gen)
+        for t, e in snap.get("topic_epochs", []):  # absent in snapshots of older brokers
+            md.topic_epochs[t] = int(e)
         md.version = int(snap.get("version", 0))
         return md
 

@@ -271,10 +271,24 @@ def message_details(m: MessageView) -> str:
             ("Born Timestamp", format_ts(m.born_ts)),
             ("Store Timestamp", format_ts(m.store_ts)),
             ("Born Host", m.born_host),
+            *_schedule_lines(m),
             ("Properties", json.dumps(m.properties, sort_keys=True)),
             ("Body", body_text(m.body, None)),
         ]
     )
+
+
+def _schedule_lines(m: MessageView) -> list[tuple[str, Any]]:
+    """A delayed message's due time, a retried one's count and origin (issue 14)."""
+    lines: list[tuple[str, Any]] = []
+    due = m.properties.get("__DUE_MS")
+    if due is not None and due.isdigit():
+        lines.append(("Due Timestamp", format_ts(int(due))))
+    for label, prop in (("Reconsume Times", "RECONSUME_TIME"), ("Retry Topic", "RETRY_TOPIC"),
+                        ("Origin Message ID", "ORIGIN_MESSAGE_ID")):
+        if prop in m.properties:
+            lines.append((label, m.properties[prop]))
+    return lines
 
 
 def render_message_table(msgs: Sequence[MessageView]) -> str:
@@ -482,6 +496,16 @@ async def run_query_msg_by_offset(admin: Admin, args: argparse.Namespace) -> Out
     return Output(to_jsonable(m), message_details(m))
 
 
+async def run_query_dlq_messages(admin: Admin, args: argparse.Namespace) -> Output:
+    msgs = await admin.query_dlq_messages(args.group, args.max)
+    return Output({"messages": to_jsonable(msgs)}, render_message_table(msgs))
+
+
+async def run_resend_dlq_message(admin: Admin, args: argparse.Namespace) -> Output:
+    got = await admin.resend_dlq_message(args.group, args.msg_id)
+    return Output(got, f"resent {args.msg_id} to {got.get('topic')} as {got.get('msg_id')}")
+
+
 async def run_reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> Output:
     rows = await admin.reset_offset_by_time(args.group, args.topic, args.timestamp)
     text = format_table(
@@ -683,6 +707,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
     p.add_argument("-q", "--queueId", dest="queue_id", type=non_negative_int, required=True)
     p.add_argument("-o", "--offset", type=non_negative_int, required=True)
+    p = cmd("queryDlqMessageByConsumerGroup", "The newest messages of a group's dead-letter queue",
+            run_query_dlq_messages)
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p.add_argument("-c", "--maxNum", dest="max", type=int, default=64, help="per queue (default 64)")
+    p = cmd("resendDlqMessage", "Send a dead-letter message back to its group's retry topic", run_resend_dlq_message)
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p.add_argument("-i", "--msgId", dest="msg_id", required=True)
     p = cmd("sendMessage", "Send one message", run_send_message)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-p", "--body", required=True, help="the body, as UTF-8 text")

@@ -35,6 +35,7 @@ from broker.message import encode_command
 from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
 from broker.registration import Registrar
+from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.store import MessageStore
 from dledger.apps.process_main import run_until_signalled, setup_logging
@@ -117,6 +118,9 @@ class BrokerServer:
         )
         self.metrics = BrokerMetrics(self)
         self.node.core.observe = self.metrics.observe
+        self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
+            self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
+        )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
@@ -148,6 +152,7 @@ class BrokerServer:
             self.loop.create_task(self._expire_clients(), name="clients"),
             self.loop.create_task(self._state_entries(), name="state-entries"),
             self.loop.create_task(self._watch_replica(), name="replica-watch"),
+            self.loop.create_task(self.schedule.run(), name="schedule"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s, NameServers %s",
@@ -345,6 +350,7 @@ class BrokerServer:
                 "last_role": list(self.registrar.last_registered_role or ()),
             },
             "consumer_groups": self.consumers.groups(),
+            "schedule": self.schedule.status(),
             "security": {
                 "acl": self.security.enabled,
                 "tls": self.cfg.security.tls_cert_file is not None,

@@ -18,6 +18,11 @@ at the snapshot's index + 1 — no entry is applied twice, none skipped (invaria
 missing or damaged is rebuilt from the log: the snapshot knows its max offset at the snapshot
 index, so counting its messages in the retained log gives its first offset even after retention.
 
+Delayed messages (broker/schedule.py): a delivered copy of a schedule record is dispatched only
+while that record is pending in ``schedule`` (the on-disk pending set, derived from the log and
+committed with every snapshot): a second copy is a committed record that no queue holds, skipped on
+every replica alike (and by ``_queue_members`` when a queue is rebuilt: the first copy wins).
+
 A follower re-anchored past entries it never applied (it was behind the leader's retention, so
 dledger installed it at an anchor) cannot derive metadata or queue offsets from its log. It enters
 *needs-state* mode (persisted): it applies nothing until a ``state`` command arrives — the leader
@@ -53,6 +58,7 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
+from broker.schedule import PROP_SCHED_POS, ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 
@@ -93,6 +99,7 @@ class MessageStore:
         os.makedirs(root, exist_ok=True)
         self.cqs = ConsumeQueueStore(os.path.join(root, "consumequeue"), units_per_file=units_per_file)
         self.index = KeyIndex(os.path.join(root, "index"))
+        self.schedule = ScheduleIndex(os.path.join(root, "schedule", "pending.db"))  # broker/schedule.py
         self.metadata = Metadata()
         self._md_lock = threading.Lock()
         self._clock = clock
@@ -111,6 +118,7 @@ class MessageStore:
         self.listener: ApplyListener | None = None
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
+            "schedule_duplicates": 0,
         }
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
@@ -151,6 +159,11 @@ class MessageStore:
                 damaged.add(key)
         if damaged:
             self._rebuild_queues({k: expected.get(k, 0) for k in damaged})
+        if self.schedule.applied_index() != self._applied:
+            if self.schedule.applied_index() is not None or self._applied:
+                log.warning("schedule index does not match applied index %d: rebuilding it from the log",
+                            self._applied)
+            self.schedule.rebuild(self._scan_records(self._applied), self._applied)
         rebuild_from = self.index.needs_rebuild_from()
         if rebuild_from is not None and rebuild_from < self.applied_end_position:
             self._reindex_keys(rebuild_from)
@@ -166,6 +179,7 @@ class MessageStore:
             self._syncer.shutdown(wait=True)
             self.cqs.close()
             self.index.close()
+            self.schedule.close()
 
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:
@@ -256,6 +270,9 @@ class MessageStore:
             log.error("undecodable message record at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
             return None
+        if not self.schedule.on_message(position, len(body), topic, h[5]):
+            self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
+            return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
@@ -281,8 +298,11 @@ class MessageStore:
             return False, None
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
             return False, None
+        if str(cmd.get("op", "")).startswith("schedule."):
+            self.schedule.on_command(cmd)
+            return False, {}
         with self._md_lock:
-            result = self.metadata.apply(cmd)
+            result = self.metadata.apply(cmd, position)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
             topic = str(cmd["topic"])
             for key in [k for k in self._queue_cache if k[0] == topic]:
@@ -303,6 +323,8 @@ class MessageStore:
             "as_of": self._applied,
             "metadata": md,
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
+            # the pending delayed messages, so the follower skips the same second copies
+            "schedule": self.schedule.rows(),
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -336,6 +358,7 @@ class MessageStore:
         self._queue_cache.clear()
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
+        self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.needs_state_after = None
         assert self._log is not None
         from dledger.records import to_committed
@@ -380,6 +403,7 @@ class MessageStore:
         if self._log is not None and self._log.dirty:
             self._log.flush()
         pending = self.cqs.begin_flush_all()
+        self.schedule.commit(self._applied)
         self._units_since_write_out = 0
         with self._md_lock:
             md = self.metadata.to_snapshot()
@@ -458,11 +482,17 @@ class MessageStore:
                     continue
                 if cmd.get("op") == "topic.delete":
                     deleted_at[str(cmd.get("topic"))] = position
+        copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
         for position, body in self._scan_messages(self._applied):
             try:
                 h, _ = decode_header(body)
             except ValueError:
                 continue
+            sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
+            if sched_pos is not None:
+                if sched_pos in copies:
+                    continue
+                copies.add(sched_pos)
             key = (h[0], int(h[1]))
             if key in wanted and position > deleted_at.get(key[0], -1):
                 yield key, position, body
@@ -512,6 +542,10 @@ class MessageStore:
     def topic(self, name: str) -> TopicConfig | None:
         with self._md_lock:
             return self.metadata.topics.get(name)
+
+    def topic_epoch(self, name: str) -> int | None:
+        with self._md_lock:
+            return self.metadata.topic_epoch(name)
 
     def group(self, name: str) -> GroupConfig | None:
         with self._md_lock:

@@ -750,3 +750,29 @@ class Admin:
             int(ans.get("max_offset", 0)),
             tuple(message_from_dict(m) for m in ans.get("messages", [])),
         )
+
+    # -- dead-letter queues (issue 14; broker/retry.py) ---------------------------------------------
+    @answers_checked
+    async def query_dlq_messages(self, group: str, max_count: int = 64) -> list[MessageView]:
+        """The newest ``max_count`` messages per queue of ``%DLQ%<group>`` (read by offset: a DLQ is
+        write only, pulls are refused). RocketMQ dashboard's queryDlqMessageByConsumerGroup."""
+        topic = "%DLQ%" + check_group(group)
+        check_range(max_count, "max count", 1, 1024, "BAD_REQUEST")
+        out: list[MessageView] = []
+        for qs in await self.topic_status(topic):
+            bd = await self._route_group(topic, qs.broker_name)
+            for offset in range(max(qs.min_offset, qs.max_offset - max_count), qs.max_offset):
+                params = {"topic": topic, "queue_id": qs.queue_id, "offset": offset}
+                out.append(message_from_dict(await self._read(bd, "/v1/msg/offset", params)))
+        return out
+
+    @answers_checked
+    async def resend_dlq_message(self, group: str, msg_id: str) -> dict[str, Any]:
+        """Send a DLQ message back to ``%RETRY%<group>`` (due at once, its count started again)."""
+        check_group(group)
+        broker_name, _ = parse_msg_id(msg_id)
+        bd = broker_data_from(await self.namesrv.clusters(), broker_name)
+        if bd is None:
+            raise ClientError("BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404)
+        answer, _addr = await self._write(bd, "POST", "/v1/dlq/resend", {"group": group, "msg_id": msg_id})
+        return dict(answer)

@@ -23,12 +23,14 @@ Pull loop of one queue::
 
 Delivery guarantees: at least once. The committed offset of a queue is the lowest offset not yet
 consumed successfully (``ProcessQueue.committable``), so a crash redelivers, never skips.
-``RECONSUME_LATER`` (or an exception, or any other answer) in concurrent mode redelivers the batch
-locally after 1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that
-message. RocketMQ would instead send it back to ``%RETRY%<group>`` and move on; this SDK keeps it in
-its queue. In orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing
-later in that queue is delivered meanwhile. The API has no queue locks, so in clustering mode a
-queue that moves to another consumer during a rebalance may briefly be consumed by both.
+``RECONSUME_LATER`` (or an exception, or any other answer) in concurrent clustering mode sends the
+messages back to the broker (``%RETRY%<group>``, later ``%DLQ%<group>``; broker/retry.py) and moves
+on once they are stored; a failed send-back, and broadcasting mode, redeliver the batch locally after
+1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that message. In
+orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing later in that
+queue is delivered meanwhile; after ``max_reconsume_times`` (16) it goes to the DLQ. The API has no
+queue locks, so in clustering mode a queue that moves to another consumer during a rebalance may
+briefly be consumed by both.
 
 Offset resets (clustering): ``mqadmin resetOffsetByTime`` moves the group's offsets backwards on the
 brokers. The offset store fences its commits with the reset generation it read (see
@@ -70,7 +72,7 @@ from broker.client.message import (
 )
 from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.process_queue import ProcessQueue, backoff_s
-from broker.client.route_cache import RouteCache, all_addrs, call_replicas, subscribe_queues
+from broker.client.route_cache import RouteCache, all_addrs, call_leader, call_replicas, subscribe_queues
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -82,6 +84,7 @@ from broker.client.transport import (
     resolve_security,
 )
 from broker.names import TOPIC_RULE, is_topic
+from broker.retry import PROP_RETRY_TOPIC, RETRY_PREFIX, retry_topic
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,8 @@ LONG_POLL_MARGIN_S = 3.0
 PULL_BACKOFF_S = 0.1
 PULL_BACKOFF_MAX_S = 3.0
 FOLLOWER_LAG_PAUSE_S = 0.2
-OVERFLOW_RESET_AFTER_S = 30.0  # a leader still short of our offset after this long: the queue was reset
+ORDERLY_DEFAULT_MAX_RECONSUME = 16
+OVERFLOW_WARN_EVERY_S = 30.0  # a leader short of our offset (same topic epoch) is waited for, with a warning
 LEADER_RETRY_S = 10.0  # after this long on a follower, try the leader again
 FLOW_CONTROL_WAIT_S = 1.0
 REBALANCE_RETRY_S = 1.0
@@ -173,6 +177,14 @@ async def pull_from(
 async def queue_min_max(
     transport: Transport, routes: RouteCache, mq: MessageQueue, timeout_s: float
 ) -> tuple[int, int]:
+    lo, hi, _epoch = await queue_status(transport, routes, mq, timeout_s)
+    return lo, hi
+
+
+async def queue_status(
+    transport: Transport, routes: RouteCache, mq: MessageQueue, timeout_s: float
+) -> tuple[int, int, int | None]:
+    """(min offset, max offset, topic epoch or None) of one queue."""
     route = await routes.get(mq.topic, timeout_s)
     _, answer = await call_replicas(
         transport,
@@ -181,9 +193,10 @@ async def queue_min_max(
         f"/v1/topics/{quote(mq.topic, safe='')}/status",
         timeout_s=timeout_s,
     )
+    epoch = answer.get("topic_epoch")
     for q in answer.get("queues") or ():
         if int(q["queue_id"]) == mq.queue_id:
-            return int(q["min_offset"]), int(q["max_offset"])
+            return int(q["min_offset"]), int(q["max_offset"]), (int(epoch) if epoch is not None else None)
     raise ClientError("INVALID_QUEUE_ID", f"{mq} is not in the topic status of {mq.broker_name}")
 
 
@@ -278,6 +291,11 @@ class PushConsumer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rebalance_wanted = asyncio.Event()
         self._last_cids: dict[str, tuple[str, ...]] = {}
+        # Broadcasting: topics seen re-created (newest epoch), keys to restart, queues to start at min.
+        self._local_recreated: dict[tuple[str, str], int] = {}
+        self._local_restart: set[tuple[str, str]] = set()
+        self._local_from_min: set[MessageQueue] = set()
+        self._retry_brokers: set[str] = set()  # broker groups that took a send-back (have %RETRY%<group>)
         self._running = False
         self.consumed = 0
         self.reconsumed = 0
@@ -325,6 +343,9 @@ class PushConsumer:
             timeout_s=self.timeout_s,
         )
         if self.message_model is MessageModel.CLUSTERING:
+            # RocketMQ: every clustering consumer of a group consumes its retry topic too (created
+            # by the broker at the first send-back; until then it has no route).
+            self._subscriptions.setdefault(retry_topic(self.group), None)
             self._store = RemoteOffsetStore(
                 self._transport,
                 self._routes,
@@ -343,7 +364,8 @@ class PushConsumer:
             try:
                 await self._routes.get(topic)
             except ClientError as exc:
-                log.warning("no route for %s yet (rebalance retries): %s", topic, exc)
+                level = logging.DEBUG if topic == retry_topic(self.group) else logging.WARNING  # made on demand
+                log.log(level, "no route for %s yet (rebalance retries): %s", topic, exc)
         await self._heartbeat_once()
         complete = await self._rebalance_once()
         if not complete:
@@ -508,10 +530,17 @@ class PushConsumer:
     async def _rebalance_once(self) -> bool:
         """Returns False when something failed, so the loop retries soon."""
         complete = await self._take_resets()
+        complete &= await self._take_local_recreations()
         for topic, tags in sorted(self._subscriptions.items()):
             try:
+                if topic == retry_topic(self.group) and not await self._retry_route_current():
+                    complete = False
                 complete &= await self._rebalance_topic(topic, tags)
             except ClientError as exc:
+                if topic == retry_topic(self.group) and exc.code in ("TOPIC_NOT_EXIST", "NO_ROUTE"):
+                    log.debug("retry topic %s has no route yet: %s", topic, exc)
+                    complete &= not self._retry_brokers  # created by a send-back: soon routed
+                    continue
                 log.warning("rebalance of %s failed: %s", topic, exc)
                 complete = False
         return complete
@@ -547,14 +576,14 @@ class PushConsumer:
         complete = True
         for mq in mqs:
             try:
-                start = await self._start_offset(mq)
+                start, epoch = await self._start_offset(mq)
             except ClientError as exc:
                 log.warning("no start offset for %s yet: %s", mq, exc)
                 complete = False
                 continue
             if not self._running:
                 break
-            worker = _QueueWorker(self, mq, start, tags)
+            worker = _QueueWorker(self, mq, start, tags, epoch)
             self._workers[mq] = worker
             worker.start()
             log.info("%s consumes %s from offset %d", self.client_id, mq, start)
@@ -592,7 +621,7 @@ class PushConsumer:
         and restart the queues there."""
         mqs = sorted(mq for mq in self._workers if mq.topic == topic and mq.broker_name == broker_name)
         log.warning(
-            "%s: offsets of %s on %s were reset: restarting %d queue(s) from the reset offsets",
+            "%s: offsets of %s on %s were reset (or the topic created again): restarting %d queue(s)",
             self.client_id, topic, broker_name, len(mqs),
         )
         await asyncio.gather(*(self._drop_worker(mq) for mq in mqs))
@@ -611,21 +640,116 @@ class PushConsumer:
         await worker.stop(self.shutdown_timeout_s)
         self._workers.pop(mq, None)
 
-    async def _start_offset(self, mq: MessageQueue) -> int:
+    async def _start_offset(self, mq: MessageQueue) -> tuple[int, int | None]:
+        """(offset to start at, the topic epoch it belongs to, None: unknown)."""
+        key = (mq.topic, mq.broker_name)
+        if mq in self._local_from_min:  # broadcasting: the offsets on disk belong to the old topic
+            lo, _hi, epoch = await queue_status(self.transport, self.routes, mq, self.timeout_s)
+            if epoch is None or epoch < self._local_recreated[key]:
+                raise ClientError("STALE_REPLICA", f"{mq}: a replica behind the topic's re-creation answered")
+            self.store.update(mq, lo, increase_only=False)
+            self._local_from_min.discard(mq)
+            return lo, epoch
         stored = await self.store.fetch(mq)
+        store = self._store
+        epoch = store.topic_epoch(mq) if isinstance(store, RemoteOffsetStore) else None
         if stored is not None:
-            return stored
-        if self.consume_from is ConsumeFrom.TIMESTAMP:
+            return stored, epoch
+        if isinstance(store, RemoteOffsetStore) and store.recreated(mq):
+            # A topic deleted and created again: nothing in the new queue was consumed yet.
+            lo, _hi, status_epoch = await queue_status(self.transport, self.routes, mq, self.timeout_s)
+            if status_epoch != epoch:
+                raise ClientError("STALE_REPLICA", f"{mq}: offsets and queue status of different topic epochs")
+            log.warning("%s: topic %s was created again: starting at the new queue's minimum %d", mq, mq.topic, lo)
+            self.store.update(mq, lo, increase_only=False)
+            return lo, epoch
+        from_first = self.consume_from is ConsumeFrom.FIRST or mq.topic.startswith(RETRY_PREFIX)
+        if self.consume_from is ConsumeFrom.TIMESTAMP and not from_first:
             ts = self.consume_timestamp_ms
             if ts is None:
                 ts = time.time_ns() // 1_000_000 - CONSUME_TIMESTAMP_DEFAULT_AGO_MS
             offset = await search_offset_at(self.transport, self.routes, mq, ts, self.timeout_s)
         else:
-            lo, hi = await queue_min_max(self.transport, self.routes, mq, self.timeout_s)
-            offset = lo if self.consume_from is ConsumeFrom.FIRST else hi
+            lo, hi, status_epoch = await queue_status(self.transport, self.routes, mq, self.timeout_s)
+            if epoch is not None and status_epoch is not None and status_epoch != epoch:
+                raise ClientError("STALE_REPLICA", f"{mq}: offsets and queue status of different topic epochs")
+            epoch = status_epoch if epoch is None else epoch
+            # A retry topic holds only this group's failed messages: always from its start (RocketMQ).
+            offset = lo if from_first else hi
         # Remember it, so the first commit pins where this group starts even if nothing arrives.
         self.store.update(mq, offset, increase_only=False)
-        return offset
+        return offset, epoch
+
+    # -- topic re-creation ----------------------------------------------------------------------------
+    def _topic_recreated(self, mq: MessageQueue, epoch: int) -> None:
+        """A pull answer of ``mq`` named a newer topic epoch than its worker started with."""
+        store = self._store
+        if isinstance(store, RemoteOffsetStore):
+            store.topic_recreated(mq, epoch)  # stale: the rebalance loop restarts the key's queues
+        else:
+            key = (mq.topic, mq.broker_name)
+            if epoch > self._local_recreated.get(key, -1):
+                log.warning("%s: topic %s was deleted and created again (epoch %d): restarting its queues",
+                            mq, mq.topic, epoch)
+                self._local_recreated[key] = epoch
+                self._local_restart.add(key)
+        self._rebalance_wanted.set()
+
+    async def _take_local_recreations(self) -> bool:
+        """Broadcasting: restart the queues of re-created topics at the new queues' minimum."""
+        complete = True
+        for key in sorted(self._local_restart):
+            self._local_restart.discard(key)
+            mqs = sorted(mq for mq in self._workers if (mq.topic, mq.broker_name) == key)
+            await asyncio.gather(*(self._drop_worker(mq) for mq in mqs))
+            for mq in mqs:
+                self.store.remove(mq)
+            self._local_from_min.update(mqs)
+            if key[0] in self._subscriptions and self._running:
+                complete &= await self._start_workers(mqs, self._subscriptions[key[0]])
+        return complete
+
+    # -- retries (clustering): back to the broker ------------------------------------------------------
+    async def _retry_route_current(self) -> bool:
+        """The retry topic's route names every broker group this consumer sent messages back to
+        (refreshed when not: those groups created it since); False while one is still missing."""
+        if not self._retry_brokers:
+            return True
+        topic = retry_topic(self.group)
+        cached = self.routes.cached(topic)
+        if cached is not None and self._retry_brokers <= {mq.broker_name for mq in subscribe_queues(cached)}:
+            return True
+        route = await self.routes.refresh(topic)
+        return self._retry_brokers <= {mq.broker_name for mq in subscribe_queues(route)}
+
+    async def _send_back(
+        self, mq: MessageQueue, msgs: list[MessageExt], *, dlq: bool = False
+    ) -> list[MessageExt]:
+        """Send failed messages back to their broker group (``%RETRY%<group>``, or ``%DLQ%<group>``
+        after ``max_reconsume_times``); returns those the broker did not take."""
+        failed = []
+        for m in msgs:
+            body: dict[str, Any] = {"group": self.group, "msg_id": m.msg_id, "dlq": dlq}
+            if self.max_reconsume_times is not None:
+                body["max_reconsume_times"] = self.max_reconsume_times
+            try:
+                answer = await call_leader(
+                    self.transport, self.routes, mq.topic, mq.broker_name, "/v1/consumer/sendback", body,
+                    timeout_s=self.timeout_s,
+                )
+            except ClientError as exc:
+                log.warning("%s: send-back of %s failed (consumed again here): %s", mq, m.msg_id, exc)
+                failed.append(m)
+                continue
+            if not answer.get("dlq"):
+                self._retry_brokers.add(mq.broker_name)
+            if answer.get("dlq"):
+                log.warning("%s: %s went to the dead-letter queue %s after %s re-consumptions",
+                            mq, m.msg_id, answer.get("topic"), answer.get("reconsume_times"))
+        retry_groups = {w.broker_name for w in self._workers if w.topic == retry_topic(self.group)}
+        if not self._retry_brokers <= retry_groups:
+            self._rebalance_wanted.set()  # the retry topic may exist now: take its queues
+        return failed
 
     # -- listener calls -------------------------------------------------------------------------------
     async def _invoke(self, msgs: list[MessageExt], ctx: ConsumeContext) -> ConsumeStatus:
@@ -650,8 +774,16 @@ class PushConsumer:
 class _QueueWorker:
     """One assigned queue: its ProcessQueue, its pull loop and its consume tasks."""
 
-    def __init__(self, owner: PushConsumer, mq: MessageQueue, start_offset: int, tags: frozenset[str] | None):
+    def __init__(
+        self,
+        owner: PushConsumer,
+        mq: MessageQueue,
+        start_offset: int,
+        tags: frozenset[str] | None,
+        epoch: int | None = None,
+    ):
         self.owner = owner
+        self.epoch = epoch  # the topic incarnation start_offset belongs to (None: the first answer's)
         self.mq = mq
         self.pq = ProcessQueue(mq, start_offset)
         self.next_offset = start_offset
@@ -668,6 +800,7 @@ class _QueueWorker:
         self.replica_index = 0
         self.on_follower_since = 0.0
         self.overflow_since: float | None = None  # when the leader first answered OFFSET_OVERFLOW
+        self.overflow_logged = 0.0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -757,9 +890,23 @@ class _QueueWorker:
     def _apply(self, result: PullResult, from_leader: bool, elapsed_s: float) -> float:
         """Take in one pull answer; returns how long to wait before the next pull."""
         status = result.status
+        epoch = result.topic_epoch
+        if epoch is not None and self.epoch is None:
+            self.epoch = epoch
+        elif epoch is not None and self.epoch is not None and epoch != self.epoch:
+            if epoch > self.epoch:
+                # The topic was deleted and created again: these offsets mean nothing in the new
+                # queue. The owner restarts the queue at the new queue's minimum (never at its max).
+                if not self.dropped:
+                    self.owner._topic_recreated(self.mq, epoch)
+                return FOLLOWER_LAG_PAUSE_S
+            self.replica_index = 0  # a replica that has not applied the re-creation yet
+            return FOLLOWER_LAG_PAUSE_S
         if status is PullStatus.FOUND:
             self.overflow_since = None
             msgs = [m for m in result.messages if self.tags is None or m.tags in self.tags]
+            if self.mq.topic.startswith(RETRY_PREFIX):  # shown under the topic it was sent to
+                msgs = [dataclasses.replace(m, topic=m.properties.get(PROP_RETRY_TOPIC, m.topic)) for m in msgs]
             added = self.pq.put(msgs, result.next_offset)
             self.next_offset = max(self.next_offset, result.next_offset)
             self._record_progress()
@@ -769,25 +916,20 @@ class _QueueWorker:
             if not from_leader:
                 self.replica_index = 0  # a lagging follower: back to the leader
                 return FOLLOWER_LAG_PAUSE_S
-            # A leader behind the offset this worker reached is a new leader still dispatching
-            # committed entries, or a stale route naming a restarted old one: the messages already
-            # handed to the listener must not come again, so wait and pull again. Only an overflow
-            # that outlasts any failover (the queue really was reset: a topic deleted and created
-            # again) moves the offset back; the messages at those offsets are new ones.
+            # Same topic epoch: a leader behind the offset this worker reached is a new leader
+            # still dispatching committed entries, or a stale route naming a restarted old one. The
+            # messages already handed to the listener must not come again and none stored may be
+            # skipped, so wait and pull again (a re-created topic shows as a newer epoch, above).
             now = asyncio.get_running_loop().time()
             if self.overflow_since is None:
-                self.overflow_since = now
-            if now - self.overflow_since < OVERFLOW_RESET_AFTER_S:
+                self.overflow_since = self.overflow_logged = now
                 log.info("%s: offset %d is past the leader's max %d: waiting for it to catch up",
                          self.mq, self.next_offset, result.next_offset)
-                return FOLLOWER_LAG_PAUSE_S
-            log.warning(
-                "%s: offset %d has been past the leader's max %d for %.0f s: the queue was reset, moving back",
-                self.mq, self.next_offset, result.next_offset, now - self.overflow_since,
-            )
-            self.overflow_since = None
-            self.next_offset = result.next_offset
-            return 0.0
+            elif now - self.overflow_logged >= OVERFLOW_WARN_EVERY_S:
+                self.overflow_logged = now
+                log.warning("%s: offset %d has been past the leader's max %d for %.0f s (same topic epoch): "
+                            "still waiting", self.mq, self.next_offset, result.next_offset, now - self.overflow_since)
+            return FOLLOWER_LAG_PAUSE_S
         self.overflow_since = None
         if result.next_offset > self.next_offset:  # NO_MATCHED_MSG, OFFSET_TOO_SMALL
             self.next_offset = result.next_offset
@@ -813,9 +955,10 @@ class _QueueWorker:
             self._spawn(self._consume_concurrently(added[i : i + n]))
 
     # -- consuming ------------------------------------------------------------------------------------
-    def _done(self, batch: list[MessageExt]) -> None:
+    def _done(self, batch: list[MessageExt], *, consumed: bool = True) -> None:
         self.pq.remove(m.queue_offset for m in batch)
-        self.owner.consumed += len(batch)
+        if consumed:  # not when sent back to the broker (retry topic, DLQ)
+            self.owner.consumed += len(batch)
         self._record_progress()
         if not self._over_threshold():
             self.space.set()
@@ -832,6 +975,15 @@ class _QueueWorker:
         )
         return True
 
+    def _orderly_limit_reached(self, batch: list[MessageExt]) -> bool:
+        """Orderly: retried in place ``max_reconsume_times`` times (16 when unset), then the DLQ."""
+        limit = self.owner.max_reconsume_times
+        if batch[0].reconsume_times < (limit if limit is not None else ORDERLY_DEFAULT_MAX_RECONSUME):
+            return False
+        log.error("%s: offsets %s failed %d times in order: to the dead-letter queue",
+                  self.mq, [m.queue_offset for m in batch], batch[0].reconsume_times + 1)
+        return True
+
     async def _call(self, batch: list[MessageExt]) -> ConsumeStatus | None:
         """One listener call under the consumer-wide concurrency bound; None when dropped first."""
         assert self.owner._slots is not None
@@ -845,10 +997,21 @@ class _QueueWorker:
             status = await self._call(batch)
             if status is None:
                 return
-            if status is ConsumeStatus.CONSUME_SUCCESS or self._give_up(batch):
+            if status is ConsumeStatus.CONSUME_SUCCESS:
                 self._done(batch)
                 return
             self.owner.reconsumed += len(batch)
+            if self.owner.message_model is MessageModel.CLUSTERING:
+                left = await self.owner._send_back(self.mq, batch)
+                taken = [m for m in batch if m not in left]
+                if taken:
+                    self._done(taken, consumed=False)  # stored in the retry topic (or the DLQ): this offset is done
+                if not left or self.dropped:
+                    return
+                batch = left  # the broker did not take them: consume them again here
+            elif self._give_up(batch):
+                self._done(batch)
+                return
             delay_s = backoff_s(batch[0].reconsume_times, self.owner.redeliver_backoff_s)
             batch = [dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch]
             if await self._pause(delay_s):
@@ -865,9 +1028,17 @@ class _QueueWorker:
                 status = await self._call(batch)
                 if status is None:
                     return
-                if status is ConsumeStatus.CONSUME_SUCCESS or self._give_up(batch):
+                if status is ConsumeStatus.CONSUME_SUCCESS:
                     self._done(batch)
                     break
+                if self._orderly_limit_reached(batch):
+                    if self.owner.message_model is not MessageModel.CLUSTERING:
+                        self._done(batch)  # broadcasting: no DLQ, given up (logged)
+                        break
+                    left = await self.owner._send_back(self.mq, batch, dlq=True)
+                    if not left:
+                        self._done(batch, consumed=False)
+                        break
                 self.owner.reconsumed += len(batch)
                 batch = [dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch]
                 if await self._pause(self.owner.orderly_retry_s):

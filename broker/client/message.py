@@ -77,6 +77,12 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
     unique_id: str | None = None
+    # Delayed delivery (broker/schedule.py): a RocketMQ delay level (1 = 1 s ... 18 = 2 h; wire
+    # property DELAY), or a deliver time in ms since the epoch (wire property TIMER_DELIVER_MS, at
+    # most timerMaxDelaySec ahead of the broker's clock). The message is stored when sent and shows
+    # up in its topic when due.
+    delay_time_level: int = 0
+    deliver_time_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
@@ -155,6 +161,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[MessageExt]
+    topic_epoch: int | None = None  # the topic's incarnation on the answering replica (None: unknown)
 
 
 # -- validation (the broker checks everything again; these catch mistakes before a round trip) --
@@ -167,6 +174,10 @@ def check_message(msg: Message) -> None:
         raise ClientError("MESSAGE_TOO_LARGE", f"body of {len(msg.body)} bytes exceeds {MESSAGE_BYTES_MAX}")
     if not isinstance(msg.tags, str) or "||" in msg.tags or len(msg.tags) > 255:
         raise ClientError("INVALID_TAGS", "tags must be a string of at most 255 chars without '||'")
+    if not isinstance(msg.delay_time_level, int) or msg.delay_time_level < 0:
+        raise ClientError("INVALID_DELAY", "delay_time_level must be an integer ≥ 0 (0: not delayed)")
+    if msg.deliver_time_ms is not None and (not isinstance(msg.deliver_time_ms, int) or msg.deliver_time_ms < 0):
+        raise ClientError("INVALID_DELAY", "deliver_time_ms must be milliseconds since the epoch")
 
 
 def check_batch(msgs: Sequence[Message]) -> str:
@@ -222,8 +233,13 @@ def send_request(
             item["tags"] = m.tags
         if m.keys:
             item["keys"] = list(m.keys)
-        if m.properties:
-            item["properties"] = dict(m.properties)
+        props = dict(m.properties)
+        if m.delay_time_level:
+            props["DELAY"] = str(m.delay_time_level)
+        if m.deliver_time_ms is not None:
+            props["TIMER_DELIVER_MS"] = str(m.deliver_time_ms)
+        if props:
+            item["properties"] = props
         if m.flag:
             item["flag"] = m.flag
         items.append(item)
@@ -275,6 +291,14 @@ def pull_request(
     return body
 
 
+def _reconsume_times(props: Any) -> int:
+    """RECONSUME_TIME of a message from a retry topic (0 for a first delivery)."""
+    try:
+        return max(0, int(dict(props or {}).get("RECONSUME_TIME", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
 def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
     body = d.get("body")
     if body is None and "body_b64" in d:
@@ -298,6 +322,7 @@ def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
         size=int(d.get("size", 0)),
         broker_name=str(d["broker_name"]),
         flag=int(d.get("flag", 0)),
+        reconsume_times=_reconsume_times(d.get("properties")),
     )
 
 
@@ -309,6 +334,7 @@ def pull_result_from_answer(answer: Any) -> PullResult:
             min_offset=int(answer.get("min_offset", 0)),
             max_offset=int(answer.get("max_offset", 0)),
             messages=[message_ext_from_dict(m) for m in answer.get("messages") or ()],
+            topic_epoch=int(answer["topic_epoch"]) if answer.get("topic_epoch") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ClientError("BAD_ANSWER", f"unexpected pull answer: {exc!r}") from None

@@ -19,6 +19,14 @@ offsets (``drop``) and fetches them again, which takes the new generation::
 
     fetch ──▶ current ──commit refused / newer generation seen──▶ stale ──drop(refetch) + fetch──▶ current
 
+Topic re-creation is fenced the same way. Offsets are read with the topic's *epoch* (its
+incarnation: the log position of the command that created it) and commits carry it; a broker whose
+topic was deleted and created again since refuses the commit (409 ``TOPIC_RECREATED``). A refused
+commit, a newer epoch seen by ``check_generations`` or ``fetch``, or ``topic_recreated`` (a pull
+answer with a newer epoch) makes the key stale like a reset does; the fetch after ``drop`` takes the
+new epoch, and ``recreated(mq)`` then tells the owner to start queues without a committed offset at
+the new queue's minimum (everything in a new incarnation is unconsumed).
+
 The in-memory table is what consumption updates; ``persist`` pushes entries that differ from what
 was last persisted. ``update(increase_only=True)`` (the consumption path) never moves an entry
 backwards.
@@ -214,7 +222,38 @@ class RemoteOffsetStore(OffsetStore):
         self.reset_fencing = reset_fencing
         self.on_reset = on_reset  # (topic, broker_name) became stale
         self._generations: dict[ResetKey, int] = {}
+        self._epochs: dict[ResetKey, int] = {}  # the topic epoch the held offsets were read with
+        self._recreated: dict[ResetKey, int] = {}  # the newest epoch seen replacing a known one
         self._stale: set[ResetKey] = set()
+
+    def topic_epoch(self, mq: MessageQueue) -> int | None:
+        """The topic epoch the offsets of ``mq``'s (topic, broker group) were read with (None: unknown)."""
+        return self._epochs.get((mq.topic, mq.broker_name))
+
+    def recreated(self, mq: MessageQueue) -> bool:
+        """True when the offsets held for ``mq``'s key were read from a topic re-created in this
+        session (queues without a committed offset start at the minimum then)."""
+        key = (mq.topic, mq.broker_name)
+        epoch = self._epochs.get(key)
+        return epoch is not None and self._recreated.get(key) == epoch
+
+    def topic_recreated(self, mq: MessageQueue, epoch: int) -> None:
+        """A pull answer named a newer epoch of ``mq``'s topic than the held offsets were read with:
+        they belong to the old topic (stale until dropped and fetched again)."""
+        key = (mq.topic, mq.broker_name)
+        known = self._epochs.get(key)
+        if known is not None and epoch <= known:
+            return
+        self._recreated[key] = max(epoch, self._recreated.get(key, epoch))
+        self._mark_stale(key)
+
+    def _set_epoch(self, key: ResetKey, epoch: int | None) -> None:
+        if epoch is None:
+            return
+        known = self._epochs.get(key)
+        if known is not None and epoch > known:
+            self._recreated[key] = max(epoch, self._recreated.get(key, epoch))
+        self._epochs[key] = epoch
 
     def reset_generation(self, mq: MessageQueue) -> int | None:
         """The reset generation the offsets of ``mq``'s (topic, broker group) were read with (None:
@@ -250,8 +289,8 @@ class RemoteOffsetStore(OffsetStore):
     async def load(self) -> None:
         return None
 
-    async def _read(self, topic: str, broker_name: str) -> tuple[int | None, dict[int, int]]:
-        """(reset generation or None, {queue id: offset}) of one (topic, broker group)."""
+    async def _read(self, topic: str, broker_name: str) -> tuple[int | None, int | None, dict[int, int]]:
+        """(reset generation or None, topic epoch or None, {queue id: offset}) of one (topic, broker group)."""
         route = await self.routes.get(topic, self.timeout_s)
         _, answer = await call_replicas(
             self.transport,
@@ -262,33 +301,45 @@ class RemoteOffsetStore(OffsetStore):
             timeout_s=self.timeout_s,
         )
         if not isinstance(answer, dict):
-            return None, {}
+            return None, None, {}
         try:
             offsets = {int(q): int(off) for q, off in dict(answer.get("offsets") or {}).items()}
             raw = answer.get("reset_generation")
-            return (int(raw) if raw is not None else None), offsets
+            epoch = answer.get("topic_epoch")
+            return (int(raw) if raw is not None else None), (int(epoch) if epoch is not None else None), offsets
         except (TypeError, ValueError) as exc:
             raise ClientError("BAD_ANSWER", f"offsets of {topic} from {broker_name}: {exc}") from None
 
-    def _take_generation(self, mq: MessageQueue, generation: int) -> None:
-        """Commits are fenced with the *oldest* generation any held offset of the key was read with."""
+    def _take_generation(self, mq: MessageQueue, generation: int, epoch: int | None = None) -> None:
+        """Commits are fenced with the *oldest* generation any held offset of the key was read with,
+        and the topic epoch they were read with."""
         key = (mq.topic, mq.broker_name)
         known = self._generations.get(key)
+        known_epoch = self._epochs.get(key)
         if known is None or not self.reset_fencing:
             self._generations[key] = max(generation, known or 0)
+            self._set_epoch(key, epoch)
             return
         if not any((m.topic, m.broker_name) == key for m in self._table if m != mq):
             self._generations[key] = generation
+            self._set_epoch(key, epoch)
             self._stale.discard(key)
+        elif epoch is not None and known_epoch is not None and epoch != known_epoch:
+            if epoch > known_epoch:  # the offsets held for the other queues belong to the old topic
+                self._recreated[key] = max(epoch, self._recreated.get(key, epoch))
+                self._mark_stale(key)
+            # else: a replica behind the re-creation; the held offsets stay fenced by the newer epoch
         elif generation > known:  # the offsets held for the other queues predate a reset
             self._mark_stale(key)
         elif generation < known:  # a replica behind: its answer fences the commits (refused if stale)
             self._generations[key] = generation
 
     async def fetch(self, mq: MessageQueue) -> int | None:
-        generation, offsets = await self._read(mq.topic, mq.broker_name)
+        generation, epoch, offsets = await self._read(mq.topic, mq.broker_name)
         if generation is not None:
-            self._take_generation(mq, generation)
+            self._take_generation(mq, generation, epoch)
+        else:
+            self._set_epoch((mq.topic, mq.broker_name), epoch)
         value = offsets.get(mq.queue_id)
         if value is None or value < 0:
             return None
@@ -309,7 +360,11 @@ class RemoteOffsetStore(OffsetStore):
             if isinstance(res, BaseException):
                 raise res
             generation, known = res[0], self._generations.get(key)
-            if generation is not None and known is not None and generation > known:
+            epoch, known_epoch = res[1], self._epochs.get(key)
+            if epoch is not None and known_epoch is not None and epoch > known_epoch:
+                self._recreated[key] = max(epoch, self._recreated.get(key, epoch))
+                self._mark_stale(key)
+            elif generation is not None and known is not None and generation > known:
                 self._mark_stale(key)
 
     async def persist(self, mqs: Iterable[MessageQueue] | None = None) -> int:
@@ -322,6 +377,7 @@ class RemoteOffsetStore(OffsetStore):
                 continue  # read before a reset: never written (the owner drops and fetches them again)
             topic, broker_name = key
             generation = self._generations.get(key) if self.reset_fencing else None
+            epoch = self._epochs.get(key) if self.reset_fencing else None
             body: dict[str, Any] = {
                 "group": self.group,
                 "topic": topic,
@@ -329,6 +385,8 @@ class RemoteOffsetStore(OffsetStore):
             }
             if generation is not None:
                 body["reset_generation"] = generation
+            if epoch is not None:
+                body["topic_epoch"] = epoch
             try:
                 await call_leader(
                     self.transport,
@@ -344,6 +402,10 @@ class RemoteOffsetStore(OffsetStore):
                     if self._generations.get(key) == generation:  # not dropped and re-read meanwhile
                         self._mark_stale(key)
                     continue
+                if exc.code == "TOPIC_RECREATED":  # these offsets belong to the deleted topic
+                    if self._epochs.get(key) == epoch:
+                        self._mark_stale(key)
+                    continue
                 log.warning(
                     "commit of %s offsets to %s failed (kept for the next commit): %s",
                     topic,
@@ -351,7 +413,9 @@ class RemoteOffsetStore(OffsetStore):
                     exc,
                 )
                 continue
-            if self.reset_fencing and (key in self._stale or self._generations.get(key) != generation):
+            if self.reset_fencing and (
+                key in self._stale or self._generations.get(key) != generation or self._epochs.get(key) != epoch
+            ):
                 continue  # a reset was seen while this was in flight: these values are not kept
             for mq, off in entries.items():
                 self._persisted[mq] = off

@@ -353,7 +353,9 @@ async def _send(t: Transport, addr: str, topic: str, qid: int, first: int, n: in
 
 
 async def _offsets(t: Transport, addr: str, group: str, topic: str) -> dict[str, Any]:
-    return dict(await t.call(addr, "GET", "/v1/offsets", params={"group": group, "topic": topic}))
+    got = dict(await t.call(addr, "GET", "/v1/offsets", params={"group": group, "topic": topic}))
+    assert isinstance(got.pop("topic_epoch"), int)  # the topic's incarnation (tests/broker/test_topic_recreate.py)
+    return got
 
 
 async def _post_json(addr: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -422,11 +424,11 @@ async def _log_commits(c: BrokerCluster, group: str, topic: str) -> list[tuple[d
     )
     md = Metadata()
     out = []
-    for _position, body in records:
+    for position, body in records:
         if body[:1] != COMMAND_MAGIC:
             continue
         cmd = decode_command(body)
-        result = md.apply(cmd)
+        result = md.apply(cmd, position)
         if cmd.get("group") == group and cmd.get("topic") == topic:
             out.append((cmd, result))
     return out
