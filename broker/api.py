@@ -40,6 +40,7 @@ from broker.message import (
 )
 from broker.metadata import REFUSED_OFFSET_RESET, TopicConfig
 from broker.names import is_client_id, is_decimal
+from broker.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -60,9 +61,10 @@ log = logging.getLogger("broker.api")
 INT64_MAX = 2**63 - 1
 MAX_PULL_COUNT = 1024
 MAX_SCAN_UNITS = 16_384
+MAX_SQL_SCAN_UNITS = 2048  # an SQL filter reads every unit it scans from the log: fewer per pull
 MAX_QUERY = 512
 _PULL_FIELDS = frozenset(
-    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group"}
+    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group", "sql"}
 )
 
 _DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
@@ -100,6 +102,22 @@ def _tag_filter(expr: Any) -> tuple[set[int], set[str]] | None:
     if not tags:
         return None
     return {tag_hash(t) for t in tags}, tags
+
+
+def _sql_filter(expr: Any, tags: Any, enabled: bool) -> SqlFilter | None:
+    """The compiled SQL92 filter of a pull (cached per expression), or None."""
+    if expr is None:
+        return None
+    if not enabled:
+        raise ApiError(400, "FILTER_NOT_SUPPORTED", "this broker does not filter by SQL92 (enablePropertyFilter=false)")
+    if tags not in (None, "", "*"):
+        raise ApiError(400, "BAD_REQUEST", "a pull filters by tags or by sql, not both")
+    if not isinstance(expr, str) or not encodable(expr):
+        raise ApiError(400, "SUBSCRIPTION_PARSE_FAILED", "sql must be a UTF-8 string", position=0)
+    try:
+        return compile_filter(expr)
+    except SqlFilterError as exc:
+        raise ApiError(400, "SUBSCRIPTION_PARSE_FAILED", str(exc), position=exc.position) from None
 
 
 def _offsets_answer(offsets: dict[int, int]) -> dict[str, int]:
@@ -307,6 +325,7 @@ class BrokerApi:
         suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, 3_600_000)
         suspend_ms = min(suspend_ms, self.s.cfg.long_polling_max_ms)
         flt = _tag_filter(body.get("tags"))
+        sql = _sql_filter(body.get("sql"), body.get("tags"), self.s.cfg.enable_property_filter)
         deadline = self.s.clock.monotonic() + suspend_ms / 1000
         while True:
             cq = self.s.store.cqs.get(topic, qid)
@@ -321,7 +340,7 @@ class BrokerApi:
                     return self._pull_answer(request, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
-            return self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo)
+            return self._read_queue(request, cq, offset, max_count, max_bytes, flt, lo, sql)
 
     def _read_queue(
         self,
@@ -332,8 +351,11 @@ class BrokerApi:
         max_bytes: int,
         flt: tuple[set[int], set[str]] | None,
         lo: int,
+        sql: SqlFilter | None = None,
     ) -> web.Response:
-        scan = max_count if flt is None else min(MAX_SCAN_UNITS, max_count * 64)
+        scan = max_count if flt is None and sql is None else min(MAX_SCAN_UNITS, max_count * 64)
+        if sql is not None:
+            scan = min(scan, MAX_SQL_SCAN_UNITS)
         units = cq.read(offset, scan)
         out: list[dict[str, Any]] = []
         total = 0
@@ -351,6 +373,9 @@ class BrokerApi:
                 break  # not readable yet (being applied): stop here, never skip it
 
             if flt is not None and m.tags not in flt[1]:
+                next_offset = u.offset + 1
+                continue
+            if sql is not None and not sql.matches(message_properties(m.properties, m.tags, m.keys)):
                 next_offset = u.offset + 1
                 continue
             if out and total + len(m.body) > max_bytes:
