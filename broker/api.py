@@ -21,6 +21,7 @@ from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
 from broker.consumers import MembershipError
+from broker.dedup import FirstSend, SendDeduper
 from broker.http_edge import ClientGone, EdgeError, guarded_app
 from broker.message import (
     InvalidInput,
@@ -128,6 +129,7 @@ class BrokerApi:
     def __init__(self, server: BrokerServer):
         self.s = server
         self.sec = server.security
+        self.dedup = SendDeduper(server.store.dedup)  # idempotent sends (broker/dedup.py)
 
     def app(self) -> web.Application:
         app = guarded_app(self.s.guard, [self._errors, self.sec.middleware])
@@ -275,22 +277,36 @@ class BrokerApi:
         if qid >= tc.write_queue_nums:
             raise ApiError(400, "INVALID_QUEUE_ID", f"queue_id {qid} >= write_queue_nums {tc.write_queue_nums}")
         self.s.counters["send_requests"] += 1
-        locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
-        self.s.counters["messages_sent"] += len(records)
-        results = []
-        for m, loc in zip(msgs, locs, strict=True):
+        uids = [m.unique_id for m in msgs]
+        await self.dedup.wait_in_flight(topic, uids, self.s.send_timeout_s)
+        firsts = self.dedup.known(topic, uids)
+        fresh = [i for i, k in enumerate(firsts) if k is None]
+        locs: list[Any] = []
+        if fresh:
+            locs = await self.dedup.appending(
+                topic,
+                [uids[i] for i in fresh],
+                lambda: self.s.node.append([records[i] for i in fresh], timeout_s=self.s.send_timeout_s),
+            )
+        self.s.counters["messages_sent"] += len(fresh)
+        self.s.counters["duplicate_messages"] += len(msgs) - len(fresh)
+        # A retried send is answered with its first result (stored once); fresh messages as usual.
+        results = [self._first_result(m.unique_id, k) for m, k in zip(msgs, firsts, strict=True)]
+        if not fresh:
+            first = firsts[0]
+            assert first is not None
+            qid, store_ts = first.queue_id, first.store_ts
+        for i, loc in zip(fresh, locs, strict=True):
             offset = self.s.store.results.pop(loc.position, None)
             if offset is None:
                 cq = self.s.store.cqs.get(topic, qid)
                 offset = cq.search_by_position(loc.position) if cq is not None else None
-            results.append(
-                {
-                    "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
-                    "unique_id": m.unique_id,
-                    "queue_offset": offset,
-                    "position": loc.position,
-                }
-            )
+            results[i] = {
+                "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
+                "unique_id": msgs[i].unique_id,
+                "queue_offset": offset,
+                "position": loc.position,
+            }
         return answer(
             request,
             {
@@ -301,6 +317,17 @@ class BrokerApi:
                 "results": results,
             },
         )
+
+    def _first_result(self, unique_id: str, first: FirstSend | None) -> dict[str, Any] | None:
+        if first is None:
+            return None
+        return {
+            "msg_id": f"{self.s.cfg.broker_name}:{first.position:016X}",
+            "unique_id": unique_id,
+            "queue_offset": first.queue_offset,
+            "position": first.position,
+            "duplicate": True,
+        }
 
     # -- pull -------------------------------------------------------------------------------------
     async def pull(self, request: web.Request) -> web.Response:
@@ -325,7 +352,9 @@ class BrokerApi:
         suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, 3_600_000)
         suspend_ms = min(suspend_ms, self.s.cfg.long_polling_max_ms)
         flt = _tag_filter(body.get("tags"))
-        sql = _sql_filter(body.get("sql"), body.get("tags"), self.s.cfg.enable_property_filter)
+        sql = None
+        if body.get("sql") is not None:
+            sql = _sql_filter(body["sql"], body.get("tags"), self.s.cfg.enable_property_filter)
         deadline = self.s.clock.monotonic() + suspend_ms / 1000
         while True:
             cq = self.s.store.cqs.get(topic, qid)
