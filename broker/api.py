@@ -129,7 +129,12 @@ class BrokerApi:
     def __init__(self, server: BrokerServer):
         self.s = server
         self.sec = server.security
-        self.dedup = SendDeduper(server.store.dedup)  # idempotent sends (broker/dedup.py)
+        self.dedup = SendDeduper(  # idempotent sends (broker/dedup.py)
+            server.store.dedup,
+            log_end=lambda: server.node.store.last_index,
+            applied=server.store.applied_index,
+            term=lambda: server.node.term,
+        )
 
     def app(self) -> web.Application:
         app = guarded_app(self.s.guard, [self._errors, self.sec.middleware])

@@ -146,11 +146,30 @@ SendResultItem = dict[str, Any]
 
 class SendDeduper:
     """Leader side (event loop only): answer known messages from the window, and let a retry that
-    arrives while its first attempt is still being appended wait for that attempt's answer."""
+    arrives while an earlier attempt may still be stored wait until that is decided:
 
-    def __init__(self, window: DedupWindow):
+    - while the attempt is being appended on this leader: until its append returns;
+    - after its append failed with an unknown outcome (no commit in time: the entry may still
+      commit): until this replica has applied everything its log holds now — an attempt not written
+      by then never will be (dledger drops a request whose caller stopped waiting) — or the term
+      changed (a new leader applied its whole log before accepting writes).
+    Both waits are bounded by the caller's timeout; the window then decides."""
+
+    UNCERTAIN_MAX = 65_536  # unique ids remembered after an unknown outcome (oldest dropped first)
+    POLL_S = 0.005
+
+    def __init__(
+        self,
+        window: DedupWindow,
+        *,
+        log_end: Callable[[], int] = lambda: 0,
+        applied: Callable[[], int] = lambda: 0,
+        term: Callable[[], int] = lambda: 0,
+    ):
         self.window = window
+        self._log_end, self._applied, self._term = log_end, applied, term
         self._in_flight: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._uncertain: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()  # -> term
 
     def known(self, topic: str, unique_ids: Sequence[str]) -> list[FirstSend | None]:
         if not deduplicated_topic(topic):
@@ -158,23 +177,44 @@ class SendDeduper:
         return [self.window.lookup(topic, u) for u in unique_ids]
 
     async def wait_in_flight(self, topic: str, unique_ids: Sequence[str], timeout_s: float) -> None:
-        """Until no attempt of these messages is being appended on this leader (bounded)."""
+        """Until no earlier attempt of these messages may still be stored unseen (bounded)."""
+        if not self.window.enabled:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         pending = [f for u in unique_ids if (f := self._in_flight.get((topic, u))) is not None]
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
+        terms = [t for u in unique_ids if (t := self._uncertain.get((topic, u))) is not None]
+        if not terms:
+            return
+        target = self._log_end()
+        while self._applied() < target and self._term() in terms and loop.time() < deadline:
+            await asyncio.sleep(self.POLL_S)
+        if self._applied() >= target or self._term() not in terms:
+            for u in unique_ids:
+                self._uncertain.pop((topic, u), None)
 
     async def appending(
         self, topic: str, unique_ids: Sequence[str], append: Callable[[], Awaitable[Any]]
     ) -> Any:
-        """Run ``append`` with these messages marked in flight."""
+        """Run ``append`` with these messages marked in flight (and uncertain if it fails)."""
         if not self.window.enabled or not deduplicated_topic(topic):
             return await append()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         keys = [(topic, u) for u in unique_ids]
         for k in keys:
             self._in_flight[k] = done
+        term = self._term()
         try:
             return await append()
+        except Exception:
+            for k in keys:
+                self._uncertain[k] = term
+                self._uncertain.move_to_end(k)
+            while len(self._uncertain) > self.UNCERTAIN_MAX:
+                self._uncertain.popitem(last=False)
+            raise
         finally:
             for k in keys:
                 if self._in_flight.get(k) is done:

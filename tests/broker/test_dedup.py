@@ -4,12 +4,14 @@ giving the same answers as the window before it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.dedup import DedupWindow
+from broker.dedup import DedupWindow, SendDeduper
 
 
 def add(w: DedupWindow, uid: str, ts: int, index: int, topic: str = "T", position: int | None = None) -> None:
@@ -87,3 +89,57 @@ def test_restore_from_a_checkpoint_gives_the_same_window(
         add(restored, uid, t, index, position=pos)
     for k in range(30):
         assert original.lookup("T", f"u{k}") == restored.lookup("T", f"u{k}")
+
+
+async def test_a_retry_after_an_unknown_outcome_waits_for_the_log_to_be_applied() -> None:
+    """The first attempt's append timed out (its entry may still commit): the retry waits until the
+    replica applied everything its log held, then the window answers it — no second append."""
+    w = DedupWindow()
+    state = {"log_end": 7, "applied": 5, "term": 3}
+    d = SendDeduper(w, log_end=lambda: state["log_end"], applied=lambda: state["applied"], term=lambda: state["term"])
+
+    async def timed_out() -> None:
+        raise TimeoutError("no commit in time")
+
+    with pytest.raises(TimeoutError):
+        await d.appending("T", ["u"], timed_out)
+    retry = asyncio.ensure_future(d.wait_in_flight("T", ["u"], timeout_s=30.0))
+    await asyncio.sleep(0.05)
+    assert not retry.done()  # entries 6..7 are not applied yet
+    add(w, "u", 1000, 7)  # the first attempt's entry commits and is applied
+    state["applied"] = 7
+    await asyncio.wait_for(retry, 5.0)
+    assert d.known("T", ["u"])[0] is not None
+    # decided: a later retry does not wait again
+    await asyncio.wait_for(d.wait_in_flight("T", ["u"], timeout_s=30.0), 1.0)
+
+    with pytest.raises(TimeoutError):
+        await d.appending("T", ["v"], timed_out)
+    state["log_end"] = 9
+    retry = asyncio.ensure_future(d.wait_in_flight("T", ["v"], timeout_s=30.0))
+    await asyncio.sleep(0.05)
+    assert not retry.done()
+    state["term"] = 4  # a new leader term: whatever this leader held is decided
+    await asyncio.wait_for(retry, 5.0)
+    assert d.known("T", ["v"])[0] is None  # never stored: the retry appends it
+
+
+async def test_a_retry_waits_for_an_attempt_still_being_appended() -> None:
+    w = DedupWindow()
+    d = SendDeduper(w)
+    release = asyncio.Event()
+
+    async def slow_append() -> str:
+        await release.wait()
+        add(w, "u", 1000, 1)
+        return "stored"
+
+    first = asyncio.ensure_future(d.appending("T", ["u"], slow_append))
+    await asyncio.sleep(0)
+    retry = asyncio.ensure_future(d.wait_in_flight("T", ["u"], timeout_s=30.0))
+    await asyncio.sleep(0.05)
+    assert not retry.done()
+    release.set()
+    assert await first == "stored"
+    await asyncio.wait_for(retry, 5.0)
+    assert d.known("T", ["u"])[0] is not None
