@@ -333,6 +333,7 @@ class MessageStore:
         for topic in self.cqs.topics():
             self.cqs.delete_topic(topic)
         self._queue_cache.clear()
+        self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.needs_state_after = None
@@ -348,12 +349,14 @@ class MessageStore:
                 if entry.index >= state_index:
                     break
                 committed = to_committed(entry, self._log)
+                self._entry_index = entry.index
                 for position, body in committed.bodies:
                     if body[:1] in MESSAGE_MAGICS:
                         self._dispatch(position, body, touched)
                     elif body[:1] == COMMAND_MAGIC:
                         self._command(position, body)
             index = raw[-1].index + 1
+        self._entry_index = state_index
         self.counters["state_loads"] += 1
         log.warning("state as of index %d loaded (entry %d): this replica serves again", as_of, state_index)
 
