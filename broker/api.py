@@ -226,9 +226,9 @@ class BrokerApi:
     async def _command(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self._require_writable()
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
-        result = self.s.store.results.pop(locs[0].position, None)
-        if result is None:
-            return {}
+        result = locs[0].result
+        if not isinstance(result, dict):  # applied, but not as a command (never expected)
+            raise ApiError(500, "INTERNAL", f"command {cmd.get('op')!r} was applied without a result")
         if "error" in result:
             raise ApiError(400, "BAD_COMMAND", str(result["error"]))
         return dict(result)
@@ -302,10 +302,7 @@ class BrokerApi:
             assert first is not None
             qid, store_ts = first.queue_id, first.store_ts
         for i, loc in zip(fresh, locs, strict=True):
-            offset = self.s.store.results.pop(loc.position, None)
-            if offset is None:
-                cq = self.s.store.cqs.get(topic, qid)
-                offset = cq.search_by_position(loc.position) if cq is not None else None
+            offset = loc.result  # the queue offset its apply assigned (results travel with the call)
             results[i] = {
                 "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
                 "unique_id": msgs[i].unique_id,

@@ -213,11 +213,8 @@ class BrokerServer:
         generation = self._role_generation
         self._ready_term = -1
         if change.role != "LEADER":
-            self.store.track_results = False
-            self.store.results.clear()
             self.registrar.trigger()
             return
-        self.store.track_results = True
         if self.store.needs_state_after is not None:
             log.error("elected leader while waiting for state from a leader: handing leadership over")
             try:

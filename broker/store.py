@@ -30,7 +30,6 @@ offsets) and re-applies A+1 .. the state entry from its own log, exactly as the 
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import os
 import threading
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.store")
 
 SNAPSHOT_VERSION = 1
-RECENT_MAX = 200_000
 WRITE_OUT_EVERY_UNITS = 8192
 
 
@@ -113,10 +111,6 @@ class MessageStore:
         self._log: LogStore | None = None
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
-        # The leader's send path reads what applying its records produced (queue offsets, command
-        # results) by log position; bounded, filled only while ``track_results`` is set.
-        self.track_results = False
-        self.results: dict[int, Any] = {}
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
         }
@@ -194,27 +188,38 @@ class MessageStore:
         ):
             self.snapshot()
 
-    def apply(self, entries: Sequence[CommittedEntry]) -> None:
+    def apply(self, entries: Sequence[CommittedEntry]) -> list[list[Any] | None]:
+        """Apply committed entries; returns, per entry, what each of its bodies produced (a
+        message's queue offset, a command's result): the append's caller reads it from
+        ``BodyLocation.result`` (the results travel with the call)."""
         touched: set[tuple[str, int]] = set()
         md_changed = False
+        out: list[list[Any] | None] = []
         for e in entries:
             bodies = e.bodies
             self._entry_index = e.index
+            aligned = True
             if self.needs_state_after is not None:
                 bodies = self._await_state(e, touched)
                 md_changed |= self.needs_state_after is None
+                aligned = False  # some bodies were skipped: no per-body results (nobody waits here)
+            produced: list[Any] = []
             for position, body in bodies:
                 # Readers must be able to read a record as soon as its queue unit is visible.
                 end = position + len(body)
                 if end > self.applied_end_position:
                     self.applied_end_position = end
                 kind = body[:1]
+                result: Any = None
                 if kind in MESSAGE_MAGICS:
-                    self._dispatch(position, body, touched)
+                    result = self._dispatch(position, body, touched)
                 elif kind == COMMAND_MAGIC:
-                    md_changed |= self._command(position, body)
+                    changed, result = self._command(position, body)
+                    md_changed |= changed
                 else:
                     self.counters["skipped"] += 1
+                produced.append(result)
+            out.append(produced if aligned else None)
             self._applied = e.index
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
@@ -223,6 +228,7 @@ class MessageStore:
             self.snapshot()
         if self.listener is not None and (touched or md_changed):
             self.listener.on_applied(touched, md_changed)
+        return out
 
     def on_install(self, anchor_index: int) -> None:
         if anchor_index <= self._applied:
@@ -236,14 +242,15 @@ class MessageStore:
         self.snapshot(wait=True)
 
     # -- applying ---------------------------------------------------------------------------------
-    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> None:
+    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None:
+        """Index one message record; its queue offset (None: undecodable, skipped)."""
         try:
             h, _start = decode_header(body)
             topic, qid, tags, keys, store_ts, uid = h[0], int(h[1]), h[3], h[4], int(h[8]), h[9]
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
             log.error("undecodable message record at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
-            return
+            return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
@@ -261,18 +268,18 @@ class MessageStore:
             self.index.put(topic, uid, position, store_ts)
         touched.add(key)
         self.counters["messages"] += 1
-        if self.track_results:
-            self._remember(position, offset)
+        return offset
 
-    def _command(self, position: int, body: bytes) -> bool:
+    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+        """Apply one command: (whether the NameServers must hear of it, its result)."""
         try:
             cmd = decode_command(body)
         except (ValueError, msgpack.UnpackException) as exc:
             log.error("undecodable command at position %d skipped: %s", position, exc)
             self.counters["skipped"] += 1
-            return False
+            return False, None
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
-            return False
+            return False, None
         with self._md_lock:
             result = self.metadata.apply(cmd)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
@@ -281,16 +288,8 @@ class MessageStore:
                 del self._queue_cache[key]
             self.cqs.delete_topic(topic)
         self.counters["commands"] += 1
-        if self.track_results:
-            self._remember(position, result)
         # Only topic changes concern the NameServers (offset commits are frequent and local).
-        return "error" not in result and str(cmd.get("op", "")).startswith("topic.")
-
-    def _remember(self, position: int, value: Any) -> None:
-        if len(self.results) >= RECENT_MAX:
-            for k in list(itertools.islice(self.results, RECENT_MAX // 2)):
-                self.results.pop(k, None)
-        self.results[position] = value
+        return "error" not in result and str(cmd.get("op", "")).startswith("topic."), result
 
     # -- state entries (followers behind retention) ---------------------------------------------
     def capture_state(self) -> dict[str, Any]:

@@ -315,3 +315,25 @@ def test_msg_id_position_must_be_16_hex_digits(hexpos: str) -> None:
     with pytest.raises(InvalidInput) as e:
         parse_msg_id(f"RaftNode00:{hexpos}")
     assert e.value.code == "INVALID_MSG_ID"
+
+
+def test_apply_answers_each_body_of_each_entry_in_slot_order(store: tuple[MessageStore, _Log]) -> None:
+    """The results travel with the call (issue 11): ``apply`` returns, per entry, what each body
+    produced in slot order — a message's queue offset, a command's result, None for a record it
+    skipped — which the node hands to the append's caller as ``BodyLocation.result``. (They used to
+    go through a shared ``store.results`` dict that the send path popped by position; a missing
+    entry read as ``{}``, i.e. success.)"""
+    ms, log = store
+    topic_put = encode_command({"op": "topic.put", "topic": "T", "read_queue_nums": 1, "write_queue_nums": 1,
+                                "perm": 6})
+    bad_put = encode_command({"op": "no.such.op"})
+    e1 = log.entry([topic_put])
+    e2 = log.entry([_message("T", b"m0", "U0"), b"?junk", _message("T", b"m1", "U1"), bad_put])
+    e3 = log.entry([_message("T", b"m2", "U2")])
+    out = ms.apply([e1, e2, e3])
+    assert len(out) == 3 and all(r is not None for r in out)
+    assert isinstance(out[0][0], dict) and "error" not in out[0][0]  # type: ignore[index]
+    r2 = out[1]
+    assert r2 is not None and r2[0] == 0 and r2[1] is None and r2[2] == 1
+    assert isinstance(r2[3], dict) and "error" in r2[3]
+    assert out[2] == [2]
