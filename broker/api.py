@@ -134,6 +134,7 @@ class BrokerApi:
             log_end=lambda: server.node.store.last_index,
             applied=server.store.applied_index,
             term=lambda: server.node.term,
+            monotonic=server.clock.monotonic,
         )
 
     def app(self) -> web.Application:
@@ -283,7 +284,9 @@ class BrokerApi:
             raise ApiError(400, "INVALID_QUEUE_ID", f"queue_id {qid} >= write_queue_nums {tc.write_queue_nums}")
         self.s.counters["send_requests"] += 1
         uids = [m.unique_id for m in msgs]
+        started = self.s.clock.monotonic()
         await self.dedup.wait_in_flight(topic, uids, self.s.send_timeout_s)
+        append_timeout_s = max(0.05, self.s.send_timeout_s - (self.s.clock.monotonic() - started))
         firsts = self.dedup.known(topic, uids)
         fresh = [i for i, k in enumerate(firsts) if k is None]
         locs: list[Any] = []
@@ -291,7 +294,7 @@ class BrokerApi:
             locs = await self.dedup.appending(
                 topic,
                 [uids[i] for i in fresh],
-                lambda: self.s.node.append([records[i] for i in fresh], timeout_s=self.s.send_timeout_s),
+                lambda: self.s.node.append([records[i] for i in fresh], timeout_s=append_timeout_s),
             )
         self.s.counters["messages_sent"] += len(fresh)
         self.s.counters["duplicate_messages"] += len(msgs) - len(fresh)

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from dledger.clock import SYSTEM
+
 DEFAULT_MAX_MESSAGES = 100_000
 DEFAULT_WINDOW_MS = 120_000  # NATS JetStream's default duplicate window: 2 minutes
 
@@ -165,9 +167,11 @@ class SendDeduper:
         log_end: Callable[[], int] = lambda: 0,
         applied: Callable[[], int] = lambda: 0,
         term: Callable[[], int] = lambda: 0,
+        monotonic: Callable[[], float] = SYSTEM.monotonic,
     ):
         self.window = window
         self._log_end, self._applied, self._term = log_end, applied, term
+        self._monotonic = monotonic  # the server's injected clock (deadlines only)
         self._in_flight: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._uncertain: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()  # -> term
 
@@ -180,8 +184,7 @@ class SendDeduper:
         """Until no earlier attempt of these messages may still be stored unseen (bounded)."""
         if not self.window.enabled:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = self._monotonic() + timeout_s
         pending = [f for u in unique_ids if (f := self._in_flight.get((topic, u))) is not None]
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
@@ -189,7 +192,7 @@ class SendDeduper:
         if not terms:
             return
         target = self._log_end()
-        while self._applied() < target and self._term() in terms and loop.time() < deadline:
+        while self._applied() < target and self._term() in terms and self._monotonic() < deadline:
             await asyncio.sleep(self.POLL_S)
         if self._applied() >= target or self._term() not in terms:
             for u in unique_ids:
