@@ -56,6 +56,7 @@ from broker.message import (
 from broker.metadata import GroupConfig, Metadata, TopicConfig
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
+from dledger.log_store import StoreError
 
 if TYPE_CHECKING:
     from dledger.log_store import LogStore
@@ -437,8 +438,18 @@ class MessageStore:
         start_index, start_position = start
         index = max(start_index, self._log.first_index)
         last = min(self._applied, self._log.last_index)
+        batch = 512
         while index <= last:
-            raw = self._log.read_range(index, min(512, last - index + 1), 8 << 20)
+            try:
+                raw = self._log.read_range(index, min(batch, last - index + 1), 8 << 20)
+            except StoreError as exc:  # a damaged entry: reads refuse it anyway; find it, skip it
+                if batch > 1:
+                    batch = 1
+                    continue
+                log.error("de-duplication window: log entry %d is unreadable (%s): skipped", index, exc)
+                index += 1
+                continue
+            batch = 512
             if not raw:
                 break
             for entry in raw:
