@@ -24,6 +24,7 @@ from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
 from broker.consumers import MembershipError
+from broker.dedup import FirstSend, SendDeduper
 from broker.http_edge import ClientGone, EdgeError, guarded_app
 from broker.message import (
     InvalidInput,
@@ -45,6 +46,7 @@ from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, Topic
 from broker.metrics import CONTENT_TYPE
 from broker.names import is_client_id, is_decimal
 from broker.retry_api import RetryApi
+from broker.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,
@@ -65,10 +67,11 @@ log = logging.getLogger("broker.api")
 INT64_MAX = 2**63 - 1
 MAX_PULL_COUNT = 1024
 MAX_SCAN_UNITS = 16_384
+MAX_SQL_SCAN_UNITS = 2048  # an SQL filter reads every unit it scans from the log: fewer per pull
 MAX_QUERY = 512
 PULLED_KEY: web.RequestKey[tuple[int, int]] = web.RequestKey("api.pulled", tuple)  # (messages, bytes)
 _PULL_FIELDS = frozenset(
-    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group"}
+    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group", "sql"}
 )
 
 _DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
@@ -108,6 +111,22 @@ def _tag_filter(expr: Any) -> tuple[set[int], set[str]] | None:
     return {tag_hash(t) for t in tags}, tags
 
 
+def _sql_filter(expr: Any, tags: Any, enabled: bool) -> SqlFilter | None:
+    """The compiled SQL92 filter of a pull (cached per expression), or None."""
+    if expr is None:
+        return None
+    if not enabled:
+        raise ApiError(400, "FILTER_NOT_SUPPORTED", "this broker does not filter by SQL92 (enablePropertyFilter=false)")
+    if tags not in (None, "", "*"):
+        raise ApiError(400, "BAD_REQUEST", "a pull filters by tags or by sql, not both")
+    if not isinstance(expr, str) or not encodable(expr):
+        raise ApiError(400, "SUBSCRIPTION_PARSE_FAILED", "sql must be a UTF-8 string", position=0)
+    try:
+        return compile_filter(expr)
+    except SqlFilterError as exc:
+        raise ApiError(400, "SUBSCRIPTION_PARSE_FAILED", str(exc), position=exc.position) from None
+
+
 def _offsets_answer(offsets: dict[int, int]) -> dict[str, int]:
     return {str(q): o for q, o in sorted(offsets.items())}
 
@@ -116,6 +135,13 @@ class BrokerApi:
     def __init__(self, server: BrokerServer):
         self.s = server
         self.sec = server.security
+        self.dedup = SendDeduper(  # idempotent sends (broker/dedup.py)
+            server.store.dedup,
+            log_end=lambda: server.node.store.last_index,
+            applied=server.store.applied_index,
+            term=lambda: server.node.term,
+            monotonic=server.clock.monotonic,
+        )
 
     def app(self) -> web.Application:
         app = guarded_app(self.s.guard, [self._errors, self.sec.middleware])
@@ -285,22 +311,40 @@ class BrokerApi:
         if qid >= tc.write_queue_nums:
             raise ApiError(400, "INVALID_QUEUE_ID", f"queue_id {qid} >= write_queue_nums {tc.write_queue_nums}")
         self.s.counters["send_requests"] += 1
-        locs = await self.s.node.append(records, timeout_s=self.s.send_timeout_s)
-        self.s.counters["messages_sent"] += len(records)
-        self.s.metrics.sent(topic, len(records), sum(len(r) for r in records), self.s.clock.monotonic() - started)
+        uids = [m.unique_id for m in msgs]
+        waited_from = self.s.clock.monotonic()
+        await self.dedup.wait_in_flight(topic, uids, self.s.send_timeout_s)
+        append_timeout_s = max(0.05, self.s.send_timeout_s - (self.s.clock.monotonic() - waited_from))
+        firsts = self.dedup.known(topic, uids)
+        fresh = [i for i, k in enumerate(firsts) if k is None]
+        locs: list[Any] = []
+        if fresh:
+            locs = await self.dedup.appending(
+                topic,
+                [uids[i] for i in fresh],
+                lambda: self.s.node.append([records[i] for i in fresh], timeout_s=append_timeout_s),
+            )
+        self.s.counters["messages_sent"] += len(fresh)
+        self.s.counters["duplicate_messages"] += len(msgs) - len(fresh)
+        self.s.metrics.sent(
+            topic, len(fresh), sum(len(records[i]) for i in fresh), self.s.clock.monotonic() - started
+        )
         if body.get("producer_group") is not None:
             self.s.producers.sent(body["producer_group"], peer, topic, self.s.monotonic_ms())
-        results = []
-        for m, loc in zip(msgs, locs, strict=True):
+        # A retried send is answered with its first result (stored once); fresh messages as usual.
+        results = [self._first_result(m.unique_id, k) for m, k in zip(msgs, firsts, strict=True)]
+        if not fresh:
+            first = firsts[0]
+            assert first is not None
+            qid, store_ts = first.queue_id, first.store_ts
+        for i, loc in zip(fresh, locs, strict=True):
             offset = loc.result  # the queue offset its apply assigned (results travel with the call)
-            results.append(
-                {
-                    "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
-                    "unique_id": m.unique_id,
-                    "queue_offset": offset,
-                    "position": loc.position,
-                }
-            )
+            results[i] = {
+                "msg_id": f"{self.s.cfg.broker_name}:{loc.position:016X}",
+                "unique_id": msgs[i].unique_id,
+                "queue_offset": offset,
+                "position": loc.position,
+            }
         return answer(
             request,
             {
@@ -311,6 +355,17 @@ class BrokerApi:
                 "results": results,
             },
         )
+
+    def _first_result(self, unique_id: str, first: FirstSend | None) -> dict[str, Any] | None:
+        if first is None:
+            return None
+        return {
+            "msg_id": f"{self.s.cfg.broker_name}:{first.position:016X}",
+            "unique_id": unique_id,
+            "queue_offset": first.queue_offset,
+            "position": first.position,
+            "duplicate": True,
+        }
 
     # -- pull -------------------------------------------------------------------------------------
     async def pull(self, request: web.Request) -> web.Response:
@@ -336,6 +391,9 @@ class BrokerApi:
         suspend_ms = check_int(body.get("suspend_ms", 0), "suspend_ms", 0, 3_600_000)
         suspend_ms = min(suspend_ms, self.s.cfg.long_polling_max_ms)
         flt = _tag_filter(body.get("tags"))
+        sql = None
+        if body.get("sql") is not None:
+            sql = _sql_filter(body["sql"], body.get("tags"), self.s.cfg.enable_property_filter)
         deadline = self.s.clock.monotonic() + suspend_ms / 1000
         while True:
             cq = self.s.store.cqs.get(topic, qid)
@@ -350,7 +408,7 @@ class BrokerApi:
                     return self._pull_answer(request, topic, "NO_NEW_MSG", offset, lo, hi, [])
                 await self.s.wait_for_queue(topic, qid, remaining)
                 continue
-            response = self._read_queue(request, topic, cq, offset, max_count, max_bytes, flt, lo)
+            response = self._read_queue(request, topic, cq, offset, max_count, max_bytes, flt, lo, sql)
             count, nbytes = request.get(PULLED_KEY, (0, 0))
             if count:
                 self.s.metrics.pulled(topic, group, count, nbytes, self.s.clock.monotonic() - started)
@@ -366,8 +424,11 @@ class BrokerApi:
         max_bytes: int,
         flt: tuple[set[int], set[str]] | None,
         lo: int,
+        sql: SqlFilter | None = None,
     ) -> web.Response:
-        scan = max_count if flt is None else min(MAX_SCAN_UNITS, max_count * 64)
+        scan = max_count if flt is None and sql is None else min(MAX_SCAN_UNITS, max_count * 64)
+        if sql is not None:
+            scan = min(scan, MAX_SQL_SCAN_UNITS)
         units = cq.read(offset, scan)
         out: list[dict[str, Any]] = []
         total = 0
@@ -385,6 +446,9 @@ class BrokerApi:
                 break  # not readable yet (being applied): stop here, never skip it
 
             if flt is not None and m.tags not in flt[1]:
+                next_offset = u.offset + 1
+                continue
+            if sql is not None and not sql.matches(message_properties(m.properties, m.tags, m.keys)):
                 next_offset = u.offset + 1
                 continue
             if out and total + len(m.body) > max_bytes:

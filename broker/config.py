@@ -84,6 +84,9 @@ BROKER_KEYS = frozenset(
         "serverIdleTimeoutMs",
         "serverBodyTimeoutMs",
         "serverBodyBytesInFlightMax",
+        "enablePropertyFilter",
+        "duplicateWindowMessages",
+        "duplicateWindowMs",
     }
 )
 
@@ -125,6 +128,11 @@ class BrokerConfig:
     bind_address: str = ""
     advertised_port: int = 0
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    # SQL92 filters on pulls (RocketMQ's key; off by default there, on here).
+    enable_property_filter: bool = True
+    # The idempotent send window (broker/dedup.py): 0 messages turns de-duplication off.
+    duplicate_window_messages: int = 100_000
+    duplicate_window_ms: int = 120_000
 
     @property
     def address(self) -> str:
@@ -193,6 +201,9 @@ def parse_broker_config(
         bind_address=_bind_address(r),
         advertised_port=r.integer("brokerAdvertisedPort", dl.listen_port, 1, 65535),
         security=_security(r),
+        enable_property_filter=r.boolean("enablePropertyFilter", True),
+        duplicate_window_messages=r.integer("duplicateWindowMessages", 100_000, 0, 10_000_000),
+        duplicate_window_ms=r.integer("duplicateWindowMs", 120_000, 1000, 86_400_000),
     )
 
 

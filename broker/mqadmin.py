@@ -39,6 +39,7 @@ from broker.client.admin import (
     check_group,
     check_topic,
 )
+from broker.client.message_selector import MessageSelector
 from broker.client.transport import (
     DEFAULT_NAMESRV,
     ClientError,
@@ -588,6 +589,11 @@ async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
     ``-e`` (default: its max offset when we started), printing them; nothing is committed."""
     if not 1 <= args.count <= CONSUME_COUNT_MAX:
         raise InvalidArgument("BAD_REQUEST", f"-c count must be in [1, {CONSUME_COUNT_MAX}]")
+    if args.sql is not None:  # checked before anything is sent
+        try:
+            MessageSelector.by_sql(args.sql)
+        except ClientError as exc:
+            raise InvalidArgument(exc.code, exc.message) from None
     route = await admin.topic_route(args.topic)
     queues = [
         (q.broker_name, qid)
@@ -603,7 +609,8 @@ async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
         while len(got) < args.count:
             batch = min(32, args.count - len(got))
             r = await admin.pull(
-                args.topic, broker_name, qid, offset, max_count=batch, consumer_group=args.group, route=route
+                args.topic, broker_name, qid, offset, max_count=batch, consumer_group=args.group, route=route,
+                sql=args.sql,
             )
             if end is None:
                 end = r.max_offset
@@ -723,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--queueId", dest="queue_id", type=non_negative_int, default=None)
     p = cmd("consumeMessage", "Print messages of a topic (reads only: commits nothing)", run_consume_message)
     p.add_argument("-t", "--topic", required=True)
+    p.add_argument("--sql", default=None, help="only messages matching this SQL92 condition (filtered by the broker)")
     p.add_argument("-g", "--consumerGroup", dest="group", default=None)
     p.add_argument(
         "-c", "--count", dest="count", type=int, default=128, help="at most this many (default 128)"

@@ -71,7 +71,8 @@ class BrokerServer:
         self.cfg = cfg
         self.clock: Clock = clock if clock is not None else process_clock()
         self.store = MessageStore(
-            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock
+            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock,
+            dedup_max_messages=cfg.duplicate_window_messages, dedup_window_ms=cfg.duplicate_window_ms,
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
         self.node = DLedgerNode(

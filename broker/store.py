@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgpack
 
 from broker.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, finish_flush
+from broker.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow
 from broker.key_index import KeyIndex
 from broker.message import (
     COMMAND_MAGIC,
@@ -61,6 +62,7 @@ from broker.metadata import GroupConfig, Metadata, TopicConfig
 from broker.schedule import PROP_SCHED_POS, ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
+from dledger.log_store import StoreError
 
 if TYPE_CHECKING:
     from dledger.log_store import LogReader
@@ -93,6 +95,8 @@ class MessageStore:
         snapshot_interval_ms: int = 1000,
         units_per_file: int = 300_000,
         clock: Clock = SYSTEM,
+        dedup_max_messages: int = DEFAULT_MAX_MESSAGES,
+        dedup_window_ms: int = DEFAULT_WINDOW_MS,
     ):
         self.root = root
         self.broker_name = broker_name
@@ -122,6 +126,9 @@ class MessageStore:
         }
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
+        # The idempotent-send window (broker/dedup.py): every applied message, by unique id.
+        self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
+        self._entry_index = 0  # the log index of the entry being applied
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, log_store: LogReader) -> None:
@@ -167,6 +174,7 @@ class MessageStore:
         rebuild_from = self.index.needs_rebuild_from()
         if rebuild_from is not None and rebuild_from < self.applied_end_position:
             self._reindex_keys(rebuild_from)
+        self._restore_dedup(snap.get("dedup") if snap is not None else None)
         log.info(
             "store open: applied index %d, %d queues, %d topics",
             self._applied, len(self.cqs.queues()), len(self.metadata.topics),
@@ -216,6 +224,7 @@ class MessageStore:
         out: list[list[Any] | None] = []
         for e in entries:
             bodies = e.bodies
+            self._entry_index = e.index
             aligned = True
             if self.needs_state_after is not None:
                 bodies = self._await_state(e, touched)
@@ -279,6 +288,10 @@ class MessageStore:
             cq = self.cqs.get_or_create(topic, qid)
             self._queue_cache[key] = cq
         offset = cq.append(position, len(body), tag_hash(tags), store_ts)
+        self.dedup.add(
+            topic, uid, position=position, queue_id=qid, queue_offset=offset, store_ts=store_ts,
+            index=self._entry_index,
+        )
         self._units_since_write_out += 1
         for k in keys:
             self.index.put(topic, k, position, store_ts)
@@ -356,6 +369,7 @@ class MessageStore:
         for topic in self.cqs.topics():
             self.cqs.delete_topic(topic)
         self._queue_cache.clear()
+        self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
@@ -372,12 +386,14 @@ class MessageStore:
                 if entry.index >= state_index:
                     break
                 committed = to_committed(entry, self._log)
+                self._entry_index = entry.index
                 for position, body in committed.bodies:
                     if body[:1] in MESSAGE_MAGICS:
                         self._dispatch(position, body, touched)
                     elif body[:1] == COMMAND_MAGIC:
                         self._command(position, body)
             index = raw[-1].index + 1
+        self._entry_index = state_index
         self.counters["state_loads"] += 1
         log.warning("state as of index %d loaded (entry %d): this replica serves again", as_of, state_index)
 
@@ -414,6 +430,7 @@ class MessageStore:
             "metadata": md,
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
             "needs_state_after": self.needs_state_after,
+            "dedup": self.dedup.checkpoint(),
         }
         self._sync_job = self._syncer.submit(self._sync_and_record, pending, snap)
         if wait:
@@ -448,6 +465,50 @@ class MessageStore:
         self.index.delete_before_position(first_position)
 
     # -- rebuilding from the log -----------------------------------------------------------------
+    def _restore_dedup(self, checkpoint: dict[str, Any] | None) -> None:
+        """Re-add the messages of the snapshot's de-duplication window (from its oldest entry's log
+        index up to the snapshot's applied index): the window is what it was before the restart."""
+        start = self.dedup.begin_restore(checkpoint)
+        if start is None or self._log is None:
+            return
+        from dledger.records import to_committed
+
+        start_index, start_position = start
+        index = max(start_index, self._log.first_index)
+        last = min(self._applied, self._log.last_index)
+        batch = 512
+        while index <= last:
+            try:
+                raw = self._log.read_range(index, min(batch, last - index + 1), 8 << 20)
+            except StoreError as exc:  # a damaged entry: reads refuse it anyway; find it, skip it
+                if batch > 1:
+                    batch = 1
+                    continue
+                log.error("de-duplication window: log entry %d is unreadable (%s): skipped", index, exc)
+                index += 1
+                continue
+            batch = 512
+            if not raw:
+                break
+            for entry in raw:
+                for position, body in to_committed(entry, self._log).bodies:
+                    if body[:1] not in MESSAGE_MAGICS or position < start_position:
+                        continue
+                    try:
+                        h, _ = decode_header(body)
+                    except ValueError:
+                        continue
+                    cq = self.cqs.get(h[0], int(h[1]))
+                    offset = cq.search_by_position(position) if cq is not None else None
+                    self.dedup.add(
+                        h[0], h[9], position=position, queue_id=int(h[1]),
+                        queue_offset=-1 if offset is None else offset, store_ts=int(h[8]), index=entry.index,
+                    )
+            index = raw[-1].index + 1
+        if not self.dedup.end_restore():
+            log.warning("the de-duplication window could not be rebuilt exactly (log retention passed it)")
+        log.info("de-duplication window restored: %d messages from log index %d", len(self.dedup), start_index)
+
     def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
         """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
         assert self._log is not None

@@ -27,6 +27,7 @@ from broker.client.message import (
     new_unique_id,
     unique_id_info,
 )
+from broker.client.message_selector import MessageSelector
 from broker.client.offset_store import LocalFileOffsetStore, MemoryOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.producer import Producer
 from broker.client.selector import HashKeySelector, QueueSelector, RandomSelector, RoundRobinSelector
@@ -54,6 +55,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "OffsetStore",
     "Producer",
     "PullConsumer",

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
+from broker.client.message_selector import MessageSelector
 from broker.client.transport import (
     FROM_ENV,
     BrokerData,
@@ -715,9 +716,10 @@ class Admin:
         max_count: int = 32,
         consumer_group: str | None = None,
         route: TopicRoute | None = None,
+        sql: str | None = None,
     ) -> PullResult:
         """One pull without suspending and without committing anything (``consumeMessage``);
-        ``route`` saves the route lookup when the caller has it."""
+        ``route`` saves the route lookup when the caller has it; ``sql`` an SQL92 filter."""
         check_range(max_count, "max count", 1, 1024, "BAD_REQUEST")
         check_topic(topic)
         check_name(broker_name, "broker")
@@ -732,6 +734,11 @@ class Admin:
         }
         if consumer_group is not None:
             body["consumer_group"] = check_group(consumer_group)
+        if sql is not None:
+            try:
+                body["sql"] = MessageSelector.by_sql(sql).expression
+            except ClientError as exc:
+                raise InvalidArgument(exc.code, exc.message) from None
         last: ClientError | None = None
         for addr in replica_order(bd):  # a POST, but a read: any replica may serve it
             try:

@@ -70,6 +70,7 @@ from broker.client.message import (
     pull_result_from_answer,
     tags_expression,
 )
+from broker.client.message_selector import Selector, as_selector, pull_filter
 from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.process_queue import ProcessQueue, backoff_s
 from broker.client.route_cache import RouteCache, all_addrs, call_leader, call_replicas, subscribe_queues
@@ -166,9 +167,10 @@ async def pull_from(
     suspend_ms: int,
     group: str | None,
     timeout_s: float,
+    sql: str | None = None,
 ) -> PullResult:
     body = pull_request(
-        mq, offset, max_count=max_count, tags=tags, suspend_ms=suspend_ms, consumer_group=group
+        mq, offset, max_count=max_count, tags=tags, suspend_ms=suspend_ms, consumer_group=group, sql=sql
     )
     answer = await transport.call(addr, "POST", "/v1/pull", body, timeout_s=suspend_ms / 1000 + timeout_s)
     return pull_result_from_answer(answer)
@@ -282,6 +284,7 @@ class PushConsumer:
         self._own_transport = transport is None
         self._credentials, self._tls = resolve_security(credentials, tls)
         self._subscriptions: dict[str, frozenset[str] | None] = {}
+        self._sql: dict[str, str] = {}  # topic -> SQL92 expression (its tags entry is None: every tag)
         self._listener: Listener | None = None
         self._routes: RouteCache | None = None
         self._store: OffsetStore | None = None
@@ -301,11 +304,17 @@ class PushConsumer:
         self.reconsumed = 0
 
     # -- configuration --------------------------------------------------------------------------------
-    def subscribe(self, topic: str, tags: str = "*") -> None:
-        """Consume ``topic``; ``tags`` is ``"*"`` or ``"a||b"`` (filtered by the broker and again here)."""
+    def subscribe(self, topic: str, tags: Selector = "*") -> None:
+        """Consume ``topic``; ``tags`` is ``"*"`` or ``"a||b"`` (filtered by the broker and again here),
+        or a ``MessageSelector`` (``by_sql`` is checked here and filtered by the broker)."""
         if not is_topic(topic):
             raise ClientError("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}")
-        self._subscriptions[topic] = parse_tags_expression(tags)
+        selector = as_selector(tags)
+        self._subscriptions[topic] = None if selector.is_sql else parse_tags_expression(selector.expression)
+        if selector.is_sql:
+            self._sql[topic] = selector.expression
+        else:
+            self._sql.pop(topic, None)
         if self._running:
             self._rebalance_wanted.set()
 
@@ -882,6 +891,7 @@ class _QueueWorker:
             suspend_ms=owner.suspend_ms,
             group=owner.group,
             timeout_s=LONG_POLL_MARGIN_S,
+            sql=owner._sql.get(self.mq.topic),
         )
         if self.dropped:
             return 0.0
@@ -1128,14 +1138,15 @@ class PullConsumer:
         return subscribe_queues(await self.routes.get(topic, self.timeout_s))
 
     async def pull(
-        self, mq: MessageQueue, offset: int, max_count: int = 32, tags: str = "*", suspend_ms: int = 0
+        self, mq: MessageQueue, offset: int, max_count: int = 32, tags: Selector = "*", suspend_ms: int = 0
     ) -> PullResult:
-        """From the leader, else from a follower (any replica serves committed reads)."""
+        """From the leader, else from a follower (any replica serves committed reads); ``tags`` is a
+        tag expression or a ``MessageSelector``."""
         route = await self.routes.get(mq.topic, self.timeout_s)
         addrs = self.routes.replicas(route, mq.broker_name)
         if not addrs:
             raise ClientError("NO_ROUTE", f"no replica address for {mq}")
-        expr = tags_expression(parse_tags_expression(tags))
+        expr, sql = pull_filter(tags)
         last: ClientError | None = None
         for addr in addrs:
             try:
@@ -1149,6 +1160,7 @@ class PullConsumer:
                     suspend_ms=suspend_ms,
                     group=self.group,
                     timeout_s=self.timeout_s,
+                    sql=sql,
                 )
             except ClientError as exc:
                 if exc.status in (400, 403, 404):

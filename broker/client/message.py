@@ -272,7 +272,14 @@ def send_result_from_answer(answer: Any, mq: MessageQueue) -> SendResult:
 
 
 def pull_request(
-    mq: MessageQueue, offset: int, *, max_count: int, tags: str, suspend_ms: int, consumer_group: str | None
+    mq: MessageQueue,
+    offset: int,
+    *,
+    max_count: int,
+    tags: str,
+    suspend_ms: int,
+    consumer_group: str | None,
+    sql: str | None = None,
 ) -> dict[str, Any]:
     if not 1 <= max_count <= PULL_BATCH_MAX:
         raise ValueError(f"max_count must be in 1..{PULL_BATCH_MAX}")
@@ -288,6 +295,8 @@ def pull_request(
     }
     if consumer_group is not None:
         body["consumer_group"] = consumer_group
+    if sql is not None:
+        body["sql"] = sql
     return body
 
 

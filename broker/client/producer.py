@@ -11,8 +11,11 @@ One send, step by step::
                                        / TIMEOUT, then retry (≤ 2, sync)      └─ SEND_OK ─▶ SendResult
 
 - ``timeout_s`` (3 s) bounds the whole send, retries included (RocketMQ's semantics).
-- Every attempt of one message carries the same ``unique_id``: a retried ``SEND_TIMEOUT`` may be
-  stored twice, and consumers can tell.
+- Every attempt of one message carries the same ``unique_id``. With ``enable_idempotence`` (the
+  default) an attempt whose outcome is unknown (a timeout, a lost connection, a failover) is retried
+  on the same queue, whose broker group keeps a de-duplication window by unique id
+  (broker/dedup.py): the retry is stored once and answered with the first attempt's result.
+  Without it, the retry goes to another group and may be stored twice (consumers can tell).
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.
 - ``send_async`` / ``send_oneway`` run as tasks; at most ``async_in_flight_max`` at a time (over
@@ -145,6 +148,7 @@ class Producer:
         rng: random.Random | None = None,
         unique_ids: UniqueIdGenerator | None = None,
         born_host: str | None = None,
+        enable_idempotence: bool = True,
     ):
         assert 0 <= retry_times <= 16, "retry_times is bounded"
         assert async_in_flight_max > 0
@@ -152,6 +156,7 @@ class Producer:
         self.namesrv_addrs = namesrv
         self.send_timeout_s = send_timeout_s
         self.retry_times = retry_times
+        self.enable_idempotence = enable_idempotence
         self.route_refresh_interval_s = route_refresh_interval_s
         self.async_in_flight_max = async_in_flight_max
         self._transport = transport
@@ -376,6 +381,8 @@ class Producer:
                     mq = fixed
                 return await self._send_to(mq, msgs, born_ts, deadline)
             except ClientError as exc:
+                if self.enable_idempotence and exc.outcome_unknown and fixed is None and mq is not None:
+                    fixed = mq  # where it may be stored: that group's window answers the retry
                 maybe_stored = send_outcome_unknown(maybe_stored, exc)
                 exc.outcome_unknown = maybe_stored
                 if not retriable(exc):

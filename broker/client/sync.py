@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from broker.client.consumer import ConsumerStats, Listener, PullConsumer, PushConsumer
 from broker.client.message import Message, MessageQueue, PullResult, SendResult
+from broker.client.message_selector import Selector
 from broker.client.producer import Producer, SendCallback
 from broker.client.selector import QueueSelector
 
@@ -157,7 +158,7 @@ class SyncPushConsumer:
         self._loop = _LoopThread(f"consumer-{group}")
         self.consumer: PushConsumer = _new(self._loop, lambda: PushConsumer(group, namesrv, **kwargs))
 
-    def subscribe(self, topic: str, tags: str = "*") -> None:
+    def subscribe(self, topic: str, tags: Selector = "*") -> None:
         self._loop.call(lambda: self.consumer.subscribe(topic, tags))
 
     def register_listener(self, listener: Listener) -> None:
@@ -212,7 +213,7 @@ class SyncPullConsumer:
         return self._loop.run(self.consumer.fetch_message_queues(topic), self._timeout_s)
 
     def pull(
-        self, mq: MessageQueue, offset: int, max_count: int = 32, tags: str = "*", suspend_ms: int = 0
+        self, mq: MessageQueue, offset: int, max_count: int = 32, tags: Selector = "*", suspend_ms: int = 0
     ) -> PullResult:
         coro = self.consumer.pull(mq, offset, max_count, tags, suspend_ms)
         return self._loop.run(coro, self._timeout_s * 3 + suspend_ms / 1000)  # up to 3 replicas

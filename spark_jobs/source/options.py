@@ -13,7 +13,7 @@ unknown option (a typo such as ``startingOffset``) is an error too, never silent
 | endingOffsets | ``latest`` (batch only) | ``latest`` or JSON offsets |
 | startingTimestamp, endingTimestamp | | ms since the epoch, for every queue |
 | startingOffsetsByTimestamp, endingOffsetsByTimestamp | | JSON of ms per queue |
-| filter | everything | ``tag:A||B`` (``tag:*`` = everything); SQL filters are refused for now |
+| filter | everything | ``tag:A||B`` (``tag:*`` = everything) or ``sql:<SQL92 condition>`` (filtered by the brokers) |
 | maxRecordsPerTrigger | no limit | queue offsets per micro-batch, over all queues |
 | maxRecordsPerPartition | 100000 | a queue's range is split into partitions of at most this many offsets |
 | failOnDataLoss | true | fail when retention removed offsets asked for; ``false``: skip and report |
@@ -51,6 +51,7 @@ from broker.auth import Credentials, CredentialsError, credentials_from_env, loa
 from broker.client.message import MessageQueue, parse_tags_expression
 from broker.client.transport import ENV_TLS, ENV_TLS_CA_FILE, ClientError, parse_addrs
 from broker.names import is_topic
+from broker.sql_filter import SqlFilterError, compile_filter
 from spark_jobs.source.security import SourceSecurity, ssl_context_from_pem
 
 EARLIEST = -2
@@ -131,10 +132,16 @@ class SourceOptions:
     pull_batch_size: int
     timeout_ms: int
     security: SourceSecurity
+    sql: str | None = None  # an SQL92 filter (the brokers evaluate it); None: by tags only
 
     @property
     def tags_expression(self) -> str:
         return "*" if self.tags is None else "||".join(sorted(self.tags))
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the brokers skip non-matching messages (a skipped offset is then served)."""
+        return self.tags is not None or self.sql is not None
 
 
 def parse_options(raw: Mapping[str, str], mode: Mode, env: Mapping[str, str] | None = None) -> SourceOptions:
@@ -176,14 +183,12 @@ def parse_options(raw: Mapping[str, str], mode: Mode, env: Mapping[str, str] | N
         pull_batch_size=_int(opts, "pullBatchSize", PULL_BATCH_MAX, 1, PULL_BATCH_MAX),
         timeout_ms=_int(opts, "timeoutMs", TIMEOUT_MS_DEFAULT, 100, 3_600_000),
         security=parse_security(opts, os.environ if env is None else env),
+        sql=parse_sql_filter(opts.get("filter")),
     )
 
 
 def parse_filter(expr: str | None) -> frozenset[str] | None:
-    """``tag:A||B`` → {A, B}; ``tag:*``, empty or absent → None (everything).
-
-    SQL92 filters (``sql:...``) arrive with broker support for them; until then they are refused
-    rather than read unfiltered."""
+    """``tag:A||B`` → {A, B}; ``tag:*``, empty, absent or an SQL filter → None (every tag)."""
     if expr is None or not expr.strip():
         return None
     kind, sep, rest = expr.strip().partition(":")
@@ -194,10 +199,22 @@ def parse_filter(expr: str | None) -> frozenset[str] | None:
         except ClientError as exc:
             raise SourceOptionError(f"filter {expr!r}: {exc.message}") from None
     if sep and kind == "sql":
-        raise SourceOptionError(
-            f"filter {expr!r}: SQL filters are not supported by the brokers yet; use tag:A||B"
-        )
-    raise SourceOptionError(f"filter {expr!r}: expected 'tag:<tag>[||<tag>...]' or 'tag:*'")
+        return None
+    raise SourceOptionError(f"filter {expr!r}: expected 'tag:<tag>[||<tag>...]', 'tag:*' or 'sql:<condition>'")
+
+
+def parse_sql_filter(expr: str | None) -> str | None:
+    """``sql:<condition>`` → the condition, checked here (the error names its position); else None."""
+    if expr is None:
+        return None
+    kind, sep, rest = expr.strip().partition(":")
+    if not sep or kind.strip().lower() != "sql":
+        return None
+    try:
+        compile_filter(rest)
+    except SqlFilterError as exc:
+        raise SourceOptionError(f"filter {expr[:200]!r}: {exc}") from None
+    return rest
 
 
 def _topics(opts: Mapping[str, str]) -> tuple[str, ...]:

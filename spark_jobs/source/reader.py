@@ -167,7 +167,7 @@ class RangeReader:
             offset = self.rng.start
             while offset < self.rng.end:
                 answer = loop.run_until_complete(self._pull(offset))
-                st = step(offset, self.rng.end, answer, filtered=self.opts.tags is not None)
+                st = step(offset, self.rng.end, answer, filtered=self.opts.filtered)
                 if st.lost:
                     if answer["status"] == "OFFSET_TOO_SMALL":
                         reason = "offset below every replica's min offset"
@@ -190,7 +190,9 @@ class RangeReader:
             "max_bytes": PULL_BYTES_MAX,
             "tags": self.opts.tags_expression,
         }
-        filtered = self.opts.tags is not None
+        if self.opts.sql is not None:
+            body["sql"] = self.opts.sql
+        filtered = self.opts.filtered
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.opts.timeout_ms / 1000
         last = "no replica address known"

@@ -19,7 +19,8 @@ NameServers see it: no unregistration), ``stop``/``start`` a replica, ``cut``/``
 ``Tap``: each replica and NameServer has one, an aiohttp middleware placed right after the edge
 guard. It records every request (method, path, decoded body) and injects the few faults the real
 servers cannot produce on demand: an error answer (``fail``), a request held until teardown
-(``hang``), a 200 answer of the wrong shape (``garbage``). It is the only thing here that is not the
+(``hang``), a 200 answer of the wrong shape (``garbage``), a request handled for real whose answer is
+replaced by an error (``lose_answer``: stored, but the client cannot know). It is the only thing here that is not the
 real server, and it never answers a request it was not told to fault.
 
 Everything is stopped by ``stop()`` (the fixtures' teardown): held requests are released, then the
@@ -82,6 +83,7 @@ class _Fault:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     hang: bool = False
     garbage: bool = False
+    lose: bool = False
     when: Callable[[Seen], bool] | None = None
 
     def matches(self, seen: Seen) -> bool:
@@ -124,6 +126,13 @@ class Tap:
         """The next ``times`` requests to ``path`` are held unanswered until teardown."""
         self._faults.append(_Fault(path, method, times, hang=True))
 
+    def lose_answer(
+        self, path: str, code: str = "SEND_TIMEOUT", status: int = 504, *, times: int = 1, method: str | None = None
+    ) -> None:
+        """The next ``times`` requests to ``path`` are handled for real, then their answer is
+        replaced by ``status`` ``{code, message}``: the request took effect, the client cannot know."""
+        self._faults.append(_Fault(path, method, times, status, code, lose=True))
+
     def garbage(self, path: str, *, times: int = 1_000_000, method: str | None = None) -> None:
         """Requests to ``path`` are answered 200 with a list where a map belongs."""
         self._faults.append(_Fault(path, method, times, garbage=True))
@@ -160,6 +169,9 @@ class Tap:
             return error(request, 503, "SHUTTING_DOWN", "released at teardown")
         if fault.garbage:
             return answer(request, ["not", "a", "map"])
+        if fault.lose:
+            await handler(request)
+            return error(request, fault.status, fault.code, f"answer lost, injected by the test ({self.name})")
         return error(request, fault.status, fault.code, f"injected by the test ({self.name})", **fault.extra)
 
 

@@ -36,6 +36,7 @@ FAILING = {
     "commit_crc_mismatch",
     "nonconflicting_truncation",
     "drain_incomplete",
+    "duplicate_log_entries",
 }
 
 

@@ -109,7 +109,7 @@ def test_option_names_are_case_insensitive_and_typos_are_refused() -> None:
         ({"topic": "A", "startingOffsets": '{"A": {"G": {"0": "5"}}}'}, "must be an integer"),
         ({"topic": "A", "startingOffsets": '{"A": {"G": {"0": true}}}'}, "must be an integer"),
         ({"topic": "A", "startingOffsets": '{"A": {"G": {}}}'}, "map queue ids"),
-        ({"topic": "A", "filter": "sql:a > 1"}, "SQL filters are not supported"),
+        ({"topic": "A", "filter": "sql:a > 1 AN b = 2"}, "unexpected 'AN' at position 6"),
         ({"topic": "A", "filter": "a > 1"}, "expected 'tag:"),
         ({"topic": "A", "filter": "tag:||"}, "names no tag"),
         ({"topic": "A", "accessKey": "ak"}, "go together"),
@@ -131,6 +131,9 @@ def test_filters() -> None:
     assert parse_filter("tag:A || B") == frozenset({"A", "B"})
     assert parse_filter("TAG:A") == frozenset({"A"})
     assert opts(filter="tag:B||A").tags_expression == "A||B"
+    o = opts(filter="sql: a > 5 AND region IN ('eu')")
+    assert (o.sql, o.tags, o.tags_expression, o.filtered) == (" a > 5 AND region IN ('eu')", None, "*", True)
+    assert opts(filter="tag:A").sql is None and not opts().filtered
 
 
 def test_offset_specs_and_json_offsets() -> None:

@@ -9,6 +9,7 @@ a wrong shape, two replicas naming each other) come from the replica's ``Tap``."
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import socket
 import time
@@ -145,6 +146,7 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str], capsys: pytest.C
         (["queryMsgByUniqueKey", "-t", "T", "-u", "bad id!"], "INVALID_UNIQUE_ID"),
         (["transferLeader", "-m", "Raft Node"], "INVALID_BROKER_NAME"),
         (["consumeMessage", "-t", "T", "-c", "0"], "BAD_REQUEST"),
+        (["consumeMessage", "-t", "T", "--sql", "a > 'x'"], "SUBSCRIPTION_PARSE_FAILED"),
     ],
 )
 async def test_invalid_input_exits_2_before_any_request(
@@ -589,6 +591,10 @@ async def test_consume_message(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -
         await mqadmin("consumeMessage", "-t", "T1", "-m", "RaftNode00", "-q", "0", "-e", "1", "--json")
     ).json()
     assert [m["queue_offset"] for m in data["messages"]] == [0]
+    data = (await mqadmin("consumeMessage", "-t", "T1", "--sql", "TAGS = 'B' AND KEYS IS NOT NULL", "--json")).json()
+    assert sorted(m["body_b64"] for m in data["messages"]) == sorted(
+        base64.b64encode(f"body {i}".encode()).decode() for i in range(1, 8, 2)
+    )  # filtered by the broker: the B-tagged half
     # a read: nothing committed for the group
     assert (await mqadmin("consumeMessage", "-t", "T1", "-g", "G9", "-c", "1")).rc == 0
     assert all(g.offsets("G9", "T1") == {} for g in cluster.groups)
