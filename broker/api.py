@@ -174,6 +174,7 @@ class BrokerApi:
         RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
+        r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)
         r.add_post("/v1/admin/config", self.config_update)
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
@@ -911,6 +912,13 @@ class BrokerApi:
         except TimeoutError:
             raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
+
+    async def clean_expired_cq(self, request: web.Request) -> web.Response:
+        """``mqadmin cleanExpiredCQ`` on this replica (admin): remove the consume queues of topics
+        that no longer exist; runs between two ticks (the store's owner thread)."""
+        self.sec.require(request, admin=True)
+        removed = await self.s.node.run_on_tick_thread(self.s.store.clean_expired_queues, 10.0)
+        return answer(request, {"removed": [{"topic": t, "queue_id": q} for t, q in removed]})
 
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)

@@ -1,6 +1,6 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
 consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
-updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, statsAll, clusterRT, printMsg. Same
+updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, cleanExpiredCQ, statsAll, clusterRT, printMsg. Same
 conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
 registered into its parser by ``register``."""
 
@@ -455,6 +455,33 @@ async def run_print_msg(admin: Admin, args: argparse.Namespace) -> Output:
     return Output({"messages": to_jsonable(got)}, f"{text}\n\nPrinted: {len(got)}")
 
 
+@answers_checked
+async def run_clean_expired_cq(admin: Admin, args: argparse.Namespace) -> Output:
+    """RocketMQ's cleanExpiredCQ: every replica (-c: of the cluster; -b: one) removes the consume
+    queues of topics that no longer exist (each replica's queues are its own, derived from the log)."""
+    if (args.cluster is None) == (args.broker_addr is None):
+        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
+    if args.broker_addr is not None:
+        addrs = [check_addr(args.broker_addr)]
+    else:
+        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    outcomes = []
+    for addr in addrs:
+        try:
+            ans = await admin.transport.call(addr, "POST", "/v1/admin/clean-expired-cq", {})
+            removed = list(ans.get("removed") or [])
+            ans = {"removed": removed, "count": len(removed),
+                   "queues": ", ".join(f"{r['topic']}/{r['queue_id']}" for r in removed) or "-"}
+            outcomes.append(Outcome("broker", addr, addr, True, "OK", answer=ans))
+        except ClientError as exc:
+            outcomes.append(Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    text = render_outcomes(outcomes, (("Removed", "count"), ("Queues", "queues")))
+    return Output({"results": to_jsonable(outcomes)}, text)
+
+
 # -- the parser -------------------------------------------------------------------------------------
 def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--clusterName", dest="cluster", default=None, help="every group of this cluster")
@@ -492,6 +519,9 @@ def register(cmd: Command) -> None:
     _target(p)
     p.add_argument("-k", "--key", required=True, help="autoCreateTopicEnable, defaultTopicQueueNums, longPollingMaxMs")
     p.add_argument("-v", "--value", required=True)
+    p = cmd("cleanExpiredCQ", "Remove the consume queues of topics that no longer exist, on every replica",
+            run_clean_expired_cq)
+    _target(p)
     p = cmd("statsAll", "Per topic and consumer group: lag and in/out TPS (last 10 s)", run_stats_all)
     p.add_argument("-t", "--topic", default=None, help="only this topic")
     p = cmd("clusterRT", "Send round trip to every broker group leader (writes test messages)", run_cluster_rt)

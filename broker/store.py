@@ -122,7 +122,7 @@ class MessageStore:
         self.listener: ApplyListener | None = None
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
-            "schedule_duplicates": 0,
+            "schedule_duplicates": 0, "expired_queues_removed": 0,
         }
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
@@ -451,6 +451,29 @@ class MessageStore:
         took_us = int((self._clock.monotonic() - started) * 1e6)
         self.counters["snapshot_us_last"] = took_us
         self.counters["snapshot_us_max"] = max(self.counters.get("snapshot_us_max", 0), took_us)
+
+    def clean_expired_queues(self) -> list[tuple[str, int]]:
+        """RocketMQ's cleanExpiredCQ for this replica (tick thread): remove the consume queues of
+        topics its replicated metadata no longer holds (left behind by a crash between a topic's
+        deletion and the removal of its files), then snapshot so that recovery agrees. Queues of
+        live topics and of the schedule topic are never touched; units below the log's retention
+        are trimmed at every snapshot already. Returns the (topic, queue) pairs removed."""
+        self._owned()
+        from broker.schedule import SCHEDULE_TOPIC
+
+        with self._md_lock:
+            live = set(self.metadata.topics)
+        gone = sorted({t for t, _q, _cq in self.cqs.queues()} - live - {SCHEDULE_TOPIC})
+        removed = [(t, q) for t, q, _cq in self.cqs.queues() if t in gone]
+        for topic in gone:
+            for key in [k for k in self._queue_cache if k[0] == topic]:
+                del self._queue_cache[key]
+            self.cqs.delete_topic(topic)
+        if removed:
+            log.warning("cleanExpiredCQ removed %d queue(s) of topics that no longer exist: %s", len(removed), gone)
+            self.counters["expired_queues_removed"] += len(removed)
+            self.snapshot(wait=True)
+        return removed
 
     def _apply_retention(self) -> None:
         """Drop queue units and index files that point below the log's first retained entry."""

@@ -75,6 +75,7 @@ ROUTES: list[tuple[str, str, Any, dict[str, Any] | None, Credentials]] = [
     ("DELETE", "/v1/groups/g2", None, None, ADMIN),
     ("DELETE", "/v1/topics/T2", None, None, ADMIN),
     ("GET", "/v1/replica/files", None, {"limit": 5}, ADMIN),
+    ("POST", "/v1/admin/clean-expired-cq", {}, None, ADMIN),
     ("POST", "/v1/admin/transfer", {}, None, ADMIN),
 ]
 

@@ -383,3 +383,35 @@ def test_producer_table_is_bounded_and_expires() -> None:
     for i in range(producers.GROUPS_MAX + 5):
         t.sent(f"G{i}", "10.0.0.1", "T", 2000)
     assert len(t._groups) == producers.GROUPS_MAX
+
+
+async def test_clean_expired_cq(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    """Queues of a topic the metadata no longer holds (a crash between a topic's deletion and the
+    removal of its files leaves them) are removed on every replica; live topics keep theirs."""
+    await seed(cluster)  # T1 on both groups
+    g0 = cluster.group("RaftNode00")
+    for rep in g0.replicas:  # an orphan queue, as a crash would leave it: files, no topic
+        store = rep.broker.store
+
+        def orphan(store: Any = store) -> None:
+            store.cqs.get_or_create("Ghost", 0).append(0, 10, 0, 0)
+
+        await rep.broker.node.run_on_tick_thread(orphan, 5)
+    assert all(rep.broker.store.cqs.get("Ghost", 0) is not None for rep in g0.replicas)
+    r = await mqadmin("cleanExpiredCQ", "-c", "DefaultCluster")
+    assert r.rc == 0, r.err
+    rows = _rows(r.out)
+    assert len(rows) == 6  # every replica of both groups
+    by_addr = {row[2]: row for row in rows}
+    for rep in g0.replicas:
+        assert by_addr[rep.addr][4:] == ["1", "Ghost/0"], r.out
+        assert rep.broker.store.cqs.get("Ghost", 0) is None
+        assert not os.path.exists(os.path.join(rep.broker.store.cqs._root, "Ghost"))
+        assert rep.broker.store.cqs.get("T1", 0) is not None  # a live topic keeps its queues
+    data = _data(await mqadmin("cleanExpiredCQ", "-b", g0.replicas[0].addr, "--json"))
+    assert data["results"][0]["answer"]["removed"] == []  # nothing left to clean
+    leader = g0.leader()
+    assert leader is not None
+    pulled = await cluster.call(leader.addr, "POST", "/v1/pull", {"topic": "T1", "queue_id": 0, "offset": 0})
+    assert pulled["messages"]  # the live topic still serves its messages
+    assert (await mqadmin("cleanExpiredCQ")).rc == 2  # neither -c nor -b
