@@ -32,6 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
 from dledger.clock import SYSTEM
 
 DEFAULT_MAX_MESSAGES = 100_000
@@ -40,6 +41,17 @@ DEFAULT_WINDOW_MS = 120_000  # NATS JetStream's default duplicate window: 2 minu
 
 def deduplicated_topic(topic: str) -> bool:
     return not (topic.startswith("%") or topic.startswith("RMQ_SYS_"))
+
+
+def sent_topic(stored_topic: str, properties: Any) -> str:
+    """The topic a message was sent to, which the window keys it by: a delayed message is stored in
+    the schedule topic with its real topic in ``REAL_TOPIC`` (broker/schedule.py), and a producer's
+    retry names the real one. (Its delivered copy, same unique id, then answers later retries.)"""
+    if stored_topic == SCHEDULE_TOPIC and isinstance(properties, dict):
+        real = properties.get(PROP_REAL_TOPIC)
+        if isinstance(real, str) and real:
+            return real
+    return stored_topic
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

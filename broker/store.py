@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgpack
 
 from broker.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, finish_flush
-from broker.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow
+from broker.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.key_index import KeyIndex
 from broker.message import (
     COMMAND_MAGIC,
@@ -289,7 +289,7 @@ class MessageStore:
             self._queue_cache[key] = cq
         offset = cq.append(position, len(body), tag_hash(tags), store_ts)
         self.dedup.add(
-            topic, uid, position=position, queue_id=qid, queue_offset=offset, store_ts=store_ts,
+            sent_topic(topic, h[5]), uid, position=position, queue_id=qid, queue_offset=offset, store_ts=store_ts,
             index=self._entry_index,
         )
         self._units_since_write_out += 1
@@ -524,7 +524,7 @@ class MessageStore:
                     cq = self.cqs.get(h[0], int(h[1]))
                     offset = cq.search_by_position(position) if cq is not None else None
                     self.dedup.add(
-                        h[0], h[9], position=position, queue_id=int(h[1]),
+                        sent_topic(h[0], h[5]), h[9], position=position, queue_id=int(h[1]),
                         queue_offset=-1 if offset is None else offset, store_ts=int(h[8]), index=entry.index,
                     )
             index = raw[-1].index + 1

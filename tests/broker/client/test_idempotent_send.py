@@ -116,3 +116,21 @@ async def test_the_window_survives_failover_and_a_restart_of_the_group(make_clus
     for r in g.replicas:
         assert r.broker.store.dedup.lookup("T", UID) is not None, r
     await _same_answer_from(cluster, g, first)
+
+
+async def test_a_retried_delayed_send_is_stored_once(make_cluster: ClusterFactory) -> None:
+    """A delayed message is stored in the schedule topic, not in the topic it was sent to: the
+    window must know it under the topic the producer sent to, or a retried delayed send is stored
+    (and later delivered) twice. (Found when merging issues 14 and 15: it was.)"""
+    from broker.schedule import SCHEDULE_TOPIC
+
+    cluster = await make_cluster(n_groups=1, topics={"T": 2})
+    leader = cluster.groups[0].replicas[0]
+    body = {"topic": "T", "queue_id": 0,
+            "messages": [{"body": b"later", "unique_id": UID, "properties": {"DELAY": "18"}}]}
+    first = await cluster.call(leader.addr, "POST", "/v1/send", body)
+    again = await cluster.call(leader.addr, "POST", "/v1/send", body)  # the producer's retry
+    assert again["results"][0]["msg_id"] == first["results"][0]["msg_id"]
+    g = cluster.groups[0]
+    pending = sum(g.max_offset(SCHEDULE_TOPIC, q) for q in range(20))
+    assert pending == 1, f"{pending} copies waiting in {SCHEDULE_TOPIC}"
