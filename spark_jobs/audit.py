@@ -305,7 +305,7 @@ class Audit:
                 "retry_lost": D.retry_lost(outcomes, fr.sends, fr.retries, fr.dlq),
                 "dlq_mismatch": D.dlq_mismatch(outcomes, max_times),
                 "dlq_duplicates": D.dlq_duplicates(outcomes),
-                "send_order": H.send_order(fr.sends),
+                "send_order": H.send_order(plain),
                 "poll_order": H.poll_order(receipts),
                 "corrupt_read": H.corrupt_read(fr.sends, delivered),
                 "committed_prefix": S.committed_prefix(samples, damage, named_entries(fr.entries), finals),

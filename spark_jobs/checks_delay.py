@@ -94,14 +94,18 @@ def retry_outcomes(retries: DataFrame, dlq: DataFrame, max_reconsume_times: int)
     """One row per unique id the retry group failed at least once or that is in its DLQ: ``failed``
     (deliveries answered RECONSUME_LATER), ``consumed`` (a delivery answered success), ``final_fail``
     (failed at its ``max_reconsume_times``-th re-consumption: the DLQ is its place), ``attempts``
-    (distinct ``reconsume_times`` failed), ``via_retry`` (deliveries through the retry topic),
-    ``dlq_copies`` and ``dlq_reconsume_times`` (min, max of the DLQ copies' ``RECONSUME_TIME``)."""
+    (distinct ``reconsume_times`` failed, up to ``max_reconsume_times``: a send-back that failed makes
+    the SDK redeliver locally with a higher count the broker does not know), ``via_retry`` (deliveries
+    through the retry topic), ``dlq_copies`` and ``dlq_min_reconsume``/``dlq_max_reconsume`` (of the
+    DLQ copies' ``RECONSUME_TIME``)."""
     later = F.col("answer") == "later"
     per_id = retries.groupBy("unique_id").agg(
         F.sum(later.cast("int")).alias("failed"),
         F.max((F.col("answer") == "success").cast("int")).alias("consumed"),
         F.max((later & (F.col("reconsume_times") >= F.lit(max_reconsume_times))).cast("int")).alias("final_fail"),
-        F.countDistinct(F.when(later, F.col("reconsume_times"))).alias("attempts"),
+        F.countDistinct(
+            F.when(later & (F.col("reconsume_times") <= F.lit(max_reconsume_times)), F.col("reconsume_times"))
+        ).alias("attempts"),
         F.sum(F.coalesce(F.col("retry").cast("int"), F.lit(0))).alias("via_retry"),
     )
     in_dlq = dlq.groupBy("unique_id").agg(

@@ -94,6 +94,7 @@ def test_retry_lost_and_dlq_mismatch(spark: Any) -> None:
         attempt("ok", 0, "success"),
         attempt("once", 0, "later"), attempt("once", 1, "success"),
         attempt("dead", 0, "later"), attempt("dead", 1, "later"), attempt("dead", 2, "later"),
+        attempt("dead", 3, "later"),  # a local redelivery after a failed send-back: not an attempt of its own
         attempt("stuck", 0, "later"),  # failed, never delivered again, not in the DLQ: lost
         attempt("missing", 0, "later"), attempt("missing", 1, "later"), attempt("missing", 2, "later"),
         attempt("short", 0, "later"), attempt("short", 2, "later"),  # attempt 1 never happened
