@@ -45,8 +45,8 @@ from typing import Any, Final
 
 import yaml
 
-from broker.auth import SECRET_CHARS_MIN, AuthError
-from broker.names import ACCESS_KEY_RULE, is_access_key, is_group, is_name, is_topic
+from broker.protocol.auth import SECRET_CHARS_MIN, AuthError
+from broker.protocol.names import ACCESS_KEY_RULE, is_access_key, is_group, is_name, is_topic
 
 log = logging.getLogger("broker.acl")
 

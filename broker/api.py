@@ -20,7 +20,6 @@ from broker import export
 from broker.acl import Perm
 from broker.admin_config import ConfigError, NotUpdatable, config_view
 from broker.admin_config import update as update_config
-from broker.auth import AuthError
 from broker.codec import ApiError, answer, check_fields, error, read_body
 from broker.consume_queue import ConsumeQueue
 from broker.consumers import MembershipError
@@ -44,9 +43,10 @@ from broker.message import (
 )
 from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, TopicConfig
 from broker.metrics import CONTENT_TYPE
-from broker.names import is_client_id, is_decimal
+from broker.protocol.auth import AuthError
+from broker.protocol.names import is_client_id, is_decimal
+from broker.protocol.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.retry_api import RetryApi
-from broker.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.store import CorruptMessage, MessageNotFound
 from dledger.node import (
     AppendFailedError,

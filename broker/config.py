@@ -38,8 +38,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from broker.auth import Credentials
-from broker.names import is_decimal, is_name
+from broker.protocol.auth import Credentials
+from broker.protocol.names import is_decimal, is_name
 from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
     ConfigError,

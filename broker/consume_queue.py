@@ -62,7 +62,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.names import is_decimal, is_topic
+from broker.protocol.names import is_decimal, is_topic
 from dledger.durable import fsync_dir
 
 __all__ = [

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
+from broker.protocol.properties import PROP_REAL_TOPIC, SCHEDULE_TOPIC
 from dledger.clock import SYSTEM
 
 DEFAULT_MAX_MESSAGES = 100_000

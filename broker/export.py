@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.codec import ApiError, answer
-from broker.names import is_topic
+from broker.protocol.names import is_topic
 
 if TYPE_CHECKING:
     from broker.api import BrokerApi

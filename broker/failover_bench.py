@@ -23,8 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from broker.auth import load_credentials
 from broker.client.transport import FROM_ENV, ClientError, Transport
+from broker.protocol.auth import load_credentials
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgpack
 
-from broker.names import (
+from broker.protocol.names import (
     GROUP_RULE,
     PROPERTY_NAME_RULE,
     TOPIC_RULE,

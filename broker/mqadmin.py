@@ -26,7 +26,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from broker.auth import CredentialsError
 from broker.client.admin import (
     Admin,
     BrokerMember,
@@ -47,6 +46,7 @@ from broker.client.transport import (
     add_security_arguments,
     security_kwargs,
 )
+from broker.protocol.auth import CredentialsError
 
 PROG = "mqadmin"
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)

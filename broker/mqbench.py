@@ -34,10 +34,10 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from broker.auth import CredentialsError
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.progress import StatusLine, progress_text
+from broker.protocol.auth import CredentialsError
 from dledger.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20

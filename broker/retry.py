@@ -25,35 +25,25 @@ from typing import Final
 
 from broker.message import StoredMessage
 from broker.metadata import PERM_READ, PERM_WRITE
-from broker.schedule import PROP_DELAY, RESERVED_PROPS, SCHEDULE_PROPS
+from broker.protocol.properties import (
+    PROP_DELAY,
+    PROP_DLQ_ORIGIN_GROUP,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_RECONSUME_TIME,
+    PROP_RETRY_TOPIC,
+    RESERVED_PROPS,
+    SCHEDULE_PROPS,
+    dlq_topic,
+    reconsume_times,
+    retry_topic,
+)
 
-RETRY_PREFIX: Final = "%RETRY%"
-DLQ_PREFIX: Final = "%DLQ%"
 DEFAULT_MAX_RECONSUME_TIMES: Final = 16
 RETRY_QUEUE_NUMS: Final = 1
 RETRY_PERM: Final = PERM_READ | PERM_WRITE
 DLQ_PERM: Final = PERM_WRITE  # write only: nobody consumes it until an operator allows it
 FIRST_RETRY_LEVEL: Final = 3
 
-PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROP_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
-PROP_RECONSUME_TIME: Final = "RECONSUME_TIME"
-PROP_DLQ_ORIGIN_GROUP: Final = "DLQ_ORIGIN_GROUP"
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
-
-
-def reconsume_times(props: dict[str, str]) -> int:
-    try:
-        return max(0, int(props.get(PROP_RECONSUME_TIME, "0")))
-    except ValueError:
-        return 0
 
 
 @dataclasses.dataclass(frozen=True)

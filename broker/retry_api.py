@@ -11,15 +11,13 @@ from broker.acl import Perm
 from broker.codec import ApiError, answer, check_fields, read_body
 from broker.message import check_group, check_int, encode_message, make_msg_id, parse_msg_id
 from broker.metadata import TopicConfig
+from broker.protocol.properties import DLQ_PREFIX, dlq_topic, retry_topic
 from broker.retry import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DLQ_PERM,
-    DLQ_PREFIX,
     RETRY_PERM,
     RETRY_QUEUE_NUMS,
-    dlq_topic,
     resend_from_dlq,
-    retry_topic,
     send_back,
 )
 from broker.store import MessageNotFound

@@ -36,30 +36,32 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.message import InvalidInput, StoredMessage, encode_command, encode_message
+from broker.protocol.properties import (
+    PROP_DELAY,
+    PROP_DUE_MS,
+    PROP_LEVEL,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    PROP_SCHED_POS,
+    PROP_START_DELIVER,
+    PROP_TIMER_DELAY_MS,
+    PROP_TIMER_DELAY_SEC,
+    PROP_TIMER_DELIVER_MS,
+    RESERVED_PROPS,
+    SCHEDULE_PROPS,
+    SCHEDULE_TOPIC,
+)
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
 
 log = logging.getLogger("broker.schedule")
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_TIMER_MAX_DELAY_SEC = 3 * 24 * 3600
 MAX_LEVELS = 64
 TIMER_QUEUE_ID = MAX_LEVELS  # the schedule queue of deliver-time messages (level queues are 0..levels-1)
 
-PROP_DELAY = "DELAY"
-PROP_START_DELIVER = "__STARTDELIVERTIME"
-PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-PROP_TIMER_DELAY_MS = "TIMER_DELAY_MS"
-PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
-PROP_REAL_TOPIC = "REAL_TOPIC"
-PROP_REAL_QID = "REAL_QID"
-PROP_DUE_MS = "__DUE_MS"
-PROP_SCHED_POS = "__SCHED_POS"  # on a delivered copy: the schedule record it delivers
-PROP_LEVEL = "__DELAY_LEVEL"
-SCHEDULE_PROPS = (PROP_DELAY, PROP_START_DELIVER, PROP_TIMER_DELIVER_MS, PROP_TIMER_DELAY_MS, PROP_TIMER_DELAY_SEC)
-RESERVED_PROPS = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DUE_MS, PROP_SCHED_POS, PROP_LEVEL)
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 DELIVER_BATCH = 128

@@ -1,7 +1,7 @@
 """ACL enforcement at an HTTP port (the broker's and the NameServer's): who is asking, and may they.
 
 ``Security`` ties the pure parts together — the ACL file (``broker.acl``), signature verification
-and the nonce window (``broker.auth``) — with the server's injected wall clock. Its middleware
+and the nonce window (``broker.protocol.auth``) — with the server's injected wall clock. Its middleware
 authenticates every request that is not anonymous-by-route, and stores the ``Principal`` on the
 request; handlers then ask ``require(request, topics=..., groups=..., admin=...)`` once they know
 which topic and group the request touches. With ACL off every request is allowed (``Principal.ALL``).
@@ -21,8 +21,15 @@ from typing import Final
 from aiohttp import web
 
 from broker.acl import Account, AclWatcher, Perm, check, check_broker
-from broker.auth import HEADER, NONCES_MAX_DEFAULT, WINDOW_MS_DEFAULT, AuthError, NonceWindow, Verifier
 from broker.http_edge import Guard
+from broker.protocol.auth import (
+    HEADER,
+    NONCES_MAX_DEFAULT,
+    WINDOW_MS_DEFAULT,
+    AuthError,
+    NonceWindow,
+    Verifier,
+)
 
 log = logging.getLogger("broker.security")
 

@@ -21,9 +21,9 @@ import tempfile
 import time
 from typing import Any
 
-from broker.auth import load_credentials
 from broker.client.transport import ClientError, Transport
 from broker.failover_bench import _cluster, _processes
+from broker.protocol.auth import load_credentials
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 

@@ -59,7 +59,8 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
-from broker.schedule import PROP_SCHED_POS, ScheduleIndex
+from broker.protocol.properties import PROP_SCHED_POS, SCHEDULE_TOPIC
+from broker.schedule import ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 from dledger.log_store import StoreError
@@ -459,8 +460,6 @@ class MessageStore:
         live topics and of the schedule topic are never touched; units below the log's retention
         are trimmed at every snapshot already. Returns the (topic, queue) pairs removed."""
         self._owned()
-        from broker.schedule import SCHEDULE_TOPIC
-
         with self._md_lock:
             live = set(self.metadata.topics)
         gone = sorted({t for t, _q, _cq in self.cqs.queues()} - live - {SCHEDULE_TOPIC})

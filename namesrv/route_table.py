@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
-from broker.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
+from broker.protocol.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
 from dledger.config import is_valid_host
 
 WIRE_VERSION: Final = 1

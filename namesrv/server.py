@@ -43,7 +43,6 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 
 from broker.acl import AclError, AclWatcher
-from broker.auth import AuthError
 from broker.http_edge import (
     ClientGone,
     EdgeError,
@@ -53,6 +52,7 @@ from broker.http_edge import (
     server_ssl_context,
     start_server,
 )
+from broker.protocol.auth import AuthError
 from broker.security import Security
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock

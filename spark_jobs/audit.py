@@ -33,8 +33,8 @@ from typing import Any
 if __package__ in (None, ""):  # spark-submit spark_jobs/audit.py: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from broker.auth import CredentialsError
 from broker.client.transport import add_security_arguments, security_kwargs
+from broker.protocol.auth import CredentialsError
 from spark_jobs import evidence, report
 from spark_jobs.history import HistoryStats, ingest_history, ingest_samples
 from spark_jobs.replica_tables import ReplicaSummary, scan_replicas

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from broker.auth import Credentials
+from broker.protocol.auth import Credentials
 
 ADMIN = Credentials("admin", "admin-secret-0001")
 BROKER_G0 = Credentials("RaftNode00-broker", "broker-secret-g0")

@@ -36,7 +36,7 @@ from broker.client.transport import (
     TopicRoute,
     Transport,
 )
-from broker.names import (
+from broker.protocol.names import (
     GROUP_RULE,
     NAME_RULE,
     TOPIC_RULE,

@@ -84,8 +84,8 @@ from broker.client.transport import (
     Transport,
     resolve_security,
 )
-from broker.names import TOPIC_RULE, is_topic
-from broker.retry import PROP_RETRY_TOPIC, RETRY_PREFIX, retry_topic
+from broker.protocol.names import TOPIC_RULE, is_topic
+from broker.protocol.properties import PROP_RETRY_TOPIC, RETRY_PREFIX, retry_topic
 
 log = logging.getLogger(__name__)
 

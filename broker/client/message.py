@@ -30,7 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client.transport import ClientError
-from broker.names import GROUP_RULE, TOPIC_RULE, is_group, is_topic  # the broker's and NameServer's rules
+from broker.protocol.names import (  # the broker's and NameServer's rules
+    GROUP_RULE,
+    TOPIC_RULE,
+    is_group,
+    is_topic,
+)
+from broker.protocol.properties import PROP_DELAY, PROP_TIMER_DELIVER_MS, reconsume_times
 
 MESSAGE_BYTES_MAX = 4 << 20
 BATCH_MESSAGES_MAX = 1024
@@ -235,9 +241,9 @@ def send_request(
             item["keys"] = list(m.keys)
         props = dict(m.properties)
         if m.delay_time_level:
-            props["DELAY"] = str(m.delay_time_level)
+            props[PROP_DELAY] = str(m.delay_time_level)
         if m.deliver_time_ms is not None:
-            props["TIMER_DELIVER_MS"] = str(m.deliver_time_ms)
+            props[PROP_TIMER_DELIVER_MS] = str(m.deliver_time_ms)
         if props:
             item["properties"] = props
         if m.flag:
@@ -300,14 +306,6 @@ def pull_request(
     return body
 
 
-def _reconsume_times(props: Any) -> int:
-    """RECONSUME_TIME of a message from a retry topic (0 for a first delivery)."""
-    try:
-        return max(0, int(dict(props or {}).get("RECONSUME_TIME", 0)))
-    except (TypeError, ValueError):
-        return 0
-
-
 def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
     body = d.get("body")
     if body is None and "body_b64" in d:
@@ -331,7 +329,7 @@ def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
         size=int(d.get("size", 0)),
         broker_name=str(d["broker_name"]),
         flag=int(d.get("flag", 0)),
-        reconsume_times=_reconsume_times(d.get("properties")),
+        reconsume_times=reconsume_times(dict(d.get("properties") or {})),
     )
 
 

@@ -5,7 +5,7 @@
     consumer.subscribe("T", "TagA || TagB")   # a plain string keeps meaning tags
 
 An SQL expression is compiled here, at subscribe time, by the broker's own compiler
-(``broker.sql_filter``): an invalid one is refused at once with the position of the error
+(``broker.protocol.sql_filter``): an invalid one is refused at once with the position of the error
 (``ClientError`` ``SUBSCRIPTION_PARSE_FAILED``), before anything is sent. The broker compiles it
 again (it trusts no client) and answers HTTP 400 with the same code for an expression it refuses.
 """
@@ -16,7 +16,7 @@ import dataclasses
 
 from broker.client.message import parse_tags_expression, tags_expression
 from broker.client.transport import ClientError
-from broker.sql_filter import SqlFilterError, compile_filter
+from broker.protocol.sql_filter import SqlFilterError, compile_filter
 
 TAG = "TAG"
 SQL92 = "SQL92"

@@ -5,7 +5,7 @@ keep-alive connections). Every failure surfaces as a ``ClientError`` with a
 RocketMQ-style ``code``: broker answers keep the broker's code (``NOT_LEADER``, ``TOPIC_NOT_EXIST``,
 ...); a refused/closed connection is ``CONNECT_FAILED``; no answer in time is ``TIMEOUT``.
 
-Credentials and TLS (docs/SECURITY.md): every request is signed (``broker.auth``: HMAC-SHA256 over
+Credentials and TLS (docs/SECURITY.md): every request is signed (``broker.protocol.auth``: HMAC-SHA256 over
 method, target, body hash, timestamp and a fresh nonce — signed again for every attempt) when the
 transport has credentials: given as ``credentials=``, else from ``DLEDGER_ACCESS_KEY`` +
 ``DLEDGER_SECRET_KEY``, else from the file ``DLEDGER_CREDENTIALS_FILE`` names. TLS: ``tls=`` an
@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode
 
 import msgpack
 
-from broker.auth import (
+from broker.protocol.auth import (
     Credentials,
     CredentialsError,
     as_credentials,

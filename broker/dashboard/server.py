@@ -27,11 +27,11 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.auth import Credentials, CredentialsError
 from broker.client.admin import Admin, BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
 from broker.mqadmin import _group_members, body_text, format_ts, perm_text
 from broker.mqadmin_ops import _scrape
+from broker.protocol.auth import Credentials, CredentialsError
 
 log = logging.getLogger("broker.dashboard")
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Any
 
-from broker.auth import Credentials, load_credentials
+from broker.protocol.auth import Credentials, load_credentials
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 HOST = "127.0.0.1"

@@ -26,7 +26,7 @@ unknown option (a typo such as ``startingOffset``) is an error too, never silent
 | tlsCaFile | env ``DLEDGER_TLS_CA_FILE`` | HTTPS, trusting this CA (PEM) only |
 
 Credentials and TLS (``security``): ``credentialsFile`` is RocketMQ's ``tools.yml`` shape
-(``accessKey:`` and ``secretKey:``), read with ``broker.auth.load_credentials`` (refused when
+(``accessKey:`` and ``secretKey:``), read with ``broker.protocol.auth.load_credentials`` (refused when
 group or others may read it). Without a credentials option the SDK's environment rules apply:
 ``DLEDGER_ACCESS_KEY`` + ``DLEDGER_SECRET_KEY``, else ``DLEDGER_CREDENTIALS_FILE``; without a TLS
 option, ``DLEDGER_TLS_CA_FILE``, else ``DLEDGER_TLS``. All of it is resolved here, on the driver
@@ -47,11 +47,11 @@ import ssl
 from collections.abc import Mapping
 from typing import Literal
 
-from broker.auth import Credentials, CredentialsError, credentials_from_env, load_credentials
 from broker.client.message import MessageQueue, parse_tags_expression
 from broker.client.transport import ENV_TLS, ENV_TLS_CA_FILE, ClientError, parse_addrs
-from broker.names import is_topic
-from broker.sql_filter import SqlFilterError, compile_filter
+from broker.protocol.auth import Credentials, CredentialsError, credentials_from_env, load_credentials
+from broker.protocol.names import is_topic
+from broker.protocol.sql_filter import SqlFilterError, compile_filter
 from spark_jobs.source.security import SourceSecurity, ssl_context_from_pem
 
 EARLIEST = -2

@@ -1,7 +1,7 @@
 """Credentials and TLS of the ``dledger-mq`` data source: settled once on the driver, carried to
 every task, put on every ``Transport`` the driver and the executors make.
 
-- Credentials are ``broker.auth.Credentials`` (the SDK's): every request is signed with them
+- Credentials are ``broker.protocol.auth.Credentials`` (the SDK's): every request is signed with them
   (docs/SECURITY.md). ``None`` means unsigned — right for a cluster without ACL.
 - TLS is a flag and, optionally, the PEM text of a CA (read on the driver from ``tlsCaFile`` or
   ``DLEDGER_TLS_CA_FILE``); each task builds its own ``ssl.SSLContext`` from it (contexts cannot
@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import ssl
 
-from broker.auth import ENV_ACCESS_KEY, ENV_CREDENTIALS_FILE, ENV_SECRET_KEY, Credentials
 from broker.client.transport import ClientError, Transport, client_ssl_context
+from broker.protocol.auth import ENV_ACCESS_KEY, ENV_CREDENTIALS_FILE, ENV_SECRET_KEY, Credentials
 
 AUTH_STATUSES = (401, 403)
 CREDENTIALS_HINT = (

@@ -31,7 +31,7 @@ from urllib.parse import quote as _quote
 
 import msgpack
 
-from broker.auth import authorization
+from broker.protocol.auth import authorization
 from tests.acl_fixtures import ADMIN, BROKER_G0, write_acl
 from tests.broker.harness import BrokerCluster
 

@@ -44,11 +44,11 @@ import pytest
 from aiohttp import web
 
 from broker.api import BrokerApi
-from broker.auth import Credentials
 from broker.client.transport import Transport
 from broker.codec import answer, error
 from broker.config import BrokerConfig, parse_broker_config
 from broker.http_edge import request_body
+from broker.protocol.auth import Credentials
 from broker.server import BrokerServer
 from dledger.inproc import InProcNetwork
 from dledger.memory_store import MemoryLogStore

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
-from broker.auth import Credentials, load_credentials
+from broker.protocol.auth import Credentials, load_credentials
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE, ProcessInfo, is_running, stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from broker.auth import Credentials
 from broker.client import Message, Producer, PullConsumer
 from broker.client.admin import Admin
 from broker.client.transport import ClientError, Transport
+from broker.protocol.auth import Credentials
 from tests.acl_fixtures import ADMIN, CONSUMER, NOBODY, PRODUCER, STRANGER, write_acl
 from tests.broker.harness import BrokerCluster
 from tests.dledger.harness import wait_until

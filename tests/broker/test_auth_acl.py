@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker import acl, auth
+from broker import acl
 from broker.acl import AclError, AclWatcher, Perm, parse_acl
-from broker.auth import AuthError, Credentials, NonceWindow, Verifier
+from broker.protocol import auth
+from broker.protocol.auth import AuthError, Credentials, NonceWindow, Verifier
 from tests.acl_fixtures import write_acl
 
 CREDS = Credentials("alice", "alice-secret-1")

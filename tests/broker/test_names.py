@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from broker import names
 from broker.client.admin import InvalidArgument, check_name
 from broker.client.message import Message, check_group, check_message
 from broker.client.transport import ClientError
 from broker.consume_queue import ConsumeQueueStore
 from broker.message import InvalidInput, check_topic, check_unique_id, parse_msg_id
 from broker.message import check_group as broker_check_group
+from broker.protocol import names
 from namesrv.route_table import InvalidRecordError, validate_name, validate_topic
 
 TRAILING = ["\n", "\r\n", "\x00", " "]

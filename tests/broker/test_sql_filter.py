@@ -1,4 +1,4 @@
-"""SQL92 filters (broker/sql_filter.py): examples of RocketMQ's semantics, errors with positions,
+"""SQL92 filters (broker/protocol/sql_filter.py): examples of RocketMQ's semantics, errors with positions,
 bounds, and a property-based check of the compiled evaluator against a reference evaluation.
 
 The reference (``_ref``) walks a generated syntax tree directly, written from the rules in the
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.sql_filter import (
+from broker.protocol.sql_filter import (
     MAX_DEPTH,
     MAX_EXPRESSION_CHARS,
     MAX_IN_ITEMS,

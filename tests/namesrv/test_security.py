@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from broker.auth import Credentials, authorization
 from broker.client.transport import ClientError, NamesrvClient, Transport
+from broker.protocol.auth import Credentials, authorization
 from namesrv.config import NamesrvConfig
 from namesrv.route_table import INT64_MAX, BrokerRegistration, RouteTable, TopicConfig
 from namesrv.server import NamesrvService

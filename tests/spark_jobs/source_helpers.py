@@ -14,10 +14,10 @@ from urllib.parse import quote
 
 import yaml
 
-from broker.auth import Credentials
 from broker.client import Message, Producer
 from broker.client.admin import Admin
 from broker.client.transport import ClientError, Transport
+from broker.protocol.auth import Credentials
 from dledger.apps.cluster import ACL_FILE, write_private
 from dledger.waiting import wait_until_sync
 from spark_jobs.source.localcluster import LocalCluster

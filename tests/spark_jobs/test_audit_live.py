@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from broker.auth import Credentials
 from broker.client.message import UniqueIdGenerator
+from broker.protocol.auth import Credentials
 from chaos.history import JsonlWriter
 from chaos.target import LocalTarget
 from chaos.workload import Workload, WorkloadConfig, create_topic, drain

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from broker.auth import Credentials
 from broker.client.message import MessageQueue
+from broker.protocol.auth import Credentials
 from dledger.apps.cluster import is_running
 from spark_jobs.source import FORMAT, register
 from spark_jobs.source.localcluster import REPO, LocalCluster, port_free

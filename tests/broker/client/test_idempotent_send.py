@@ -122,7 +122,7 @@ async def test_a_retried_delayed_send_is_stored_once(make_cluster: ClusterFactor
     """A delayed message is stored in the schedule topic, not in the topic it was sent to: the
     window must know it under the topic the producer sent to, or a retried delayed send is stored
     (and later delivered) twice. (Found when merging issues 14 and 15: it was.)"""
-    from broker.schedule import SCHEDULE_TOPIC
+    from broker.protocol.properties import SCHEDULE_TOPIC
 
     cluster = await make_cluster(n_groups=1, topics={"T": 2})
     leader = cluster.groups[0].replicas[0]

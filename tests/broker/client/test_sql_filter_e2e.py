@@ -22,7 +22,7 @@ from broker.client import (
     PullStatus,
     PushConsumer,
 )
-from broker.sql_filter import compile_filter, message_properties
+from broker.protocol.sql_filter import compile_filter, message_properties
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.client.conftest import ClusterFactory
 from tests.broker.inproc_cluster import WAIT_S

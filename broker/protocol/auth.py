@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import yaml
 
-from broker.names import ACCESS_KEY_RULE, is_access_key
+from broker.protocol.names import ACCESS_KEY_RULE, is_access_key
 
 SCHEME: Final = "DLEDGER-HMAC-SHA256"
 HEADER: Final = "Authorization"
