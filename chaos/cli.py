@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between two samples of every replica (0.25)")
     run.add_argument("--zombie-interval", type=_bounded(float, 0, 600), default=3.0,
                      help="seconds between two rounds of the zombie offset client, 0 for none (3)")
+    run.add_argument("--delayed-share", type=_bounded(float, 0, 1), default=0.0, metavar="F",
+                     help="share of the unkeyed sends with a delay level 1-3 or a deliver time 1-10 s ahead (0)")
+    run.add_argument("--fail-share", type=_bounded(float, 0, 1), default=0.0, metavar="F",
+                     help="share of unique ids a concurrent retry group fails: half once, half always "
+                          "(to its DLQ); 0 for no retry group (0)")
+    run.add_argument("--max-reconsume-times", type=_bounded(int, 0, 16), default=2,
+                     help="the retry group's maxReconsumeTimes (2)")
     run.add_argument("--skew", default=f"{SKEW_DEFAULT[0]:g},{SKEW_DEFAULT[1]:g}", metavar="OFFSET_S,DRIFT_PPM",
                      help="largest clock offset and drift a skew-* fault picks (%(default)s)")
     run.add_argument("--plant", action="append", default=[], metavar="NAME",
@@ -176,7 +183,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         recovery_s=args.recovery, settle_s=args.settle,
         workload=WorkloadConfig(topic=args.topic, queues=args.queues, producers=args.producers, keyed=keyed,
                                 consumers=args.consumers, rate=args.rate, body_bytes=args.body_bytes,
-                                zombie_interval_s=args.zombie_interval),
+                                zombie_interval_s=args.zombie_interval, delayed_share=args.delayed_share,
+                                fail_share=args.fail_share, max_reconsume_times=args.max_reconsume_times),
         groups=args.groups, port_base=args.port_base, flush=args.flush, seed=seed, order=args.order,
         fixed_node=args.fixed_node, toxic_params=toxic_params, extra=dict(kv.split("=", 1) for kv in args.set),
         progress_s=args.progress, audit=not args.no_audit, toxiproxy_server=args.toxiproxy_server,

@@ -11,6 +11,14 @@ leaves valid (shorter) files behind.
     RUN_DIR/history/drain.jsonl            ReceiptRecord (type "drain", consumer "drain")
     RUN_DIR/history/samples.jsonl          SampleRecord (the sampler: every replica, every few 100 ms)
     RUN_DIR/history/offsets-<client>.jsonl OffsetRecord (offset fetches and commits of a client)
+    RUN_DIR/history/retries-<consumer>.jsonl ReceiptRecord (type "receipt") of the retry group's
+                                           consumers (``--fail-share``), with ``reconsume_times``,
+                                           ``retry`` and ``answer``
+    RUN_DIR/history/dlq.jsonl              ReceiptRecord (type "dlq", consumer "dlq"): the final read of
+                                           the retry group's ``%DLQ%`` topic
+
+Version 3 added optional fields (absent or null in version 2 lines, which still audit): sends
+``delay_level``, ``deliver_ms`` and ``due_us``; receipts ``reconsume_times``, ``retry``, ``answer``.
 """
 
 from __future__ import annotations
@@ -23,13 +31,25 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
-HISTORY_VERSION = 2  # recorded in run.json; bumped with any change to the line formats
+HISTORY_VERSION = 3  # recorded in run.json; bumped with any change to the line formats
 
 Outcome = Literal["ok", "fail", "unknown"]
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+_SEND_V3 = ("delay_level", "deliver_ms", "due_us")
+_RECEIPT_V3 = ("reconsume_times", "retry", "answer")
+
+
+def _without_unset(d: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """Version 3's optional fields are left out when unset (lines stay as version 2 wrote them)."""
+    for k in optional:
+        if d.get(k) is None:
+            d.pop(k, None)
+    return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +69,16 @@ class SendRecord:
     msg_id: str | None = None
     store_us: int | None = None
     body_crc: int | None = None  # CRC-32 of the body sent
+    delay_level: int | None = None  # the send's delay level (None: none)
+    deliver_ms: int | None = None  # the send's deliver time, ms since the epoch (None: none)
+    # When the producer asked it delivered: store time + the level's delay, or the deliver time (not
+    # before the store time); None for an undelayed send or one that was not acknowledged.
+    due_us: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         assert self.outcome in ("ok", "fail", "unknown"), self.outcome
         assert (self.outcome == "ok") == (self.error is None), "an error code exactly when not ok"
-        return {"type": "send", **dataclasses.asdict(self)}
+        return _without_unset({"type": "send", **dataclasses.asdict(self)}, _SEND_V3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +100,14 @@ class ReceiptRecord:
     store_us: int
     session: int | None = None  # the consumer's session of this queue (a new one at every (re)assignment)
     body_crc: int | None = None  # CRC-32 of the body received
-    kind: Literal["receipt", "drain"] = "receipt"
+    kind: Literal["receipt", "drain", "dlq"] = "receipt"
+    reconsume_times: int | None = None  # the SDK's count of earlier deliveries to this group (retry group)
+    retry: bool | None = None  # came through a retry (or DLQ) topic: carries RETRY_TOPIC
+    answer: Literal["success", "later"] | None = None  # what the retry group's listener answered
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return {"type": d.pop("kind"), **d}
+        return _without_unset({"type": d.pop("kind"), **d}, _RECEIPT_V3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +173,8 @@ class OffsetRecord:
 
 
 def receipt_from_message(
-    m: Any, consumer: str, time_us: int, kind: Literal["receipt", "drain"], session: int | None = None
+    m: Any, consumer: str, time_us: int, kind: Literal["receipt", "drain", "dlq"], session: int | None = None,
+    *, retry_fields: bool = False, answer: Literal["success", "later"] | None = None,
 ) -> ReceiptRecord:
     """A ReceiptRecord for a ``MessageExt`` (the SDK's) or an API message dict."""
     def get(name: str) -> Any:
@@ -171,7 +200,18 @@ def receipt_from_message(
         session=session,
         body_crc=zlib.crc32(bytes(get("body") or b"")),
         kind=kind,
+        reconsume_times=_reconsume_times(m, props) if retry_fields else None,
+        retry=("RETRY_TOPIC" in props) if retry_fields else None,
+        answer=answer,
     )
+
+
+def _reconsume_times(m: Any, props: dict[str, str]) -> int:
+    """The SDK's ``reconsume_times``, or (an API message dict) the ``RECONSUME_TIME`` property."""
+    if not isinstance(m, dict):
+        return int(m.reconsume_times)
+    text = props.get("RECONSUME_TIME", "0")
+    return int(text) if text.isdigit() else 0
 
 
 class JsonlWriter:

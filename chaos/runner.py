@@ -32,7 +32,16 @@ from chaos.local import LocalChaosCluster
 from chaos.sampler import Sampler
 from chaos.schedule import Window, build_schedule, window_at
 from chaos.target import LocalTarget, find_leader, groups_of, wait_for
-from chaos.workload import CONSUMER_GROUP, Workload, WorkloadConfig, create_topic, drain, quick_check
+from chaos.workload import (
+    CONSUMER_GROUP,
+    RETRY_GROUP,
+    Workload,
+    WorkloadConfig,
+    create_topic,
+    drain,
+    drain_dlq,
+    quick_check,
+)
 
 TOOL_VERSION = "0.1.0"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,6 +233,14 @@ class Run:
             drained = await drain(target, o.workload.topic, o.workload.queues, dw)
         self.info["drain_errors"] = drained.errors
         self.say(f"drained {drained.messages} messages" + "".join(f"\nWARNING: drain: {e}" for e in drained.errors))
+        if workload.retry_consumers:
+            with JsonlWriter(os.path.join(self.dir, "history", "dlq.jsonl")) as qw:
+                dlq = await drain_dlq(target, RETRY_GROUP, qw)
+            self.info["retry"] = {"group": RETRY_GROUP, "max_reconsume_times": o.workload.max_reconsume_times,
+                                  "dlq_messages": dlq.messages}
+            self.info["drain_errors"] = drained.errors + dlq.errors
+            self.say(f"read {dlq.messages} messages from the DLQ of {RETRY_GROUP}"
+                     + "".join(f"\nWARNING: DLQ read: {e}" for e in dlq.errors))
         self.info["replicas"] = await self._replica_status(target)
         self.info["counts"] = {**workload.counters.snapshot(), "drained": drained.messages}
 
@@ -306,10 +323,15 @@ class Run:
         """Give consumers time to receive every acknowledged message (bounded by settle_s)."""
         c = workload.counters
         deadline = time.monotonic() + self.opts.settle_s
-        while time.monotonic() < deadline and not c.acked <= c.received:
+        retries = bool(workload.retry_consumers)
+        while time.monotonic() < deadline and not (c.acked <= c.received and (not retries or c.retries_settled())):
             await asyncio.sleep(0.2)
         missing = len(c.acked - c.received)
         self.say(f"consumers: {len(c.received)} unique ids received; {missing} acknowledged not received yet")
+        if retries:
+            self.say(f"retry group: {len(c.retry_received)} unique ids received, {c.retry_failed} failed deliveries, "
+                     f"{c.retry_to_dlq} sent to the DLQ; {len(c.retry_pending)} failed ids still pending, "
+                     f"{len(c.acked - c.retry_received)} acknowledged not received yet")
 
     async def _replica_status(self, target: LocalTarget) -> list[dict[str, Any]]:
         rows = []

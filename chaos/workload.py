@@ -25,6 +25,19 @@ now, commits that old value again (a consumer that lost its queues in a rebalanc
 commits). A broker must ignore it: stored offsets only move forward. Its fetches and commits go to
 ``offsets-z0.jsonl``.
 
+Delays and retries (issue 14, both off by default). With ``delayed_share`` F, a deterministic share F
+of the unkeyed producers' sends (by a hash of the unique id: ``delay_choice``) carries delay level 1-3
+or a deliver time 1-10 s ahead; the send line records the level or time and, once acknowledged, the
+due time (store time + the level's delay, or the deliver time). Keyed sends are never delayed (a delay
+would reorder a key). With ``fail_share`` F a second, *concurrent* clustering group (``chaos_retry``,
+consumers ``r0``..., ``max_reconsume_times`` 2) consumes the same topic and answers RECONSUME_LATER
+for a deterministic share F of the unique ids (``fail_plan``): half of them fail only their first
+delivery (consumed from ``%RETRY%chaos_retry``), half fail every delivery (in ``%DLQ%chaos_retry``
+after 1 + max_reconsume_times deliveries). Its receipts go to ``retries-<consumer>.jsonl`` with
+``reconsume_times``, ``retry`` and ``answer``; ``drain_dlq`` reads the DLQ at the end (by offset: a
+DLQ is write only) into ``dlq.jsonl``. (Orderly consumers retry in place, without a retry topic:
+that is why the failing group is a separate concurrent one.)
+
 ``drain`` reads every queue of every group's leader from its min to its max offset, directly (not
 through a proxy).
 """
@@ -42,10 +55,12 @@ import random
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 from broker.client import (
     CONSUME_SUCCESS,
+    RECONSUME_LATER,
     ClientError,
     ConsumeContext,
     HashKeySelector,
@@ -58,12 +73,18 @@ from broker.client import (
     UniqueIdGenerator,
 )
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
+from broker.protocol.properties import dlq_topic
+from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from chaos.history import JsonlWriter, OffsetRecord, Outcome, SendRecord, now_us, receipt_from_message
 from chaos.target import Member, Target, find_leader, groups_of, wait_for
 
 log = logging.getLogger(__name__)
 
 CONSUMER_GROUP = "chaos_consumer"
+RETRY_GROUP = "chaos_retry"  # the concurrent group that fails a share of deliveries (fail_share)
+DELAY_LEVELS_MS = parse_delay_levels(DEFAULT_DELAY_LEVELS)  # the chaos cluster's brokers run the default levels
+DELAY_MAX_LEVEL = 3  # levels 1-3: 1 s, 5 s, 10 s
+DELIVER_MAX_S = 10  # deliver times 1-10 s ahead
 PULL_BATCH = 1024
 ZOMBIE_STALE_S = 5.0  # the zombie commits values at least this old
 # Consumers commit their offsets every 5 s (RocketMQ's persistConsumerOffsetInterval): a stored offset
@@ -83,6 +104,39 @@ class WorkloadConfig:
     body_bytes: int = 128
     send_timeout_s: float = 3.0
     zombie_interval_s: float = 3.0  # 0: no zombie offset client
+    delayed_share: float = 0.0  # share of the unkeyed sends that are delayed (delay level or deliver time)
+    fail_share: float = 0.0  # share of unique ids the retry group fails (0: no retry group)
+    retry_consumers: int = 1
+    max_reconsume_times: int = 2  # the retry group's, so a short run reaches the DLQ
+
+
+def _share(uid: str, salt: str) -> float:
+    """A deterministic number in [0, 1) for a unique id (CRC-32 of the id and a salt)."""
+    return zlib.crc32(f"{uid}|{salt}".encode()) / 2**32
+
+
+def delay_choice(uid: str, share: float) -> tuple[int, int] | None:
+    """(delay level, 0) or (0, deliver seconds ahead) for a delayed send, None for an undelayed one."""
+    if share <= 0 or _share(uid, "delay") >= share:
+        return None
+    k = zlib.crc32(f"{uid}|kind".encode())
+    if k % 2 == 0:
+        return 1 + (k >> 1) % DELAY_MAX_LEVEL, 0
+    return 0, 1 + (k >> 1) % DELIVER_MAX_S
+
+
+def fail_plan(uid: str, share: float) -> Literal["none", "once", "always"]:
+    """How the retry group treats a unique id: consumed at once, failed once then consumed, or failed
+    every time (to the DLQ)."""
+    h = _share(uid, "fail")
+    if h >= share:
+        return "none"
+    return "always" if h < share / 2 else "once"
+
+
+def fails(uid: str, reconsume_times: int, share: float) -> bool:
+    plan = fail_plan(uid, share)
+    return plan == "always" or (plan == "once" and reconsume_times == 0)
 
 
 @dataclasses.dataclass
@@ -99,10 +153,20 @@ class Counters:
     received: set[str] = dataclasses.field(default_factory=set)
     acked_store_ms: dict[str, int] = dataclasses.field(default_factory=dict)  # unique id -> store time
     acked_at: dict[str, float] = dataclasses.field(default_factory=dict)  # unique id -> monotonic ack time
+    delayed: int = 0  # acknowledged delayed sends
+    retry_received: set[str] = dataclasses.field(default_factory=set)  # unique ids the retry group saw
+    retry_pending: set[str] = dataclasses.field(default_factory=set)  # failed, neither consumed nor DLQ'd yet
+    retry_failed: int = 0
+    retry_to_dlq: int = 0
+
+    def retries_settled(self) -> bool:
+        """The retry group saw every acknowledged id and every failed one was consumed or sent to the DLQ."""
+        return not self.retry_pending and self.acked <= self.retry_received
 
     def snapshot(self) -> dict[str, Any]:
         return {"sends": self.sends, "ok": self.ok, "fail": self.fail, "unknown": self.unknown,
-                "receipts": self.receipts, "errors": dict(self.errors)}
+                "receipts": self.receipts, "errors": dict(self.errors), "delayed_acked": self.delayed,
+                "retry_failed": self.retry_failed, "retry_to_dlq": self.retry_to_dlq}
 
 
 def body_for(producer: str, key: str | None, seq: int, size: int) -> bytes:
@@ -144,8 +208,13 @@ class ProducerWorker:
         uid = self.ids.next()
         body = body_for(self.name, key, seq, self.cfg.body_bytes)
         crc = zlib.crc32(body)
+        delay = None if key is not None else delay_choice(uid, self.cfg.delayed_share)
+        level, ahead_s = delay or (0, 0)
+        deliver_ms = now_us() // 1000 + ahead_s * 1000 if ahead_s else None
         msg = Message(self.cfg.topic, body, keys=(key,) if key else (),
-                      properties={"producer": self.name, "seq": str(seq)}, unique_id=uid)
+                      properties={"producer": self.name, "seq": str(seq)}, unique_id=uid,
+                      delay_time_level=level, deliver_time_ms=deliver_ms)
+        extra: dict[str, Any] = {"delay_level": level or None, "deliver_ms": deliver_ms}
         c = self.counters
         c.sends += 1
         invoke = now_us()
@@ -158,17 +227,19 @@ class ProducerWorker:
             log.info("send %s of %s (key %s, seq %d): %s", uid, self.name, key, seq, exc)
             outcome: Outcome = "unknown" if exc.outcome_unknown else "fail"
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), outcome, exc.code,
-                             body_crc=crc)
+                             body_crc=crc, **extra)
             c.errors[exc.code] += 1
         except Exception as exc:  # anything else: we cannot say whether it was stored
             log.warning("send %s of %s: unexpected %r", uid, self.name, exc)
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), "unknown",
-                             type(exc).__name__, body_crc=crc)
+                             type(exc).__name__, body_crc=crc, **extra)
             c.errors[type(exc).__name__] += 1
         else:
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), "ok", None,
                              r.message_queue.broker_name, r.message_queue.queue_id, r.queue_offset, r.msg_id,
-                             r.store_ts * 1000, crc)
+                             r.store_ts * 1000, crc, **extra, due_us=due_us(r.store_ts, level, deliver_ms))
+            if delay:
+                c.delayed += 1
             c.acked.add(uid)
             c.acked_store_ms[uid] = r.store_ts
             c.acked_at[uid] = time.monotonic()
@@ -179,6 +250,61 @@ class ProducerWorker:
         else:
             c.unknown += 1
         self.out.write(rec)
+
+
+def due_us(store_ms: int, level: int, deliver_ms: int | None) -> int | None:
+    """When a delayed send stored at ``store_ms`` is due (µs), by the broker's rules (API.md)."""
+    if deliver_ms is not None:
+        return max(deliver_ms, store_ms) * 1000
+    if level > 0:
+        return (store_ms + DELAY_LEVELS_MS[min(level, len(DELAY_LEVELS_MS)) - 1]) * 1000
+    return None
+
+
+class RetryConsumerWorker:
+    """A concurrent consumer of the retry group: fails the ids ``fail_plan`` picks (RECONSUME_LATER)."""
+
+    def __init__(self, name: str, namesrv: str, cfg: WorkloadConfig, out: JsonlWriter, counters: Counters):
+        self.name, self.cfg, self.out, self.counters = name, cfg, out, counters
+        self.consumer: PushConsumer | None = PushConsumer(
+            RETRY_GROUP, namesrv, consume_from="FIRST", client_id=f"chaos-{name}-{os.getpid()}",
+            commit_interval_s=COMMIT_INTERVAL_S, rebalance_interval_s=5.0, heartbeat_interval_s=2.0,
+            route_refresh_interval_s=5.0, max_reconsume_times=cfg.max_reconsume_times,
+            redeliver_backoff_s=(1.0, 2.0, 5.0),
+        )
+        self.consumer.subscribe(cfg.topic, "*")
+        self.consumer.register_listener(self._on_messages)
+
+    async def start(self) -> None:
+        assert self.consumer is not None
+        await self.consumer.start()
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is None:
+            return
+        try:
+            await asyncio.wait_for(consumer.shutdown(), timeout_s)
+        except Exception:
+            log.warning("retry consumer %s did not shut down cleanly", self.name, exc_info=True)
+
+    async def _on_messages(self, msgs: list[MessageExt], ctx: Any) -> Any:
+        t = now_us()
+        c = self.counters
+        failed = any(fails(m.unique_id, m.reconsume_times, self.cfg.fail_share) for m in msgs)
+        for m in msgs:
+            self.out.write(receipt_from_message(m, self.name, t, "receipt", retry_fields=True,
+                                                answer="later" if failed else "success"))
+            c.retry_received.add(m.unique_id)
+            if not failed:
+                c.retry_pending.discard(m.unique_id)
+            elif m.reconsume_times >= self.cfg.max_reconsume_times:
+                c.retry_pending.discard(m.unique_id)  # this answer sends it to the DLQ
+                c.retry_to_dlq += 1
+            else:
+                c.retry_pending.add(m.unique_id)
+                c.retry_failed += 1
+        return RECONSUME_LATER if failed else CONSUME_SUCCESS
 
 
 class ConsumerWorker:
@@ -321,6 +447,10 @@ class Workload:
         for i in range(cfg.consumers):
             self._consumer(f"c{i}")
         self.extra_consumers: list[str] = []  # joined by a fault, parting at its heal
+        self.retry_consumers = [
+            RetryConsumerWorker(f"r{i}", namesrv, cfg, self._writer(f"retries-r{i}.jsonl"), self.counters)
+            for i in range(cfg.retry_consumers if cfg.fail_share > 0 else 0)
+        ]
         self.zombie: OffsetZombie | None = None
         if cfg.zombie_interval_s > 0:
             self.zombie = OffsetZombie("z0", namesrv, cfg, self._writer("offsets-z0.jsonl"),
@@ -341,6 +471,8 @@ class Workload:
     async def start(self) -> None:
         for c in self.consumers.values():
             await c.start()
+        for r in self.retry_consumers:
+            await r.start()
         self._tasks = [asyncio.create_task(p.run(self._stop_producing), name=f"chaos-{p.name}")
                        for p in self.producers]
         if self.zombie is not None:
@@ -378,6 +510,8 @@ class Workload:
     async def stop_consumers(self) -> None:
         for c in reversed(list(self.consumers.values())):
             await c.stop()
+        for r in self.retry_consumers:
+            await r.stop()
 
     def flush(self) -> None:
         for w in self.writers:
@@ -459,6 +593,40 @@ async def _drain_queue(t: Transport, addr: str, topic: str, qid: int, out: Jsonl
             out.write(receipt_from_message(m, "drain", t_us, "drain"))
             n += 1
     return n
+
+
+async def drain_dlq(target: Target, group: str, out: JsonlWriter, timeout_s: float = 60.0) -> DrainResult:
+    """Read ``%DLQ%<group>`` of every broker group's leader, by offset (``GET /v1/msg/offset``: a DLQ is
+    write only, pulls are refused), into ``out`` (type "dlq"). A group without the topic has none."""
+    topic = dlq_topic(group)
+    t = Transport(timeout_s=5.0, credentials=getattr(target, "credentials", FROM_ENV))
+    result = DrainResult()
+    try:
+        for bgroup, members in sorted(groups_of(target.members()).items()):
+            try:
+                leader = await writable_leader(target, members, timeout_s)
+                status = await t.call(leader.control_addr, "GET", f"/v1/topics/{quote(topic, safe='')}/status")
+            except ClientError as exc:
+                if exc.code != "TOPIC_NOT_EXIST":
+                    result.errors.append(f"{bgroup} {topic}: {exc}")
+                continue
+            except TimeoutError as exc:
+                result.errors.append(f"{bgroup}: {exc}")
+                continue
+            for q in status["queues"]:
+                for offset in range(int(q["min_offset"]), int(q["max_offset"])):
+                    params = {"topic": topic, "queue_id": q["queue_id"], "offset": offset}
+                    try:
+                        m = await t.call(leader.control_addr, "GET", "/v1/msg/offset", params=params)
+                    except ClientError as exc:
+                        result.errors.append(f"{bgroup} {topic}:{q['queue_id']} offset {offset}: {exc}")
+                        continue
+                    out.write(receipt_from_message(m, "dlq", now_us(), "dlq", retry_fields=True))
+                    result.messages += 1
+    finally:
+        await t.close()
+        out.flush()
+    return result
 
 
 async def read_queue(t: Transport, addr: str, topic: str, qid: int) -> AsyncIterator[list[dict[str, Any]]]:

@@ -63,6 +63,12 @@ DEFAULT_FAIL_ON = (
     "drain_incomplete",
     # Producers are idempotent by default (broker/dedup.py): a retried send lands once.
     "duplicate_log_entries",
+    # Delayed messages and the retry group (issue 14; empty for runs without them).
+    "delayed_lost",
+    "delivered_early",
+    "delayed_twice",
+    "retry_lost",
+    "dlq_mismatch",
 )
 CHECKS = (
     *DEFAULT_FAIL_ON,
@@ -72,8 +78,11 @@ CHECKS = (
     "cq_damaged",
     "bad_history_lines",
     "retained_away",
+    "dlq_duplicates",
 )
+DEFAULT_MAX_RECONSUME_TIMES = 16  # the broker's, when run.json does not name the retry group's
 DAMAGE_FAULTS = ("bitflip-", "truncate-")
+LATENESS_QUANTILES = (0.5, 0.9, 0.99)
 ELECTION_GRACE_US = 10_000_000  # after a heal, elections still belong to the fault (restarts, rejoins)
 DETAIL_ROWS_MAX = 100_000
 SAMPLE_ROWS = 20
@@ -219,7 +228,8 @@ class Audit:
         os.makedirs(self.work_dir)
         done = self.timer.step("ingest_history")
         stats = ingest_history(
-            self.run.send_files, self.run.receipt_files, self.run.drain_file, self.work_dir
+            self.run.send_files, self.run.receipt_files, self.run.drain_file, self.work_dir,
+            self.run.retry_files, self.run.dlq_file,
         )
         self.extra["samples"] = ingest_samples(
             self.run.samples_file, self.run.offset_files, self.work_dir, self.run.sampler[1], stats
@@ -231,7 +241,10 @@ class Audit:
         return stats, summaries
 
     def run_checks(self, spark: Any, stats: HistoryStats, summaries: list[ReplicaSummary]) -> None:
+        from pyspark.sql import functions as F
+
         from spark_jobs import checks as C
+        from spark_jobs import checks_delay as D
         from spark_jobs import checks_history as H
         from spark_jobs import checks_samples as S
         from spark_jobs.frames import Frames, distinct_values
@@ -265,6 +278,13 @@ class Audit:
         units = H.unit_ids(fr.cq_units, fr.entries, fr.records, fr.replicas, fr.topics)
         receipts, drain = fr.workload(fr.receipts), fr.workload(fr.drain)
         delivered = fr.workload(fr.delivered)
+        # A delayed send's acknowledged queue offset is the schedule queue's (API.md): the offset checks
+        # judge undelayed sends only; delayed ones have checks of their own.
+        plain = fr.sends.where(F.col("due_us").isNull())
+        dd = D.delay_deliveries(fr.sends, receipts, drain)
+        max_times = self.run.max_reconsume_times
+        max_times = DEFAULT_MAX_RECONSUME_TIMES if max_times is None else max_times
+        outcomes = D.retry_outcomes(fr.retries, fr.dlq, max_times)
         got = self._collect(
             {
                 "lost": C.lost(fr.sends, fr.committed, fr.delivered, fr.floors, check_consumed, fr.records),
@@ -277,9 +297,15 @@ class Audit:
                 "compared": per_group,
                 "cq_bounds": bounds,
                 "cq_suspects": C.cq_suspects(fr.entries, fr.records, fr.cq_units, fr.replicas, bounds),
-                "inconsistent_offsets": H.inconsistent_offsets(fr.sends, receipts, drain, units),
-                "ack_offset_mismatch": H.ack_offset_mismatch(fr.sends, units),
-                "send_order": H.send_order(fr.sends),
+                "inconsistent_offsets": H.inconsistent_offsets(plain, receipts, drain, units),
+                "ack_offset_mismatch": H.ack_offset_mismatch(plain, units),
+                "delayed_lost": D.delayed_lost(dd),
+                "delivered_early": D.delivered_early(dd),
+                "delayed_twice": D.delayed_twice(dd),
+                "retry_lost": D.retry_lost(outcomes, fr.sends, fr.retries, fr.dlq),
+                "dlq_mismatch": D.dlq_mismatch(outcomes, max_times),
+                "dlq_duplicates": D.dlq_duplicates(outcomes),
+                "send_order": H.send_order(plain),
                 "poll_order": H.poll_order(receipts),
                 "corrupt_read": H.corrupt_read(fr.sends, delivered),
                 "committed_prefix": S.committed_prefix(samples, damage, named_entries(fr.entries), finals),
@@ -301,6 +327,10 @@ class Audit:
             self._record(name, rows, count)
         self._record("drain_incomplete", [{"error": e} for e in self.run.drain_errors])
         done()
+        done = self.timer.step("delays_and_retries")
+        self.extra["delays"] = self._delays(spark, dd, fr)
+        self.extra["retries"] = self._retries(fr, outcomes, max_times)
+        done()
         done = self.timer.step("availability")
         self._availability(spark, fr)
         done()
@@ -311,6 +341,59 @@ class Audit:
         self._replica_findings(summaries)
         self._record("bad_history_lines", [{"file": f, **v} for f, v in stats.bad_lines.items()])
         self.extra["commits"] = commits
+
+    def _delays(self, spark: Any, dd: Any, fr: Any) -> dict[str, Any]:
+        """Delayed sends and their lateness (due -> first copy stored in the real topic), in all and
+        for due times outside every fault window (ms)."""
+        from pyspark.sql import functions as F
+
+        from spark_jobs import checks as C
+        from spark_jobs import checks_delay as D
+        from spark_jobs.report import lateness_quantiles
+
+        windows = spark.createDataFrame(
+            [(w.apply_us, w.heal_us) for w in pair_faults((f.time_us, f.fault, f.action, f.targets)
+                                                          for f in self.run.faults)],
+            "apply_us long, heal_us long",
+        )
+        out: dict[str, Any] = {}
+        for name, df in (("all", dd.where(F.col("delivered_us").isNotNull())),
+                         ("outside_faults", D.lateness_outside(dd, windows, ELECTION_GRACE_US))):
+            r = df.agg(F.count("*").alias("n"), C.percentiles("lateness_us", LATENESS_QUANTILES).alias("q"),
+                       F.max("lateness_us").alias("mx")).first()
+            out[f"lateness_{name}_ms"] = lateness_quantiles(r["n"], r["q"], r["mx"]) if r else {"count": 0}
+        counts = dd.agg(
+            F.count("*").alias("acknowledged"),
+            F.sum(F.col("delay_level").isNotNull().cast("int")).alias("by_level"),
+            F.sum(F.col("deliver_ms").isNotNull().cast("int")).alias("by_deliver_time"),
+            F.sum((F.col("copies") > 0).cast("int")).alias("delivered"),
+        ).first()
+        out.update({k: int(v or 0) for k, v in (counts.asDict() if counts else {}).items()})
+        out["definition"] = (
+            "acknowledged delayed sends; lateness: store time of the first copy in the real topic − due time "
+            f"(send store time + level delay, or deliver time); outside_faults: due times not in a fault window "
+            f"(+{ELECTION_GRACE_US // 1_000_000} s)"
+        )
+        return out
+
+    def _retries(self, fr: Any, outcomes: Any, max_times: int) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        r = fr.retries.agg(
+            F.count("*").alias("deliveries"),
+            F.sum((F.col("answer") == "later").cast("int")).alias("failed_deliveries"),
+            F.sum(F.coalesce(F.col("retry").cast("int"), F.lit(0))).alias("via_retry_topic"),
+        ).first()
+        o = outcomes.agg(
+            F.sum((F.col("failed") > 0).cast("int")).alias("failed_ids"),
+            F.sum((F.col("consumed") & (F.col("failed") > 0)).cast("int")).alias("consumed_after_retry"),
+            F.sum(F.col("final_fail").cast("int")).alias("expected_in_dlq"),
+            F.sum((F.col("dlq_copies") > 0).cast("int")).alias("in_dlq"),
+        ).first()
+        out = {k: int(v or 0) for k, v in {**(r.asDict() if r else {}), **(o.asDict() if o else {})}.items()}
+        out["dlq_messages"] = fr.dlq.count()
+        out["max_reconsume_times"] = max_times
+        return out
 
     def _resets(self, fr: Any) -> dict[tuple[str, str], list[int]]:
         """Indexes of committed ``offset.reset`` commands of the sampled consumer group, per (broker
@@ -482,6 +565,8 @@ class Audit:
             },
             "faults": self.extra.get("faults", []),
             "latency": self.extra.get("latency", {}),
+            "delays": self.extra.get("delays", {}),
+            "retries": self.extra.get("retries", {}),
             "warnings": self.warnings,
             "timings_s": {**self.timer.steps, "total": self.timer.total_s},
         }

@@ -14,6 +14,7 @@ from spark_jobs._arrow import pa, pc, pq
 from spark_jobs.history import (
     OFFSET_OP_SCHEMA,
     RECEIPT_SCHEMA,
+    RETRY_SCHEMA,
     SAMPLE_OFFSET_SCHEMA,
     SAMPLE_SCHEMA,
     SEND_SCHEMA,
@@ -41,6 +42,8 @@ class Frames:
     samples: DataFrame  # the sampler's lines (``history.ingest_samples``)
     sample_offsets: DataFrame
     offset_ops: DataFrame
+    retries: DataFrame  # the retry group's receipts (``retries-*.jsonl``)
+    dlq: DataFrame  # the retry group's DLQ read at the end (``dlq.jsonl``)
     committed: DataFrame = dataclasses.field(init=False)
     delivered: DataFrame = dataclasses.field(init=False)
 
@@ -85,6 +88,8 @@ class Frames:
             samples=table("samples", SAMPLE_SCHEMA),
             sample_offsets=table("sample_offsets", SAMPLE_OFFSET_SCHEMA),
             offset_ops=table("offset_ops", OFFSET_OP_SCHEMA),
+            retries=table("retries", with_extra_columns(RETRY_SCHEMA)),
+            dlq=table("dlq", with_extra_columns(RETRY_SCHEMA)),
         )
 
     def workload(self, df: DataFrame) -> DataFrame:
@@ -99,6 +104,6 @@ def distinct_values(work_dir: str, table: str, column: str) -> list[str]:
 
 
 def _ddl(schema: Any) -> str:
-    """A Spark DDL string for an Arrow schema of strings and int64s."""
-    types = {pa.string(): "string", pa.int64(): "bigint"}
+    """A Spark DDL string for an Arrow schema of strings, int64s and booleans."""
+    types = {pa.string(): "string", pa.int64(): "bigint", pa.bool_(): "boolean"}
     return ", ".join(f"`{f.name}` {types[f.type]}" for f in schema)

@@ -1,4 +1,5 @@
-"""History JSONL (docs/CHAOS.md) into Parquet for Spark: ``sends/``, ``receipts/``, ``drain/``, and the
+"""History JSONL (docs/CHAOS.md) into Parquet for Spark: ``sends/``, ``receipts/``, ``drain/``,
+``retries/`` and ``dlq/`` (the retry group's receipts and its DLQ; empty before history version 3), and the
 small tables ``samples/``, ``sample_offsets/`` (the sampler's lines) and ``offset_ops/`` (offset
 clients' fetches and commits).
 
@@ -25,6 +26,7 @@ from spark_jobs._arrow import pa, pj, pq
 __all__ = [
     "OFFSET_OP_SCHEMA",
     "RECEIPT_SCHEMA",
+    "RETRY_SCHEMA",
     "SAMPLE_OFFSET_SCHEMA",
     "SAMPLE_SCHEMA",
     "SEND_SCHEMA",
@@ -53,6 +55,9 @@ SEND_SCHEMA = pa.schema(
         ("msg_id", _S),
         ("store_us", _I),
         ("body_crc", _I),
+        ("delay_level", _I),  # history version 3 (null before)
+        ("deliver_ms", _I),
+        ("due_us", _I),
     ]
 )
 RECEIPT_SCHEMA = pa.schema(
@@ -74,6 +79,10 @@ RECEIPT_SCHEMA = pa.schema(
         ("session", _I),
         ("body_crc", _I),
     ]
+)
+# The retry group's receipts and the DLQ's messages (history version 3).
+RETRY_SCHEMA = pa.schema(
+    [*RECEIPT_SCHEMA, pa.field("reconsume_times", _I), pa.field("retry", pa.bool_()), pa.field("answer", _S)]
 )
 # One row per sample line (``line``: its place in samples.jsonl), and one per (sample, queue) offset.
 SAMPLE_SCHEMA = pa.schema(
@@ -131,20 +140,27 @@ class HistoryStats:
 def _stem(path: str) -> str:
     name = os.path.basename(path)
     name = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
-    for prefix in ("sends-", "receipts-"):
+    for prefix in ("sends-", "receipts-", "retries-"):
         if name.startswith(prefix):
             return name[len(prefix) :]
     return name
 
 
 def ingest_history(
-    send_files: list[str], receipt_files: list[str], drain_file: str | None, out_dir: str
+    send_files: list[str],
+    receipt_files: list[str],
+    drain_file: str | None,
+    out_dir: str,
+    retry_files: list[str] | None = None,
+    dlq_file: str | None = None,
 ) -> HistoryStats:
     stats = HistoryStats()
     for table, files, schema in (
         ("sends", send_files, SEND_SCHEMA),
         ("receipts", receipt_files, RECEIPT_SCHEMA),
         ("drain", [drain_file] if drain_file else [], RECEIPT_SCHEMA),
+        ("retries", retry_files or [], RETRY_SCHEMA),
+        ("dlq", [dlq_file] if dlq_file else [], RETRY_SCHEMA),
     ):
         target = os.path.join(out_dir, table)
         os.makedirs(target, exist_ok=True)
@@ -311,8 +327,10 @@ def _coerce(raw: str, schema: pa.Schema) -> dict[str, Any] | str:
         v = d.get(f.name)
         if v is None:
             row[f.name] = None
-        elif (f.type == _I and isinstance(v, int) and not isinstance(v, bool)) or (
-            f.type == _S and isinstance(v, str)
+        elif (
+            (f.type == _I and isinstance(v, int) and not isinstance(v, bool))
+            or (f.type == _S and isinstance(v, str))
+            or (f.type == pa.bool_() and isinstance(v, bool))
         ):
             row[f.name] = v
         else:

@@ -47,6 +47,15 @@ DEFINITIONS = {
     "cq_damaged": "consume queue files that contradict each other (the broker rebuilds them from the log)",
     "bad_history_lines": "history lines that are not JSON objects of the documented types (skipped)",
     "retained_away": "ok send pointing below every replica's retained log (cannot be checked in the log)",
+    "delayed_lost": "acknowledged delayed send of which no copy reached its real topic (no receipt, not drained)",
+    "delivered_early": "delayed message whose first copy in the real topic was stored before its due time "
+    "(send store time + level delay, or deliver time) − 20 ms",
+    "delayed_twice": "delayed message made visible more than once in its real topic (two positions)",
+    "retry_lost": "message the retry group failed that was neither consumed by a later attempt nor put in its "
+    "DLQ, or an acknowledged message the retry group never received and the DLQ does not hold",
+    "dlq_mismatch": "DLQ disagreeing with the retry group's answers: failed at the last attempt but missing, "
+    "in the DLQ without failing the last attempt, or after other than 1 + maxReconsumeTimes failed attempts",
+    "dlq_duplicates": "message held more than once by the DLQ (a send-back sent again: the client's doing)",
 }
 
 
@@ -57,7 +66,9 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
 
     from spark_jobs import checks as C
 
-    first = C.latency_first_deliveries(fr.workload(fr.receipts))
+    # Delayed messages are late by design: their lateness is the audit's ``delays`` section.
+    delayed = fr.sends.where(F.col("due_us").isNotNull()).select("unique_id")
+    first = C.latency_first_deliveries(fr.workload(fr.receipts).join(delayed, ["unique_id"], "left_anti"))
     r = first.agg(
         F.count("*").alias("n"),
         C.percentiles("e2e_us", QUANTILES).alias("e2e"),
@@ -75,8 +86,8 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
         "end_to_end_ms": _quantiles(r["n"], r["e2e"], r["e2e_max"]) if r else {},
         "store_to_receipt_ms": _quantiles(r["n"], r["s2r"], r["s2r_max"]) if r else {},
         "send_ms": _quantiles(s["n"], s["q"], s["mx"]) if s else {},
-        "definition": "first receipt of each unique id: receipt time − born time (end to end) and − store "
-        "time; send: complete − invoke of ok sends",
+        "definition": "first receipt of each unique id (delayed messages excepted): receipt time − born time "
+        "(end to end) and − store time; send: complete − invoke of ok sends",
     }
     t0, t1 = span.get("first_invoke_us"), span.get("last_complete_us")
     if t0 is None or t1 is None:
@@ -126,6 +137,17 @@ def commit_series(work_dir: str) -> dict[str, Any]:
             out.setdefault(r["group"], {}).setdefault(r["replica"], []).append(
                 [r["time_us"], r["commit_index"], r["term"]]
             )
+    return out
+
+
+def lateness_quantiles(n: int, qs: list[int] | None, mx: int | None) -> dict[str, Any]:
+    """Lateness percentiles p50/p90/p99 and max in ms (µs inputs)."""
+    if not n or qs is None:
+        return {"count": n or 0}
+    out: dict[str, Any] = {"count": n}
+    for q, v in zip(("p50", "p90", "p99"), qs, strict=True):
+        out[q] = v / 1000
+    out["max"] = None if mx is None else mx / 1000
     return out
 
 
@@ -341,6 +363,10 @@ def render_html(summary: dict[str, Any], images: dict[str, str], proof: dict[str
             proof=proof or {},
             latency_rows=[{"latency": k, **v} for k, v in lat.items() if isinstance(v, dict)],
             latency_definition=str(lat.get("definition", "")),
+            delay_rows=[{"lateness": k, **v} for k, v in summary.get("delays", {}).items() if isinstance(v, dict)],
+            delay_counts={k: v for k, v in summary.get("delays", {}).items() if isinstance(v, int)},
+            delay_definition=str(summary.get("delays", {}).get("definition", "")),
+            retry_counts=summary.get("retries", {}),
             history_rows=[{"table": k, "rows": v} for k, v in inputs.get("history_rows", {}).items()],
             inputs=inputs,
         )
@@ -355,6 +381,21 @@ def text(summary: dict[str, Any], out_dir: str) -> str:
     lat = summary.get("latency", {}).get("end_to_end_ms", {})
     if lat.get("count"):
         lines.append(f"  end-to-end ms: p50 {lat.get('p50')} p99 {lat.get('p99')} max {lat.get('max')}")
+    delays = summary.get("delays", {})
+    if delays.get("acknowledged"):
+        late = delays.get("lateness_all_ms", {})
+        calm = delays.get("lateness_outside_faults_ms", {})
+        lines.append(
+            f"  delayed: {delays['acknowledged']} acknowledged, {delays.get('delivered')} delivered; lateness ms "
+            f"p50 {late.get('p50')} p99 {late.get('p99')} max {late.get('max')}; outside faults p99 {calm.get('p99')}"
+        )
+    retries = summary.get("retries", {})
+    if retries.get("deliveries"):
+        lines.append(
+            f"  retry group: {retries.get('failed_ids')} ids failed, {retries.get('consumed_after_retry')} consumed "
+            f"later, {retries.get('via_retry_topic')} deliveries via %RETRY%, {retries.get('in_dlq')} in the DLQ "
+            f"(expected {retries.get('expected_in_dlq')}, {retries.get('dlq_messages')} DLQ messages)"
+        )
     for w in summary.get("warnings", []):
         lines.append(f"  warning: {w}")
     lines.append(

@@ -56,6 +56,8 @@ class RunDir:
     warnings: list[str]
     samples_file: str | None = None
     offset_files: list[str] = dataclasses.field(default_factory=list)
+    retry_files: list[str] = dataclasses.field(default_factory=list)  # retries-*.jsonl (the retry group's)
+    dlq_file: str | None = None  # dlq.jsonl: the retry group's DLQ, read at the end
 
     @staticmethod
     def check_history(path: str) -> list[str]:
@@ -102,10 +104,22 @@ class RunDir:
         if samples_file is None:
             warnings.append("no history/samples.jsonl: the sampler's checks (committed prefix, offsets) are skipped")
         offset_files = sorted(glob.glob(os.path.join(hist, "offsets-*.jsonl")))
+        retry_files = sorted(glob.glob(os.path.join(hist, "retries-*.jsonl")))
+        dlq = os.path.join(hist, "dlq.jsonl")
+        dlq_file = dlq if os.path.isfile(dlq) else None
+        if retry_files and dlq_file is None:
+            warnings.append("retry group receipts but no history/dlq.jsonl: the DLQ is taken as empty")
         return cls(
             path, run, replicas, send_files, receipt_files, drain_file, faults, statuses, warnings,
-            samples_file, offset_files,
+            samples_file, offset_files, retry_files, dlq_file,
         )
+
+    @property
+    def max_reconsume_times(self) -> int | None:
+        """The retry group's maxReconsumeTimes (run.json ``retry``), None when the run had none."""
+        raw = self.run.get("retry")
+        value = raw.get("max_reconsume_times") if isinstance(raw, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def sampler(self) -> tuple[str, str | None]:

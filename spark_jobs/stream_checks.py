@@ -122,7 +122,7 @@ class StreamChecker:
                 self.failed_ids.add(uid)
                 if uid in self.stored_ids:
                     out.append({"check": "aborted_read", "unique_id": uid, "producer": s.get("producer")})
-            elif outcome == "ok":
+            elif outcome == "ok" and s.get("due_us") is None:  # a delayed send's offset is its schedule queue's
                 topic, broker, qid, off = s.get("topic"), s.get("broker"), s.get("queue_id"), s.get("queue_offset")
                 if not (isinstance(topic, str) and isinstance(broker, str) and isinstance(qid, int)
                         and isinstance(off, int)):  # fmt: skip

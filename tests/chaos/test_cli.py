@@ -64,3 +64,7 @@ def test_bad_numbers_are_refused_by_the_parser(tmp_path: Any) -> None:
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         main(["drill", "--port-base", "65000"])
+    for option, value in (("--delayed-share", "1.5"), ("--fail-share", "-0.1"), ("--max-reconsume-times", "17")):
+        with pytest.raises(SystemExit) as exc:
+            main(["run", "--dir", str(tmp_path), "--faults", "latency", option, value])
+        assert exc.value.code == 2

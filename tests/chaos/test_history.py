@@ -49,7 +49,10 @@ def send(**kw: Any) -> SendRecord:
 
 
 def test_send_lines_have_exactly_the_documented_fields_in_order() -> None:
-    assert list(send().to_dict()) == documented_fields("`sends-*.jsonl`")
+    documented = documented_fields("`sends-*.jsonl`")
+    delayed = send(delay_level=2, deliver_ms=16, due_us=20_000).to_dict()  # version 3's fields, all set
+    assert list(delayed) == documented
+    assert list(send().to_dict()) == [f for f in documented if f not in ("delay_level", "deliver_ms", "due_us")]
 
 
 def test_receipt_and_drain_lines_have_exactly_the_documented_fields() -> None:
@@ -58,6 +61,10 @@ def test_receipt_and_drain_lines_have_exactly_the_documented_fields() -> None:
     assert rec.to_dict()["type"] == "receipt"
     drain = ReceiptRecord("drain", 1, "T", "B", 0, 0, "B:00", "U", None, None, None, 1, 2, kind="drain")
     assert drain.to_dict()["type"] == "drain"
+    retry = ReceiptRecord("r0", 1, "T", "B", 0, 0, "B:00", "U", None, None, None, 1, 2, reconsume_times=1,
+                          retry=True, answer="later")
+    extra = documented_fields("`retries-*.jsonl` (type `receipt`")
+    assert list(retry.to_dict()) == documented_fields("`receipts-*.jsonl` and `drain.jsonl`") + extra
 
 
 def test_fault_lines_have_exactly_the_documented_fields() -> None:

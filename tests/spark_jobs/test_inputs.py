@@ -112,9 +112,33 @@ def test_history_ingestion_keeps_order_and_survives_torn_lines(tmp_path: Path) -
     assert sends[0]["msg_id"] == SEND["msg_id"] and sends[0]["error"] is None
     receipts = pq.read_table(tmp_path / "w" / "receipts").to_pylist()
     assert [(r["unique_id"], r["queue_offset"], r["line"]) for r in receipts] == [("U1", 3, 0)]
-    assert stats.rows == {"sends": 5, "receipts": 1, "drain": 0}
+    assert stats.rows == {"sends": 5, "receipts": 1, "drain": 0, "retries": 0, "dlq": 0}
     assert stats.bad_line_count == 2
     assert pq.read_table(tmp_path / "w" / "drain").num_rows == 0
+    assert sends[0]["due_us"] is None  # a version 2 line: no delay fields, read as null
+
+
+def test_retry_group_lines_and_the_dlq_are_ingested_with_their_flags(tmp_path: Path) -> None:
+    hist = tmp_path / "history"
+    hist.mkdir()
+    (hist / "sends-p0.jsonl").write_text(json.dumps(dict(SEND, delay_level=2, due_us=77)) + "\n")
+    base = {"type": "receipt", "consumer": "r0", "time_us": 9, "unique_id": "U1", "queue_offset": 3}
+    (hist / "retries-r0.jsonl").write_text(
+        json.dumps(dict(base, reconsume_times=0, retry=False, answer="later")) + "\n"
+        + json.dumps(dict(base, reconsume_times=1, retry=True, answer="success")) + "\n"
+        + json.dumps(dict(base, reconsume_times=1, retry=1, answer="success")) + "\n"  # wrong type: a bad line
+    )
+    (hist / "dlq.jsonl").write_text(json.dumps(dict(base, type="dlq", consumer="dlq", reconsume_times=2,
+                                                     retry=True)) + "\n")
+    stats = ingest_history([str(hist / "sends-p0.jsonl")], [], None, str(tmp_path / "w"),
+                           [str(hist / "retries-r0.jsonl")], str(hist / "dlq.jsonl"))
+    assert pq.read_table(tmp_path / "w" / "sends").to_pylist()[0]["due_us"] == 77
+    retries = pq.read_table(tmp_path / "w" / "retries").to_pylist()
+    assert [(r["file"], r["reconsume_times"], r["retry"], r["answer"]) for r in retries] == [
+        ("r0", 0, False, "later"), ("r0", 1, True, "success")]
+    dlq = pq.read_table(tmp_path / "w" / "dlq").to_pylist()
+    assert [(r["reconsume_times"], r["retry"], r["answer"]) for r in dlq] == [(2, True, None)]
+    assert stats.rows["retries"] == 2 and stats.bad_line_count == 1
 
 
 def test_parse_plants() -> None:

@@ -103,3 +103,11 @@ def test_stream_audit_usage_errors_exit_2(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "run.json").write_text(json.dumps({"topics": [{"topic": "A", "queues": 8}], "namesrv_addr": "h:1"}))
     args = stream_audit.parse_args([str(tmp_path)])
     assert stream_audit._topics_and_namesrv(args) == (["A"], "h:1")
+
+
+def test_a_delayed_send_is_not_judged_at_its_schedule_queue_offset() -> None:
+    """A delayed send's acknowledged offset is the schedule queue's (issue 14): the stream, reading
+    the real topic past that offset, must not call it lost or misplaced."""
+    c = StreamChecker()
+    r = c.batch(0, [row(0, 0, "a"), row(0, 1, "b"), row(0, 2, "d")], [{**send("d", 0, 0), "due_us": 7}], 1)
+    assert r.counts["lost"] == 0 and r.counts["ack_offset_mismatch"] == 0 and not r.failed and c.judged == 0
