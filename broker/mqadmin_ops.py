@@ -231,15 +231,19 @@ async def run_update_namesrv_config(admin: Admin, args: argparse.Namespace) -> O
     return Output({"key": args.key, "results": [{"addr": a, "value": v} for a, v in done]}, text)
 
 
-@answers_checked
-async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
+async def _replica_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
+    """-b: that one replica; -c: every replica of every group of the cluster (a follower may lead next)."""
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
     if args.broker_addr is not None:
-        addrs = [check_addr(args.broker_addr)]
-    else:
-        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
-        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+        return [check_addr(args.broker_addr)]
+    groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+    return [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+
+
+@answers_checked
+async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
+    addrs = await _replica_addrs(admin, args)
     sections = []
     for addr in addrs:
         ans = await admin.transport.call(addr, "GET", "/v1/admin/config")
@@ -251,13 +255,7 @@ async def run_get_broker_config(admin: Admin, args: argparse.Namespace) -> Outpu
 async def run_update_broker_config(admin: Admin, args: argparse.Namespace) -> Output:
     """RocketMQ's updateBrokerConfig for the keys a running replica can change (its memory, until
     restart); -c: every replica of the cluster (a follower may lead next)."""
-    if (args.cluster is None) == (args.broker_addr is None):
-        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
-    if args.broker_addr is not None:
-        addrs = [check_addr(args.broker_addr)]
-    else:
-        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
-        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    addrs = await _replica_addrs(admin, args)
     body = {"key": args.key, "value": args.value}
     outcomes = []
     for addr in addrs:
@@ -459,13 +457,7 @@ async def run_print_msg(admin: Admin, args: argparse.Namespace) -> Output:
 async def run_clean_expired_cq(admin: Admin, args: argparse.Namespace) -> Output:
     """RocketMQ's cleanExpiredCQ: every replica (-c: of the cluster; -b: one) removes the consume
     queues of topics that no longer exist (each replica's queues are its own, derived from the log)."""
-    if (args.cluster is None) == (args.broker_addr is None):
-        raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
-    if args.broker_addr is not None:
-        addrs = [check_addr(args.broker_addr)]
-    else:
-        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
-        addrs = [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
+    addrs = await _replica_addrs(admin, args)
     outcomes = []
     for addr in addrs:
         try:
