@@ -64,6 +64,7 @@ from broker.schedule import ScheduleIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 from dledger.log_store import StoreError
+from dledger.records import to_committed
 
 if TYPE_CHECKING:
     from dledger.log_store import LogReader
@@ -376,8 +377,6 @@ class MessageStore:
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.needs_state_after = None
         assert self._log is not None
-        from dledger.records import to_committed
-
         index = as_of + 1
         while index < state_index:
             raw = self._log.read_range(index, min(512, state_index - index), 8 << 20)
@@ -493,8 +492,6 @@ class MessageStore:
         start = self.dedup.begin_restore(checkpoint)
         if start is None or self._log is None:
             return
-        from dledger.records import to_committed
-
         start_index, start_position = start
         index = max(start_index, self._log.first_index)
         last = min(self._applied, self._log.last_index)
@@ -534,8 +531,6 @@ class MessageStore:
     def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
         """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
         assert self._log is not None
-        from dledger.records import to_committed
-
         index = self._log.first_index
         last = min(until_index, self._log.last_index)
         while index <= last:

@@ -183,6 +183,7 @@ class PeerResolver:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.failed_lookups = 0  # names that did not resolve (status, tests)
 
     def resolve(self, host: str, now: float) -> str | None:
         """The address to connect to now, or None (not known yet, or the name does not resolve)."""
@@ -219,6 +220,8 @@ class PeerResolver:
                     answer = None
                 with self._lock:
                     self._answers[host] = answer
+                    if answer is None:
+                        self.failed_lookups += 1
 
 
 def _is_ip(host: str) -> bool:

@@ -4,8 +4,8 @@ tests use, in an async and a blocking flavour.
 A condition may be sync or async and may raise while the system settles (a replica restarting,
 a failover): with ``tolerate_errors`` such errors count as "not yet" and the last one is named
 when the deadline passes. ``AssertionError`` always propagates (a test's own check failed).
-The deadline is measured on ``time.monotonic`` of the calling process: it bounds how long a tool
-or a test waits, never a decision inside a replica (those read the injected clock).
+The deadline is measured on ``clock`` (the process's ``SYSTEM`` clock unless given): it bounds how
+long a tool or a test waits, never a decision inside a replica.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from dledger.clock import SYSTEM, Clock
 
 
 class WaitTimeout(TimeoutError):
@@ -28,9 +30,9 @@ def _not_yet(exc: Exception, tolerate_errors: bool) -> Exception:
 
 
 def _check_deadline(
-    deadline: float, error: type[BaseException], timeout_s: float, what: str, last: BaseException | None
+    clock: Clock, deadline: float, error: type[BaseException], timeout_s: float, what: str, last: BaseException | None
 ) -> None:
-    if time.monotonic() > deadline:
+    if clock.monotonic() > deadline:
         suffix = f" (last error: {last!r})" if last is not None else ""
         raise error(f"timed out after {timeout_s} s waiting for {what}{suffix}")
 
@@ -43,9 +45,10 @@ async def wait_until(
     *,
     tolerate_errors: bool = True,
     error: type[BaseException] = WaitTimeout,
+    clock: Clock = SYSTEM,
 ) -> Any:
     """Poll ``cond`` until it returns something truthy and return that; ``error`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     last: BaseException | None = None
     while True:
         try:
@@ -56,7 +59,7 @@ async def wait_until(
                 return value
         except Exception as exc:
             last = _not_yet(exc, tolerate_errors)
-        _check_deadline(deadline, error, timeout_s, what, last)
+        _check_deadline(clock, deadline, error, timeout_s, what, last)
         await asyncio.sleep(step_s)
 
 
@@ -68,9 +71,10 @@ def wait_until_sync(
     *,
     tolerate_errors: bool = True,
     error: type[BaseException] = WaitTimeout,
+    clock: Clock = SYSTEM,
 ) -> Any:
     """The blocking flavour of ``wait_until`` (for code without an event loop)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     last: BaseException | None = None
     while True:
         try:
@@ -79,5 +83,5 @@ def wait_until_sync(
                 return value
         except Exception as exc:
             last = _not_yet(exc, tolerate_errors)
-        _check_deadline(deadline, error, timeout_s, what, last)
+        _check_deadline(clock, deadline, error, timeout_s, what, last)
         time.sleep(step_s)

@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from dledger.clock import SYSTEM
+
 NODES_PER_GROUP = 3
 SKEW_ENV = "DLEDGER_CLOCK_SKEW"
 STATE_FILE = "cluster.json"
@@ -328,9 +330,9 @@ def healthy(rows: list[dict[str, Any]]) -> bool:
 
 
 def wait_healthy(procs: list[ProcessInfo], timeout_s: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM.monotonic() + timeout_s
     rows = [node_status(p) for p in procs]
-    while not healthy(rows) and time.monotonic() < deadline:
+    while not healthy(rows) and SYSTEM.monotonic() < deadline:
         time.sleep(0.2)
         rows = [node_status(p) for p in procs]
     return rows
@@ -381,8 +383,8 @@ def stop_process(proc: ProcessInfo, timeout_s: float = 10.0) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while is_running(proc) and time.monotonic() < deadline:
+    deadline = SYSTEM.monotonic() + timeout_s
+    while is_running(proc) and SYSTEM.monotonic() < deadline:
         time.sleep(0.05)
     if is_running(proc):
         with contextlib.suppress(ProcessLookupError):

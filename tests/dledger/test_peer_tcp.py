@@ -412,7 +412,10 @@ async def test_a_peer_name_that_does_not_resolve_never_stops_the_tick_thread(gro
             n._sync.dl_transport.connect_via[dead_addr] = "dead-replica.invalid:" + dead_addr.rpartition(":")[2]
 
         await n.run_on_tick_thread(route_to_a_dead_name, 5)
-    await asyncio.sleep(1.5)  # several connect attempts to the dead name on both replicas
+    await wait_until(  # the name looked up, failed, and looked up again (a retry), on the replica dialing it
+        lambda: any(n._sync.dl_transport.resolver.failed_lookups >= 2 for n in (leader, alive)),
+        10, "two failed lookups of the dead name",
+    )
     for n in (leader, alive):
         assert n._thread.is_alive(), "the tick thread died"
     leader = await group.leader()

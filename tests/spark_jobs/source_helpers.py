@@ -6,9 +6,18 @@ cluster's admin account (``LocalCluster.credentials``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,7 +29,7 @@ from broker.client.transport import ClientError, Transport
 from broker.protocol.auth import Credentials
 from dledger.apps.cluster import ACL_FILE, write_private
 from dledger.waiting import wait_until_sync
-from spark_jobs.source.localcluster import LocalCluster
+from spark_jobs.source.localcluster import LocalCluster, port_free
 
 Key = tuple[str, int, int]  # (broker, queue id, queue offset)
 
@@ -188,3 +197,74 @@ def assert_rows_equal(got: dict[Key, dict[str, Any]], want: dict[Key, dict[str, 
         assert (list(g["keys"]), g["tags"], dict(g["properties"])) == (w["keys"], w["tags"], w["properties"]), key
         assert g["store_ms"] == w["store_ms"], key
         assert w["born"][0] <= g["born_ms"] <= w["born"][1], key
+
+
+# -- a standalone Spark master and worker on 127.0.0.1 -------------------------------------------
+CREDENTIAL_ENV = ("DLEDGER_ACCESS_KEY", "DLEDGER_SECRET_KEY", "DLEDGER_CREDENTIALS_FILE")
+
+
+@dataclasses.dataclass(frozen=True)
+class Standalone:
+    url: str  # spark://127.0.0.1:PORT
+    ui_port: int
+    env: dict[str, str]  # what the master and worker run with: no credentials of the cluster
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+            return dict(json.load(r))
+
+
+def free_port(rng: random.Random) -> int:
+    for _ in range(200):
+        p = rng.randrange(29100, 32000)
+        if port_free(p):
+            return p
+    raise AssertionError("no free port")
+
+
+@contextlib.contextmanager
+def standalone_spark(tmp_path: Path) -> Iterator[Standalone]:
+    """A master and one worker (Spark's own classes: the pip package has no sbin/) on free ports,
+    ended by PID afterwards."""
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    master_port, master_ui, worker_port, worker_ui = (free_port(random.Random()) for _ in range(4))
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV},
+        "SPARK_HOME": spark_home,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    spark = Standalone(f"spark://127.0.0.1:{master_port}", master_ui, env)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        props = tmp_path / "master.properties"
+        props.write_text("spark.master.rest.enabled=false\n")  # else it takes the fixed port 6066
+        with open(tmp_path / "master.log", "wb") as mlog:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(master_port), "--webui-port", str(master_ui), "--properties-file", str(props)],
+                env=env, stdout=mlog, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        wait_for(lambda: spark.status()["status"] == "ALIVE", 90, "the Spark master")
+        with open(tmp_path / "worker.log", "wb") as wlog:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                 "--port", str(worker_port), "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g",
+                 spark.url],
+                env=env, stdout=wlog, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        wait_for(lambda: spark.status()["aliveworkers"] == 1, 90, "the worker to register")
+        yield spark
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)

@@ -16,12 +16,10 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,15 +32,14 @@ from chaos.history import JsonlWriter
 from chaos.target import LocalTarget
 from chaos.workload import Workload, WorkloadConfig, create_topic, drain
 from spark_jobs import audit
-from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
+from spark_jobs.source.localcluster import REPO, LocalCluster
 from spark_jobs.stream_audit import StreamAudit
-from tests.spark_jobs.source_helpers import add_account, call_as, wait_for
+from tests.spark_jobs.source_helpers import CREDENTIAL_ENV, add_account, call_as, standalone_spark, wait_for
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "ChaosTopic"
 QUEUES = 4
-CREDENTIAL_ENV = ("DLEDGER_ACCESS_KEY", "DLEDGER_SECRET_KEY", "DLEDGER_CREDENTIALS_FILE")
 
 
 @pytest.fixture(scope="module")
@@ -251,69 +248,20 @@ def test_the_export_is_admin_only_and_bounded(run: Run, tmp_path: Path) -> None:
     assert "no replica could be copied" in r.stderr and "NO_CREDENTIALS" in r.stderr, r.stderr[-2000:]
 
 
-def _free_port(rng: random.Random) -> int:
-    for _ in range(200):
-        p = rng.randrange(29100, 32000)
-        if port_free(p):
-            return p
-    raise AssertionError("no free port")
-
-
-def _master_json(ui_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
-        return dict(json.load(r))
-
-
 def test_the_network_audit_on_a_standalone_master_and_worker(run: Run, tmp_path: Path) -> None:
     """A master and one worker on 127.0.0.1 (Spark's own classes; the pip package has no sbin/);
     the audit copies the replicas through the brokers and runs its checks with ``--master spark://``."""
-    import pyspark
-
     _, local = _audit(run, tmp_path / "local")
-    spark_home = os.path.dirname(pyspark.__file__)
-    rng = random.Random()
-    master_port, master_ui, worker_port, worker_ui = (_free_port(rng) for _ in range(4))
-    env = {**{k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV}, "SPARK_HOME": spark_home,
-           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path / "work"), "PYSPARK_PYTHON": sys.executable}
-    spark_class = os.path.join(spark_home, "bin", "spark-class")
-    master_url = f"spark://127.0.0.1:{master_port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        props = tmp_path / "master.properties"
-        props.write_text("spark.master.rest.enabled=false\n")  # else it takes the fixed port 6066
-        with open(tmp_path / "master.log", "wb") as mlog:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(master_port), "--webui-port", str(master_ui), "--properties-file", str(props)],
-                env=env, stdout=mlog, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        wait_for(lambda: _master_json(master_ui)["status"] == "ALIVE", 90, "the Spark master")
-        with open(tmp_path / "worker.log", "wb") as wlog:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                 "--port", str(worker_port), "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g",
-                 master_url],
-                env=env, stdout=wlog, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        wait_for(lambda: _master_json(master_ui)["aliveworkers"] == 1, 90, "the worker to register")
+    with standalone_spark(tmp_path) as spark:
         out = tmp_path / "net"
         r = subprocess.run(
-            [sys.executable, "-m", "spark_jobs.audit", str(run.run_dir), "--master", master_url, "--out", str(out),
+            [sys.executable, "-m", "spark_jobs.audit", str(run.run_dir), "--master", spark.url, "--out", str(out),
              "--no-plots", "--from-cluster", run.cluster.namesrv_addr, "--credentials", run.cluster.credentials_file,
              "--driver-memory", "1g", "--conf", "spark.executor.memory=768m"],
-            env={**env, "PYTHONPATH": REPO}, cwd=REPO, capture_output=True, text=True, timeout=600,
+            env={**spark.env, "PYTHONPATH": REPO}, cwd=REPO, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-3000:])  # the planted loss
         net = json.loads((out / "summary.json").read_text())
         assert net["counts"] == local["counts"] and net["verdict"] == local["verdict"] == "FAIL"
-        apps = _master_json(master_ui)["completedapps"]
+        apps = spark.status()["completedapps"]
         assert any(a["name"] == "dledger-audit" for a in apps), apps
-    finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)

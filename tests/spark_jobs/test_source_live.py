@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,21 +25,24 @@ from broker.client.message import MessageQueue
 from broker.protocol.auth import Credentials
 from dledger.apps.cluster import is_running
 from spark_jobs.source import FORMAT, register
-from spark_jobs.source.localcluster import REPO, LocalCluster, port_free
+from spark_jobs.source.localcluster import REPO, LocalCluster
 from spark_jobs.source.options import parse_options
 from spark_jobs.source.plan import ReadRange
 from spark_jobs.source.reader import RangeReader
 from spark_jobs.source.security import SourceAuthError
 from tests.spark_jobs.source_helpers import (
+    CREDENTIAL_ENV,
     Key,
     Sent,
     add_account,
     assert_rows_equal,
     call,
     create_topic,
+    free_port,
     queue_maxes,
     rows_of,
     send_waves,
+    standalone_spark,
     wait_for,
     wait_replicated,
 )
@@ -91,7 +93,6 @@ def reader(ss: Any, cluster: LocalCluster, **options: str) -> Any:
 
 
 # -- credentials ---------------------------------------------------------------------------------------
-CREDENTIAL_ENV = ("DLEDGER_ACCESS_KEY", "DLEDGER_SECRET_KEY", "DLEDGER_CREDENTIALS_FILE")
 
 
 def test_a_read_without_credentials_fails_naming_them(ss: Any, cluster: LocalCluster, sent: Sent) -> None:
@@ -431,80 +432,26 @@ spark.stop()
 """
 
 
-def free_port(rng: random.Random) -> int:
-    for _ in range(200):
-        p = rng.randrange(29100, 32000)
-        if port_free(p):
-            return p
-    raise AssertionError("no free port")
-
-
-def master_json(ui_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
-        return dict(json.load(r))
-
-
 def test_batch_read_on_a_standalone_master_and_worker(cluster: LocalCluster, sent: Sent, tmp_path: Any) -> None:
     """The driver gives no credential option: it has DLEDGER_CREDENTIALS_FILE in its environment
     (the SDK's rule), the master and the worker have no credentials at all — the executors use
     what the driver resolved."""
-    import pyspark
-
-    spark_home = os.path.dirname(pyspark.__file__)
-    rng = random.Random()
-    master_port, master_ui, worker_port, worker_ui = (free_port(rng) for _ in range(4))
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in CREDENTIAL_ENV},
-        "SPARK_HOME": spark_home,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_WORKER_DIR": str(tmp_path / "work"),
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    spark_class = os.path.join(spark_home, "bin", "spark-class")
-    master_url = f"spark://127.0.0.1:{master_port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        props = tmp_path / "master.properties"
-        props.write_text("spark.master.rest.enabled=false\n")  # else it takes the fixed port 6066
-        with open(tmp_path / "master.log", "wb") as mlog:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(master_port), "--webui-port", str(master_ui), "--properties-file", str(props)],
-                env=env, stdout=mlog, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        wait_for(lambda: master_json(master_ui)["status"] == "ALIVE", 90, "the Spark master")
-        with open(tmp_path / "worker.log", "wb") as wlog:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                 "--port", str(worker_port), "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g",
-                 master_url],
-                env=env, stdout=wlog, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        wait_for(lambda: master_json(master_ui)["aliveworkers"] == 1, 90, "the worker to register")
+    with standalone_spark(tmp_path) as spark:
         script = tmp_path / "driver.py"
         script.write_text(DRIVER)
         out = tmp_path / "rows.json"
         r = subprocess.run(
-            [sys.executable, str(script), master_url, cluster.namesrv_addr, TOPIC, str(out)],
-            env={**env, "PYTHONPATH": REPO, "DLEDGER_CREDENTIALS_FILE": cluster.credentials_file},
+            [sys.executable, str(script), spark.url, cluster.namesrv_addr, TOPIC, str(out)],
+            env={**spark.env, "PYTHONPATH": REPO, "DLEDGER_CREDENTIALS_FILE": cluster.credentials_file},
             capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         result = json.loads(out.read_text())
-        assert result["master"] == master_url
+        assert result["master"] == spark.url
         got = {(b, q, o): (u, sha) for b, q, o, u, sha in result["rows"]}
         assert len(got) == len(result["rows"])
         assert got == {
             k: (w["unique_id"], hashlib.sha256(w["body"]).hexdigest()) for k, w in sent.rows.items()
         }
-        apps = master_json(master_ui)["completedapps"]
+        apps = spark.status()["completedapps"]
         assert any(a["name"] == "dledger-mq-standalone-test" for a in apps), apps
-    finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
