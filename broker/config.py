@@ -17,6 +17,8 @@
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | messageDelayLevel | 1s 5s 10s 30s 1m 2m ... 30m 1h 2h | the 18 delay levels (`DELAY=N` picks the N-th) |
 | timerMaxDelaySec | 259200 | how far ahead a deliver time may be (3 days) |
+| remotingListenPort | = listenPort + 1 | the binary protocol's port (broker/remoting.py); 0 = any free port, -1 = off |
+| remotingInFlightMax | 256 | requests handled at once per binary connection (reading stops at the cap) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 | aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
@@ -68,6 +70,8 @@ BROKER_KEYS = frozenset(
         "bindAddress",
         "brokerAdvertisedPort",
         "brokerPeerClientAddrs",
+        "remotingListenPort",
+        "remotingInFlightMax",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
         "aclEnable",
@@ -133,6 +137,9 @@ class BrokerConfig:
     # The idempotent send window (broker/dedup.py): 0 messages turns de-duplication off.
     duplicate_window_messages: int = 100_000
     duplicate_window_ms: int = 120_000
+    # The binary protocol (broker/remoting.py): -1 off, 0 any free port.
+    remoting_listen_port: int = -1
+    remoting_in_flight_max: int = 256
 
     @property
     def address(self) -> str:
@@ -204,6 +211,10 @@ def parse_broker_config(
         enable_property_filter=r.boolean("enablePropertyFilter", True),
         duplicate_window_messages=r.integer("duplicateWindowMessages", 100_000, 0, 10_000_000),
         duplicate_window_ms=r.integer("duplicateWindowMs", 120_000, 1000, 86_400_000),
+        remoting_listen_port=r.integer(
+            "remotingListenPort", dl.listen_port + 1 if 0 < dl.listen_port < 65535 else 0, -1, 65535
+        ),
+        remoting_in_flight_max=r.integer("remotingInFlightMax", 256, 1, 65536),
     )
 
 
