@@ -137,6 +137,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.accepted = False
         self.got_frame = False
+        self.failing: bytes | None = None  # the error frame to send once the answers in flight are out
         self._timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -185,6 +186,9 @@ class _Connection(asyncio.Protocol):
 
     def _expired(self) -> None:
         self._timer = None
+        if self.failing is not None:
+            self.close()
+            return
         if self.in_flight and not self.decoder.mid_frame:
             return  # answers pending: the next one re-arms the idle timer
         if not self.got_frame or self.decoder.mid_frame:
@@ -216,7 +220,7 @@ class _Connection(asyncio.Protocol):
         return False  # close our side too (answers in flight are dropped with the connection)
 
     def _drain_frames(self) -> None:
-        while not self.closed and self.in_flight < self.limits.in_flight_max:
+        while not self.closed and self.failing is None and self.in_flight < self.limits.in_flight_max:
             try:
                 frame = self.decoder.next()
             except FrameError as exc:
@@ -234,8 +238,18 @@ class _Connection(asyncio.Protocol):
     def _fatal(self, code: str, message: str) -> None:
         self.server.stats.bad_frames += 1
         log.debug("bad frame from %s: %s: %s", self.peer, code, message)
-        if self.transport is not None and not self.closed:
-            self.transport.write(encode(0, 0, error_body(code, message, 400), flags=FLAG_RESPONSE | FLAG_ERROR))
+        self.failing = encode(0, 0, error_body(code, message, 400), flags=FLAG_RESPONSE | FLAG_ERROR)
+        if self.in_flight:  # answer what was read before the bad frame, then refuse and close
+            if self.transport is not None and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()
+            self._arm(self.limits.frame_timeout_s)
+            return
+        self._refuse()
+
+    def _refuse(self) -> None:
+        if self.transport is not None and not self.closed and self.failing is not None:
+            self.transport.write(self.failing)
         self.close()
 
     def _start(self, frame: Frame) -> None:
@@ -261,6 +275,10 @@ class _Connection(asyncio.Protocol):
     def _done(self) -> None:
         self.in_flight -= 1
         if self.closed:
+            return
+        if self.failing is not None:
+            if self.in_flight == 0:
+                self._refuse()
             return
         if self.reading_paused and self.in_flight < self.limits.in_flight_max:
             self.reading_paused = False

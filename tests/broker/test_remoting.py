@@ -1,0 +1,374 @@
+"""The binary protocol (issue 13): the frame codec, the broker's listener and the SDK's multiplexer,
+in-process with a stand-in dispatcher (the broker's own ops are driven in tests/broker/client/)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.client.remoting import RemotingConnection
+from broker.client.transport import ClientError
+from broker.http_edge import Guard, Limits
+from broker.protocol import auth
+from broker.protocol.frames import (
+    FLAG_ERROR,
+    FLAG_RESPONSE,
+    HEADER,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    Op,
+    encode,
+    pack_body,
+)
+from broker.remoting import Call, CallError, RemotingLimits, RemotingServer
+from broker.security import Security
+from tests.acl_fixtures import ADMIN, PRODUCER, STRANGER, write_acl
+from tests.dledger.harness import wait_until
+
+HOST = "127.0.0.1"
+
+
+# -- the codec --------------------------------------------------------------------------------------
+frames_st = st.builds(
+    Frame,
+    flags=st.sampled_from([0, FLAG_RESPONSE, FLAG_RESPONSE | FLAG_ERROR]),
+    op=st.integers(0, 0xFFFF),
+    request_id=st.integers(0, 2**32 - 1),
+    auth=st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=200),
+    body=st.binary(max_size=3000),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(frames=st.lists(frames_st, max_size=8), cuts=st.lists(st.integers(1, 500), max_size=30))
+def test_frames_round_trip_in_any_chunking(frames: list[Frame], cuts: list[int]) -> None:
+    stream = b"".join(encode(f.op, f.request_id, f.body, flags=f.flags, auth=f.auth) for f in frames)
+    dec = FrameDecoder(1 << 20)
+    out: list[Frame] = []
+    pos = 0
+    for n in [*cuts, len(stream)]:
+        dec.feed(stream[pos:pos + n])
+        pos += n
+        while (frame := dec.next()) is not None:
+            out.append(frame)
+    assert out == frames
+    assert dec.buffered == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=400))
+def test_garbage_never_crashes_the_decoder(data: bytes) -> None:
+    dec = FrameDecoder(4096)
+    dec.feed(data)
+    try:
+        while dec.next() is not None:
+            pass
+    except FrameError as exc:
+        assert exc.code in ("BAD_FRAME", "FRAME_TOO_LARGE", "BAD_VERSION")
+
+
+@settings(max_examples=100, deadline=None)
+@given(frame=frames_st, keep=st.integers(0, 100))
+def test_a_truncated_frame_is_never_delivered(frame: Frame, keep: int) -> None:
+    raw = encode(frame.op, frame.request_id, frame.body, flags=frame.flags, auth=frame.auth)
+    dec = FrameDecoder(1 << 20)
+    dec.feed(raw[: min(keep, len(raw) - 1)])
+    assert dec.next() is None
+
+
+def test_bad_headers_are_named() -> None:
+    def first_error(raw: bytes, cap: int = 1024) -> str:
+        dec = FrameDecoder(cap)
+        dec.feed(raw)
+        with pytest.raises(FrameError) as e:
+            dec.next()
+        return e.value.code
+
+    assert first_error(struct.pack(">I", 5000)) == "FRAME_TOO_LARGE"  # refused from the length alone
+    assert first_error(struct.pack(">I", 3) + b"\0" * 20) == "BAD_FRAME"
+    assert first_error(HEADER.pack(10, 9, 0, 1, 1, 0)) == "BAD_VERSION"
+    assert first_error(HEADER.pack(10, 1, 0x80, 1, 1, 0)) == "BAD_FRAME"
+    assert first_error(HEADER.pack(12, 1, 0, 1, 1, 5) + b"ab") == "BAD_FRAME"  # auth longer than the frame
+    assert first_error(HEADER.pack(12, 1, 0, 1, 1, 2) + b"\xff\xfe") == "BAD_FRAME"  # not ASCII
+
+
+# -- listener and multiplexer --------------------------------------------------------------------------
+class Gate:
+    """A dispatcher that parks every SEND until released, to control the order of answers."""
+
+    def __init__(self) -> None:
+        self.entered: list[int] = []
+        self.release: dict[int, asyncio.Event] = {}
+        self.principals: list[str] = []
+
+    async def __call__(self, call: Call) -> dict[str, Any]:
+        self.principals.append(call.principal.name)
+        n = int(call.body.get("n", 0))
+        if call.body.get("fail"):
+            raise CallError(409, "NOT_LEADER", "not me", leader_addr="10.0.0.1:1")
+        if call.body.get("crash"):
+            raise RuntimeError("boom")
+        self.entered.append(n)
+        if call.body.get("park"):
+            ev = self.release.setdefault(n, asyncio.Event())
+            await ev.wait()
+        return {"n": n, "echo": call.body.get("payload")}
+
+    def open(self, n: int) -> None:
+        self.release.setdefault(n, asyncio.Event()).set()
+
+
+Serve = Callable[..., Awaitable[tuple[RemotingServer, str]]]
+
+
+@pytest.fixture
+async def serve() -> Any:
+    servers: list[RemotingServer] = []
+
+    async def start(dispatch: Any, *, security: Security | None = None, **limits: Any) -> tuple[RemotingServer, str]:
+        server = RemotingServer(dispatch, security=security, limits=RemotingLimits(**limits))
+        port = await server.start(HOST, 0)
+        servers.append(server)
+        return server, f"{HOST}:{port}"
+
+    yield start
+    for s in servers:
+        await s.stop()
+
+
+def client(addr: str, **kwargs: Any) -> RemotingConnection:
+    return RemotingConnection(addr, error=ClientError, **kwargs)
+
+
+async def test_many_requests_on_one_connection_answered_out_of_order(serve: Serve) -> None:
+    gate = Gate()
+    server, addr = await serve(gate)
+    conn = client(addr)
+    try:
+        calls = [asyncio.create_task(conn.call(Op.SEND, {"n": i, "park": True, "payload": b"x" * i}, 10.0))
+                 for i in range(20)]
+        await wait_until(lambda: len(gate.entered) == 20, 10.0, "the expected state")
+        assert conn.in_flight == 20 and conn.connects == 1 and server.stats.connections == 1
+        for i in reversed(range(20)):  # the last request is answered first
+            gate.open(i)
+            answer = await calls[i]
+            assert answer == {"n": i, "echo": b"x" * i}
+            assert all(not c.done() for c in calls[:i])
+    finally:
+        await conn.close()
+
+
+async def test_errors_arrive_as_client_errors_with_status_and_leader(serve: Serve) -> None:
+    _server, addr = await serve(Gate())
+    conn = client(addr)
+    try:
+        with pytest.raises(ClientError) as e:
+            await conn.call(Op.SEND, {"fail": True}, 5.0)
+        assert (e.value.code, e.value.status, e.value.leader_addr) == ("NOT_LEADER", 409, "10.0.0.1:1")
+        assert not e.value.outcome_unknown
+        with pytest.raises(ClientError) as e:
+            await conn.call(Op.SEND, {"crash": True}, 5.0)
+        assert (e.value.code, e.value.status) == ("INTERNAL", 500)
+        with pytest.raises(ClientError) as e:
+            await conn.call(999, {}, 5.0)
+        assert e.value.code == "UNKNOWN_OP"
+        assert await conn.call(Op.PING, None, 5.0) == {}  # the connection survived every error answer
+        assert conn.connects == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_timed_out_call_is_forgotten_and_the_connection_lives_on(serve: Serve) -> None:
+    gate = Gate()
+    _server, addr = await serve(gate)
+    conn = client(addr)
+    try:
+        with pytest.raises(ClientError) as e:
+            await conn.call(Op.SEND, {"n": 1, "park": True}, 0.2)
+        assert e.value.code == "TIMEOUT" and e.value.outcome_unknown
+        assert conn.in_flight == 0
+        gate.open(1)  # its late answer arrives and is dropped
+        assert await conn.call(Op.SEND, {"n": 2}, 5.0) == {"n": 2, "echo": None}
+        assert conn.connects == 1
+    finally:
+        await conn.close()
+
+
+async def test_in_flight_cap_stops_reading_until_answers_go_out(serve: Serve) -> None:
+    gate = Gate()
+    server, addr = await serve(gate, in_flight_max=3)
+    conn = client(addr)
+    try:
+        calls = [asyncio.create_task(conn.call(Op.SEND, {"n": i, "park": True}, 20.0)) for i in range(10)]
+        await wait_until(lambda: len(gate.entered) == 3, 10.0, "the expected state")
+        await asyncio.sleep(0.2)  # give the broker a chance to (wrongly) start more
+        assert len(gate.entered) == 3 and server.stats.paused >= 1
+        for i in range(10):
+            await wait_until(lambda i=i: i in gate.entered, 10.0, "the expected state")
+            assert len(gate.entered) - i <= 3  # never more than 3 handled at once
+            gate.open(i)
+            assert (await calls[i])["n"] == i
+    finally:
+        await conn.close()
+
+
+async def raw_exchange(addr: str, data: bytes) -> tuple[list[Frame], bool]:
+    """Write ``data``, read until the broker closes: the frames it answered, and whether it closed."""
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    await writer.drain()
+    got = b""
+    try:
+        async with asyncio.timeout(10.0):
+            while chunk := await reader.read(65536):
+                got += chunk
+        closed = True
+    except TimeoutError:
+        closed = False
+    writer.close()
+    dec = FrameDecoder()
+    dec.feed(got)
+    frames = []
+    while (f := dec.next()) is not None:
+        frames.append(f)
+    return frames, closed
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (struct.pack(">I", 1 << 30), "FRAME_TOO_LARGE"),
+        (HEADER.pack(10, 7, 0, 1, 1, 0), "BAD_VERSION"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "FRAME_TOO_LARGE"),  # "GET " read as a length
+        (encode(Op.PING, 5, b"", flags=FLAG_RESPONSE), "BAD_FRAME"),  # a client sends requests only
+    ],
+)
+async def test_bad_frames_get_an_error_frame_then_the_connection_closes(serve: Serve, data: bytes, code: str) -> None:
+    server, addr = await serve(Gate(), frame_bytes_max=1 << 16)
+    frames, closed = await raw_exchange(addr, encode(Op.PING, 1, b"") + data)
+    assert closed
+    assert [f.request_id for f in frames] == [1, 0]  # the good frame before it was answered
+    err = msgpack.unpackb(frames[1].body)
+    assert frames[1].is_error and err["code"] == code and err["message"]
+    assert server.stats.bad_frames == 1
+    await wait_until(lambda: server.stats.connections == 0, 10.0, "the expected state")
+
+
+async def test_bad_msgpack_body_is_an_error_answer_not_a_closed_connection(serve: Serve) -> None:
+    _server, addr = await serve(Gate())
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(encode(Op.SEND, 7, b"\xc1") + encode(Op.SEND, 8, pack_body([1, 2])) + encode(Op.PING, 9, b""))
+        dec = FrameDecoder()
+        got: list[Frame] = []
+        async with asyncio.timeout(10.0):
+            while len(got) < 3:
+                dec.feed(await reader.read(65536))
+                while (f := dec.next()) is not None:
+                    got.append(f)
+        by_id = {f.request_id: f for f in got}
+        assert msgpack.unpackb(by_id[7].body)["code"] == "BAD_MSGPACK"
+        assert msgpack.unpackb(by_id[8].body)["code"] == "BAD_REQUEST"
+        assert not by_id[9].is_error
+    finally:
+        writer.close()
+
+
+async def test_silent_and_stalled_connections_are_closed(serve: Serve) -> None:
+    server, addr = await serve(Gate(), handshake_timeout_s=0.3, frame_timeout_s=0.3, idle_timeout_s=0.5)
+    frames, closed = await raw_exchange(addr, b"")  # never sends a frame
+    assert closed and frames == []
+    frames, closed = await raw_exchange(addr, encode(Op.PING, 1, b"")[:9])  # half a frame, then nothing
+    assert closed and frames == []
+    frames, closed = await raw_exchange(addr, encode(Op.PING, 1, b""))  # answered, then idle
+    assert closed and [f.request_id for f in frames] == [1]
+    assert server.stats.timed_out_connections >= 2
+
+
+async def test_the_client_reconnects_after_the_broker_drops_it(serve: Serve) -> None:
+    gate = Gate()
+    server, addr = await serve(gate)
+    conn = client(addr)
+    try:
+        parked = asyncio.create_task(conn.call(Op.SEND, {"n": 1, "park": True}, 10.0))
+        await wait_until(lambda: gate.entered == [1], 10.0, "the expected state")
+        for c in list(server.connections):
+            c.close()
+        with pytest.raises(ClientError) as e:
+            await parked
+        assert e.value.code == "CONNECTION_LOST" and e.value.outcome_unknown
+        assert await conn.call(Op.SEND, {"n": 2}, 5.0) == {"n": 2, "echo": None}
+        assert conn.connects == 2
+    finally:
+        await conn.close()
+
+
+async def test_connect_failure_is_connect_failed() -> None:
+    from tests.dledger.harness import free_ports
+
+    conn = client(f"{HOST}:{free_ports(1)[0]}")
+    with pytest.raises(ClientError) as e:
+        await conn.call(Op.PING, None, 5.0)
+    assert e.value.code == "CONNECT_FAILED" and not e.value.outcome_unknown
+
+
+# -- ACL: every frame signed, verified like an HTTP request ---------------------------------------------
+@pytest.fixture
+def security(tmp_path: Any) -> Security:
+    acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
+    guard = Guard(Limits(), lambda code, message: {"code": code, "message": message})
+    return Security(acl, lambda: int(time.time() * 1000), guard)
+
+
+async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Serve, security: Security) -> None:
+    gate = Gate()
+    server, addr = await serve(gate, security=security)
+    host, _, port = addr.rpartition(":")
+    signed = client(addr, credentials=PRODUCER)
+    unsigned = client(addr)
+    stranger = client(addr, credentials=STRANGER)
+    try:
+        assert (await signed.call(Op.SEND, {"n": 1}, 5.0))["n"] == 1
+        assert gate.principals == [PRODUCER.access_key]
+        for conn, code in ((unsigned, "NO_CREDENTIALS"), (stranger, "SIGNATURE_INVALID")):
+            with pytest.raises(ClientError) as e:
+                await conn.call(Op.SEND, {"n": 2}, 5.0)
+            assert (e.value.code, e.value.status) == (code, 401)
+        # A signature over another body, or another op, does not verify.
+        body = pack_body({"n": 3})
+        sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
+        tampered = encode(Op.SEND, 1, pack_body({"n": 4}), auth=sig)
+        other_op = encode(Op.HEARTBEAT, 2, body, auth=sig)
+        # The same signed frame twice: the second is a replay.
+        sig2 = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
+        first = encode(Op.SEND, 3, body, auth=sig2)
+        replay = encode(Op.SEND, 4, body, auth=sig2)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(tampered + other_op + first + replay)
+        dec = FrameDecoder()
+        got: dict[int, Frame] = {}
+        async with asyncio.timeout(10.0):
+            while len(got) < 4:
+                dec.feed(await reader.read(65536))
+                while (f := dec.next()) is not None:
+                    got[f.request_id] = f
+        writer.close()
+        codes = {rid: msgpack.unpackb(f.body).get("code") if f.is_error else "OK" for rid, f in got.items()}
+        assert codes == {1: "SIGNATURE_INVALID", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST"}
+        assert gate.entered == [1, 3]  # refused frames never reached the dispatcher
+        assert server.stats.auth_refused == 5
+    finally:
+        for c in (signed, unsigned, stranger):
+            await c.close()
