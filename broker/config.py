@@ -18,6 +18,8 @@
 | messageDelayLevel | 1s 5s 10s 30s 1m 2m ... 30m 1h 2h | the 18 delay levels (`DELAY=N` picks the N-th) |
 | timerMaxDelaySec | 259200 | how far ahead a deliver time may be (3 days) |
 | remotingListenPort | = listenPort + 1 | the binary protocol's port (broker/remoting.py); 0 = any free port, -1 = off |
+| remotingAdvertisedPort | = the bound remoting port | advertised to NameServers (routes' `remoting_addrs`); with a |
+|  |  | brokerAdvertisedPort (a proxy in front) the remoting port is advertised only when this is set |
 | remotingInFlightMax | 256 | requests handled at once per binary connection (reading stops at the cap) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
@@ -72,6 +74,7 @@ BROKER_KEYS = frozenset(
         "brokerPeerClientAddrs",
         "remotingListenPort",
         "remotingInFlightMax",
+        "remotingAdvertisedPort",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
         "aclEnable",
@@ -140,11 +143,23 @@ class BrokerConfig:
     # The binary protocol (broker/remoting.py): -1 off, 0 any free port.
     remoting_listen_port: int = -1
     remoting_in_flight_max: int = 256
+    remoting_advertised_port: int | None = None  # None: the bound port (unless behind a proxy)
 
     @property
     def address(self) -> str:
         """The client API address this broker advertises."""
         return f"{self.dledger.http_host}:{self.advertised_port or self.dledger.listen_port}"
+
+    def remoting_address(self, bound_port: int) -> str | None:
+        """The binary protocol's address to advertise, or None (off, or behind an HTTP proxy
+        without ``remotingAdvertisedPort``: clients then keep to the proxied HTTP port)."""
+        if self.remoting_listen_port < 0 or bound_port <= 0:
+            return None
+        if self.remoting_advertised_port is not None:
+            return f"{self.dledger.http_host}:{self.remoting_advertised_port}"
+        if self.advertised_port and self.advertised_port != self.dledger.listen_port:
+            return None
+        return f"{self.dledger.http_host}:{bound_port}"
 
     @property
     def bind_host(self) -> str:
@@ -215,6 +230,9 @@ def parse_broker_config(
             "remotingListenPort", dl.listen_port + 1 if 0 < dl.listen_port < 65535 else 0, -1, 65535
         ),
         remoting_in_flight_max=r.integer("remotingInFlightMax", 256, 1, 65536),
+        remoting_advertised_port=(
+            r.integer("remotingAdvertisedPort", 0, 1, 65535) if r.optional("remotingAdvertisedPort") else None
+        ),
     )
 
 

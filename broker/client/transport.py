@@ -44,7 +44,7 @@ ENV_TLS: Final = "DLEDGER_TLS"
 ENV_TRANSPORT: Final = "DLEDGER_TRANSPORT"  # "http" forces HTTP for the data path (default: binary)
 PROTOCOLS: Final = ("auto", "http")
 # Routes the binary protocol serves (broker.protocol.frames.Op): the SDK's data path.
-REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2, ("POST", "/v1/heartbeat"): 3}
+REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2}
 IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 
