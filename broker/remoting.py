@@ -164,8 +164,8 @@ class _Connection(asyncio.Protocol):
             self.accepted = False
             self.server.stats.connections -= 1
             self.server.connections.discard(self)
-        for t in list(self.tasks):  # nobody to answer: stop the work (a send in Raft stays committed or not)
-            t.cancel()
+        # Requests being handled run to their end (like HTTP handlers, never cancelled half-way
+        # through an append); their answers are dropped.
         if self.write_resumed is not None:
             self.write_resumed.set()
 

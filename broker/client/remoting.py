@@ -35,6 +35,9 @@ from broker.protocol.frames import (
 )
 
 IN_FLIGHT_MAX_DEFAULT: Final = 256
+# A connection idle this long is replaced before use: below the broker's idle timeout (60 s), so a
+# request is never written into a connection the broker is closing just then.
+IDLE_S_DEFAULT: Final = 30.0
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 
 # set by broker.client.transport (this module must not import it: transport imports this one)
@@ -100,6 +103,8 @@ class RemotingConnection:
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._next_id = 0
         self._closed = False
+        self.idle_s = IDLE_S_DEFAULT
+        self._last_used = 0.0
         self.connects = 0
 
     @property
@@ -114,6 +119,11 @@ class RemotingConnection:
 
     async def _connect(self) -> _Protocol:
         proto = self._proto
+        if proto is not None and not self._pending and time.monotonic() - self._last_used > self.idle_s:
+            self._proto = None  # idle: the broker may be closing it; nothing is waiting on it
+            if proto.transport is not None:
+                proto.transport.close()
+            proto = None
         if proto is not None and proto.transport is not None and not proto.transport.is_closing():
             return proto
         async with self._connect_lock:
@@ -173,7 +183,9 @@ class RemotingConnection:
                         if proto.transport is None or proto.transport.is_closing():
                             raise self._error("CONNECTION_LOST", "the connection closed", addr=self.addr)
                         proto.transport.write(encode(op, rid, data, auth=auth))
+                        self._last_used = time.monotonic()
                         frame = await fut
+                        self._last_used = time.monotonic()
                     finally:
                         self._pending.pop(rid, None)
         except TimeoutError:

@@ -372,3 +372,17 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
     finally:
         for c in (signed, unsigned, stranger):
             await c.close()
+
+
+async def test_an_idle_connection_is_replaced_before_use(serve: Serve) -> None:
+    _server, addr = await serve(Gate())
+    conn = client(addr)
+    try:
+        assert await conn.call(Op.PING, None, 5.0) == {}
+        assert await conn.call(Op.PING, None, 5.0) == {}
+        assert conn.connects == 1
+        conn.idle_s = 0.0  # every connection now counts as idle between calls
+        assert await conn.call(Op.PING, None, 5.0) == {}
+        assert conn.connects == 2
+    finally:
+        await conn.close()
