@@ -135,9 +135,10 @@ Serve = Callable[..., Awaitable[tuple[RemotingServer, str]]]
 async def serve() -> Any:
     servers: list[RemotingServer] = []
 
-    async def start(dispatch: Any, *, security: Security | None = None, **limits: Any) -> tuple[RemotingServer, str]:
+    async def start(dispatch: Any, *, security: Security | None = None, tls: Any = None,
+                    **limits: Any) -> tuple[RemotingServer, str]:
         server = RemotingServer(dispatch, security=security, limits=RemotingLimits(**limits))
-        port = await server.start(HOST, 0)
+        port = await server.start(HOST, 0, tls)
         servers.append(server)
         return server, f"{HOST}:{port}"
 
@@ -386,3 +387,28 @@ async def test_an_idle_connection_is_replaced_before_use(serve: Serve) -> None:
         assert conn.connects == 2
     finally:
         await conn.close()
+
+
+async def test_tls_when_the_broker_serves_tls(serve: Serve, tmp_path: Any) -> None:
+    from broker.certs import make_certs
+    from broker.client.transport import client_ssl_context
+    from broker.http_edge import server_ssl_context
+
+    paths = make_certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"])
+    _server, addr = await serve(Gate(), tls=server_ssl_context(paths["server.pem"], paths["server.key"]),
+                                handshake_timeout_s=1.0)
+    trusted = client(addr, ssl_context=client_ssl_context(paths["ca.pem"]))
+    plain = client(addr)
+    other = make_certs(str(tmp_path / "other"), ["localhost"], ["127.0.0.1"])
+    stranger = client(addr, ssl_context=client_ssl_context(other["ca.pem"]))
+    try:
+        assert await trusted.call(Op.SEND, {"n": 1}, 5.0) == {"n": 1, "echo": None}
+        with pytest.raises(ClientError) as e:
+            await plain.call(Op.PING, None, 5.0)
+        assert e.value.code in ("CONNECTION_LOST", "TIMEOUT")
+        with pytest.raises(ClientError) as e:
+            await stranger.call(Op.PING, None, 5.0)
+        assert e.value.code == "TLS_FAILED"
+    finally:
+        for c in (trusted, plain, stranger):
+            await c.close()
