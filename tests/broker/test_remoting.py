@@ -412,3 +412,24 @@ async def test_tls_when_the_broker_serves_tls(serve: Serve, tmp_path: Any) -> No
     finally:
         for c in (trusted, plain, stranger):
             await c.close()
+
+
+async def test_random_bytes_never_take_the_listener_down(serve: Serve) -> None:
+    import random
+
+    rng = random.Random(1313)
+    server, addr = await serve(Gate(), frame_bytes_max=1 << 16, handshake_timeout_s=0.5, frame_timeout_s=0.5)
+    for i in range(30):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        if i % 3 == 0:  # a well-formed frame first, then junk: the frame is still answered
+            junk = encode(Op.PING, 77, b"") + junk
+        frames, closed = await raw_exchange(addr, junk)
+        assert closed
+        assert all(f.request_id in (0, 77) for f in frames)
+        assert all(msgpack.unpackb(f.body).get("code") for f in frames if f.is_error)
+    conn = client(addr)
+    try:
+        assert await conn.call(Op.PING, None, 5.0) == {}
+    finally:
+        await conn.close()
+    await wait_until(lambda: server.stats.connections == 0, 10.0, "every junk connection closed")
