@@ -249,10 +249,12 @@ class Transport:
         if self.protocol == "http":
             return
         for bd in route.broker_datas:
-            for bid, raddr in bd.remoting_addrs.items():
-                addr = bd.broker_addrs.get(bid)
-                if addr is not None:
+            for bid, addr in bd.broker_addrs.items():
+                raddr = bd.remoting_addrs.get(bid)
+                if raddr is not None:
                     self._remoting_addrs[addr] = raddr
+                else:  # no longer advertised (turned off, or a broker of an older version)
+                    self._remoting_addrs.pop(addr, None)
 
     def remoting_addr(self, addr: str) -> str | None:
         return self._remoting_addrs.get(addr) if self.protocol != "http" else None

@@ -4,6 +4,7 @@ in-process with a stand-in dispatcher (the broker's own ops are driven in tests/
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import struct
 import time
@@ -433,3 +434,35 @@ async def test_random_bytes_never_take_the_listener_down(serve: Serve) -> None:
     finally:
         await conn.close()
     await wait_until(lambda: server.stats.connections == 0, 10.0, "every junk connection closed")
+
+
+def test_routes_carry_the_remoting_addresses_registered() -> None:
+    from broker.client.transport import Transport
+    from broker.protocol import route_wire
+    from broker.protocol.routes import BrokerRegistration, TopicConfig
+    from namesrv.route_table import InvalidRecordError, RouteTable
+
+    table = RouteTable()
+
+    def reg(addr: str, bid: int, role: Any, remoting: str | None) -> BrokerRegistration:
+        return BrokerRegistration("C", "G", bid, addr, role, 1, (TopicConfig("T"),), data_version=1,
+                                  remoting_address=remoting)
+
+    table.register(reg("h:1", 0, "LEADER", "h:2"), 0)
+    table.register(reg("h:11", 1, "FOLLOWER", None), 0)  # an older broker: HTTP only
+    wire = route_wire.topic_route_to_dict(table.topic_route("T"))  # type: ignore[arg-type]
+    assert wire["broker_datas"][0]["remoting_addrs"] == {"0": "h:2"}
+    route = route_wire.topic_route_from_dict(wire)
+    t = Transport()
+    t.learn_route(route)
+    assert (t.remoting_addr("h:1"), t.remoting_addr("h:11")) == ("h:2", None)
+    assert Transport(protocol="http").remoting_addr("h:1") is None
+    table.register(dataclasses.replace(reg("h:1", 0, "LEADER", None), data_version=2), 0)  # turned off
+    t.learn_route(route_wire.topic_route_from_dict(route_wire.topic_route_to_dict(table.topic_route("T"))))  # type: ignore[arg-type]
+    assert t.remoting_addr("h:1") is None
+    # a registration's remoting address round-trips and is validated like the address
+    body = route_wire.registration_to_dict(reg("h:1", 0, "LEADER", "h:2"))
+    assert route_wire.registration_from_dict(body).remoting_address == "h:2"
+    assert "remoting_address" not in route_wire.registration_to_dict(reg("h:1", 0, "LEADER", None))
+    with pytest.raises(InvalidRecordError):
+        table.register(reg("h:1", 0, "LEADER", "no-port"), 0)
