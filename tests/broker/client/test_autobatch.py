@@ -101,3 +101,28 @@ async def test_linger_zero_means_no_batcher() -> None:
 
     assert Producer("pg", "127.0.0.1:9876", batch_max_delay_ms=0)._batcher is None
     assert Producer("pg", "127.0.0.1:9876")._batcher is not None
+
+
+async def test_a_lost_batch_answer_is_retried_per_caller_and_stored_once(make_cluster: Any) -> None:
+    """Auto-batched sends whose answer is lost: each caller retries its own message (same unique
+    id, same queue); the broker's window stores every message once and answers each caller with
+    the offset it got the first time."""
+    import random
+
+    from broker.client import Message, Producer
+    from tests.acl_fixtures import PRODUCER
+
+    cluster = await make_cluster(n_groups=1, topics={"T": 1})
+    g = cluster.groups[0]
+    g.replicas[0].tap.lose_answer("/v1/send")
+    async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, rng=random.Random(7),
+                        batch_max_delay_ms=50) as p:
+        results = await asyncio.gather(*(p.send(Message("T", f"m{i}".encode())) for i in range(8)))
+    sends = cluster.all_requests("/v1/send")
+    assert len(sends[0].body["messages"]) == 8  # the first attempt carried all eight together
+    assert sum(len(s.body["messages"]) for s in sends) == 16  # each message retried once
+    assert sorted(r.queue_offset for r in results) == list(range(8))
+    stored = await g.messages("T", 0)
+    assert len(stored) == 8
+    for r in results:
+        assert stored[r.queue_offset]["unique_id"] == r.unique_id
