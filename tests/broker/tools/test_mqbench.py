@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from broker.client.transport import ClientError
-from broker.mqbench import (
+from broker.tools.mqbench import (
     ERROR_CODES_MAX,
     Pacer,
     Stats,
@@ -317,7 +317,7 @@ def _interrupt_a_run(namesrv: str) -> tuple[int, str, str]:
         [
             sys.executable,
             "-m",
-            "broker.mqbench",
+            "broker.tools.mqbench",
             "produce",
             "-n",
             namesrv,

@@ -1,7 +1,7 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
 consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
 updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, cleanExpiredCQ, statsAll, clusterRT, printMsg. Same
-conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
+conventions as ``broker/tools/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
 registered into its parser by ``register``."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from broker.client.admin import (
 )
 from broker.client.allocate import allocate_averagely
 from broker.client.transport import BrokerData, ClientError
-from broker.mqadmin import (
+from broker.tools.mqadmin import (
     Output,
     Runner,
     _group_members,

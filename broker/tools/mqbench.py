@@ -36,8 +36,8 @@ from typing import Any, TextIO
 
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
-from broker.progress import StatusLine, progress_text
 from broker.protocol.auth import CredentialsError
+from broker.tools.progress import StatusLine, progress_text
 from dledger.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -500,10 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", default="benchmark_consumer")
     p.add_argument("--model", choices=("CLUSTERING", "BROADCASTING"), default="CLUSTERING")
     p.add_argument("--from", dest="from_", choices=("FIRST", "LAST"), default="LAST")
-    from broker.failover_bench import add_parser as add_failover
+    from broker.tools.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)
-    from broker.stability_bench import add_parser as add_stability
+    from broker.tools.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
     return parser
@@ -528,11 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     if args.command == "stability":
-        from broker.stability_bench import run_stability
+        from broker.tools.stability_bench import run_stability
 
         return run_loop(run_stability(args))
     if args.command == "failover":
-        from broker.failover_bench import run_failover
+        from broker.tools.failover_bench import run_failover
 
         try:
             return run_loop(run_failover(args))

@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
-from broker.failover_bench import _cluster, _processes
 from broker.protocol.auth import load_credentials
+from broker.tools.failover_bench import _cluster, _processes
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 

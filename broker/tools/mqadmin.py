@@ -770,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("transferLeader", "Hand a broker group's leadership to another replica", run_transfer_leader)
     p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
     p.add_argument("-i", "--targetId", dest="target_id", default=None, help="peer id, e.g. n1 (default: any)")
-    from broker.mqadmin_ops import register  # (imports this module: loaded once it is complete)
+    from broker.tools.mqadmin_ops import register  # (imports this module: loaded once it is complete)
 
     register(cmd)
     return parser

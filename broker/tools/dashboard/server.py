@@ -29,11 +29,11 @@ from aiohttp import web
 
 from broker.client.admin import Admin, BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
-from broker.mqadmin import _group_members, body_text, format_ts, perm_text
-from broker.mqadmin_ops import _scrape
 from broker.protocol.auth import Credentials, CredentialsError
+from broker.tools.mqadmin import _group_members, body_text, format_ts, perm_text
+from broker.tools.mqadmin_ops import _scrape
 
-log = logging.getLogger("broker.dashboard")
+log = logging.getLogger("broker.tools.dashboard")
 
 STATIC = Path(__file__).parent / "static"
 ROWS_MAX = 2000
