@@ -12,7 +12,7 @@ consume: one ``PushConsumer``; B2C latency = receive time − ``bench_ts_ns`` (`
 property is absent), S2C = receive time − ``store_ts``; both in wall-clock time, so producer and
 consumer should share a host (or synchronised clocks).
 
-Latencies go into ``LatencyHistogram`` (``dledger.stats``, an HdrHistogram): memory stays constant however
+Latencies go into ``LatencyHistogram`` (``dledger.apps.stats``, an HdrHistogram): memory stays constant however
 long the run. Reports every ``--report-interval`` seconds; a summary at the end (``--json``: one
 JSON object on stdout, the periodic lines on stderr); Ctrl-C ends a run early, summary included.
 Exit codes: 0 done (failed sends are counted, not fatal), 1 the run could not start or not a single
@@ -38,7 +38,7 @@ from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.protocol.auth import CredentialsError
 from broker.tools.progress import StatusLine, progress_text
-from dledger.stats import LatencyHistogram
+from dledger.apps.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap

@@ -32,11 +32,11 @@ from broker.tools.mqbench import (
     run_consume,
     run_produce,
 )
-from dledger.stats import MAX_US, LatencyHistogram
+from dledger.apps.stats import MAX_US, LatencyHistogram
 from tests.broker.inproc_cluster import InProcBrokerCluster
 
 
-# -- histogram (dledger.stats, an HdrHistogram) --------------------------------------------------
+# -- histogram (dledger.apps.stats, an HdrHistogram) --------------------------------------------------
 def test_percentiles_of_a_uniform_spread() -> None:
     h = LatencyHistogram()
     for ms in range(1, 1001):
