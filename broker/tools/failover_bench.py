@@ -25,6 +25,7 @@ from typing import Any
 
 from broker.client.transport import FROM_ENV, ClientError, Transport
 from broker.protocol.auth import load_credentials
+from broker.tools.cli import add_local_cluster_arguments
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
@@ -216,10 +217,6 @@ def add_parser(sub: Any, positive: Any) -> None:
                    help="sends/s per producer (default: as fast as acknowledged)")
     p.add_argument("--steady-s", dest="steady_s", type=positive(float), default=2.0,
                    help="seconds of steady load before each kill (default 2)")
-    p.add_argument("-t", "--topic", default="FailoverBench")
-    p.add_argument("--dir", default=None, help="cluster directory (default: a new temporary one)")
-    p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--raft-port", dest="raft_port", type=positive(int, 65000), default=41911)
-    p.add_argument("--http-port", dest="http_port", type=positive(int, 65000), default=11911)
-    p.add_argument("--namesrv-port", dest="namesrv_port", type=positive(int, 65000), default=19876)
-    p.add_argument("--json", action="store_true")
+    add_local_cluster_arguments(
+        p, positive, topic="FailoverBench", raft_port=41911, http_port=11911, namesrv_port=19876
+    )

@@ -47,6 +47,7 @@ from broker.client.transport import (
     security_kwargs,
 )
 from broker.protocol.auth import CredentialsError
+from broker.tools.cli import add_namesrv_argument
 
 PROG = "mqadmin"
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)
@@ -631,13 +632,7 @@ async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
 
 # -- the parser -------------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-n",
-        "--namesrvAddr",
-        dest="namesrv",
-        default=None,
-        help=f"NameServer list 'a:9876;b:9877' (default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV})",
-    )
+    add_namesrv_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--timeout", type=positive_float, default=3.0, help="seconds per request (default 3)")
     add_security_arguments(p)

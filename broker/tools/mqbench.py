@@ -37,6 +37,7 @@ from typing import Any, TextIO
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.protocol.auth import CredentialsError
+from broker.tools.cli import add_namesrv_argument
 from broker.tools.progress import StatusLine, progress_text
 from dledger.apps.stats import LatencyHistogram
 
@@ -207,6 +208,17 @@ async def preflight(admin: Admin, topic: str, err: TextIO) -> None:
         )
 
 
+async def checked_security(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
+    """The run's security arguments for the SDK, once ``preflight`` found a NameServer with them."""
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
+    try:
+        await preflight(admin, args.topic, err)
+    finally:
+        await admin.close()
+    return security
+
+
 def stop_on_sigint(stop: asyncio.Event) -> Callable[[], None]:
     """Ctrl-C ends the run early (the summary still prints); returns the undo. Outside the main
     thread (tests calling ``run_*`` from a helper thread) there is no handler."""
@@ -266,12 +278,7 @@ async def run_produce(
     err = err or sys.stderr
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
-    security = security_kwargs(args)
-    admin = Admin(args.namesrv, **security)
-    try:
-        await preflight(admin, args.topic, err)
-    finally:
-        await admin.close()
+    security = await checked_security(args, err)
     producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
     await producer.start()
     stats = Stats()
@@ -376,12 +383,7 @@ async def run_consume(
             stats.record_consumed(*end_to_end_us(m, now_ns))
         return "CONSUME_SUCCESS"
 
-    security = security_kwargs(args)
-    admin = Admin(args.namesrv, **security)
-    try:
-        await preflight(admin, args.topic, err)
-    finally:
-        await admin.close()
+    security = await checked_security(args, err)
     consumer = sdk.PushConsumer(
         args.group,
         args.namesrv,
@@ -458,13 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "-n",
-            "--namesrvAddr",
-            dest="namesrv",
-            default=None,
-            help="NameServer list 'a:9876;b:9877' (default: $NAMESRV_ADDR, else 127.0.0.1:9876)",
-        )
+        add_namesrv_argument(p)
         p.add_argument("-t", "--topic", default="BenchmarkTest")
         p.add_argument("--duration", type=_positive(float), default=30.0, help="seconds (default 30)")
         p.add_argument(

@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.client.transport import ClientError, Transport
 from broker.protocol.auth import load_credentials
+from broker.tools.cli import add_local_cluster_arguments
 from broker.tools.failover_bench import _cluster, _processes
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
@@ -193,10 +194,6 @@ def add_parser(sub: Any, positive: Any) -> None:
     p.add_argument(
         "--clock-skew", dest="clock_skew", action="store_true", help="every replica on its own skewed clock"
     )
-    p.add_argument("-t", "--topic", default="StabilityBench")
-    p.add_argument("--dir", default=None, help="cluster directory (default: a new temporary one)")
-    p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--raft-port", dest="raft_port", type=positive(int, 65000), default=42911)
-    p.add_argument("--http-port", dest="http_port", type=positive(int, 65000), default=12911)
-    p.add_argument("--namesrv-port", dest="namesrv_port", type=positive(int, 65000), default=29876)
-    p.add_argument("--json", action="store_true")
+    add_local_cluster_arguments(
+        p, positive, topic="StabilityBench", raft_port=42911, http_port=12911, namesrv_port=29876
+    )
