@@ -24,7 +24,7 @@ from typing import Any
 from broker.client.transport import ClientError, Transport
 from broker.protocol.auth import load_credentials
 from broker.tools.cli import add_local_cluster_arguments
-from broker.tools.failover_bench import _cluster, _processes
+from broker.tools.failover_bench import cluster_command, cluster_processes
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
@@ -133,14 +133,14 @@ async def run_stability(args: argparse.Namespace) -> int:
     cmd += ["--namesrv-port", str(args.namesrv_port), "--wait", "30"]
     if args.clock_skew:
         cmd.append("--clock-skew")
-    up = _cluster(args, *cmd)
+    up = cluster_command(args, *cmd)
     if up.returncode != 0:
         print(f"mq-bench stability: the cluster did not start: {up.stderr.strip()[-500:]}", file=sys.stderr)
-        _cluster(args, "down")
+        cluster_command(args, "down")
         return 1
     namesrv = f"127.0.0.1:{args.namesrv_port}"
     creds = load_credentials(os.path.join(args.dir, ADMIN_CREDENTIALS_FILE))
-    brokers = [p for p in _processes(args) if p["kind"] == "broker"]
+    brokers = [p for p in cluster_processes(args) if p["kind"] == "broker"]
     result: dict[str, Any] = {"clock_skew": args.clock_skew, "producers": args.producers}
     t = Transport(3.0, credentials=creds)
     try:
@@ -165,7 +165,7 @@ async def run_stability(args: argparse.Namespace) -> int:
     finally:
         await t.close()
         if not args.keep:
-            _cluster(args, "down")
+            cluster_command(args, "down")
             if own_dir:
                 import shutil
 
