@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.cpu_usage import CpuSampler, cluster_processes, cpu_seconds, parse_pids
-from broker.mqbench import build_parser, main, run_produce
+from broker.tools.cpu_usage import CpuSampler, cluster_processes, cpu_seconds, parse_pids
+from broker.tools.mqbench import build_parser, main, run_produce
 from tests.broker.tools.test_mqbench import FakeProducer, fake_sdk
 
 
@@ -47,7 +47,7 @@ async def test_produce_reports_cpu_per_process(monkeypatch: Any) -> None:
     args = build_parser().parse_args(["produce", "-n", "127.0.0.1:1", "--duration", "0.2", "--json",
                                       "--cpu-pids", f"bench={os.getpid()}", "--transport", "binary"])
     out, err = io.StringIO(), io.StringIO()
-    from broker import mqbench
+    from broker.tools import mqbench
 
     async def no_preflight(*_a: Any) -> None:
         return None
