@@ -466,3 +466,27 @@ def test_routes_carry_the_remoting_addresses_registered() -> None:
     assert "remoting_address" not in route_wire.registration_to_dict(reg("h:1", 0, "LEADER", None))
     with pytest.raises(InvalidRecordError):
         table.register(reg("h:1", 0, "LEADER", "no-port"), 0)
+
+
+def test_remoting_port_config() -> None:
+    from broker.config import parse_broker_config
+    from dledger.config import ConfigError
+    from tests.broker.test_config import BASE
+
+    def parse(**changes: str) -> Any:
+        return parse_broker_config({**BASE, **changes}, source="<t>", env={})
+
+    cfg = parse(listenPort="10911")
+    assert (cfg.remoting_listen_port, cfg.remoting_in_flight_max) == (10912, 256)  # listenPort + 1
+    assert cfg.remoting_address(10912) == f"{cfg.dledger.http_host}:10912"
+    assert parse(listenPort="10911", remotingListenPort="-1").remoting_address(10912) is None  # off
+    assert parse(listenPort="10911", remotingListenPort="0").remoting_address(40001).endswith(":40001")
+    # behind a proxy for the HTTP port: not advertised unless its own advertised port is set
+    proxied = parse(listenPort="10911", brokerAdvertisedPort="20911")
+    assert proxied.remoting_address(10912) is None
+    assert parse(listenPort="10911", brokerAdvertisedPort="20911",
+                 remotingAdvertisedPort="20912").remoting_address(10912).endswith(":20912")
+    for key, bad in (("remotingListenPort", "-2"), ("remotingListenPort", "70000"), ("remotingInFlightMax", "0"),
+                     ("remotingAdvertisedPort", "0")):
+        with pytest.raises(ConfigError):
+            parse(**{key: bad})
