@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from broker.protocol.auth import AuthError
 from broker.protocol.frames import (
@@ -142,7 +142,8 @@ class _Connection(asyncio.Protocol):
 
     # -- lifecycle --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here.
+        transport = cast(asyncio.Transport, transport)
         stats = self.server.stats
         if stats.connections >= self.limits.connections_max:
             stats.refused_connections += 1

@@ -17,7 +17,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgpack
 
@@ -53,8 +53,8 @@ class _Protocol(asyncio.Protocol):
         self.write_ok.set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)

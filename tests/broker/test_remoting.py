@@ -490,3 +490,28 @@ def test_remoting_port_config() -> None:
                      ("remotingAdvertisedPort", "0")):
         with pytest.raises(ConfigError):
             parse(**{key: bad})
+
+
+def test_listener_and_client_under_uvloop() -> None:
+    """Brokers and the SDK's tools run on uvloop, whose transports are not asyncio.Transport
+    subclasses (the multi-process test found the listener refusing every connection there)."""
+    import uvloop
+
+    async def run() -> None:
+        gate = Gate()
+        server = RemotingServer(gate, security=None, limits=RemotingLimits(in_flight_max=2))
+        port = await server.start(HOST, 0)
+        conn = client(f"{HOST}:{port}")
+        try:
+            calls = [asyncio.create_task(conn.call(Op.SEND, {"n": i, "park": True}, 10.0)) for i in range(4)]
+            await wait_until(lambda: len(gate.entered) == 2, 10.0, "two requests handled")
+            for i in range(4):
+                await wait_until(lambda i=i: i in gate.entered, 10.0, f"request {i} handled")
+                gate.open(i)
+                assert (await calls[i])["n"] == i
+            assert server.stats.paused >= 1
+        finally:
+            await conn.close()
+            await server.stop()
+
+    uvloop.run(run())
