@@ -53,7 +53,7 @@ class Op(enum.IntEnum):
 
     SEND = 1  # POST /v1/send (one message or a batch)
     PULL = 2  # POST /v1/pull
-    HEARTBEAT = 3  # POST /v1/heartbeat
+    # 3 is reserved (consumer heartbeats, which stay on HTTP for now)
     PING = 4  # no body; answers {} (liveness, tests)
 
 

@@ -224,6 +224,14 @@ async def test_in_flight_cap_stops_reading_until_answers_go_out(serve: Serve) ->
         await conn.close()
 
 
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+
+
 async def raw_exchange(addr: str, data: bytes) -> tuple[list[Frame], bool]:
     """Write ``data``, read until the broker closes: the frames it answered, and whether it closed."""
     host, _, port = addr.rpartition(":")
@@ -238,7 +246,7 @@ async def raw_exchange(addr: str, data: bytes) -> tuple[list[Frame], bool]:
         closed = True
     except TimeoutError:
         closed = False
-    writer.close()
+    await close_writer(writer)
     dec = FrameDecoder()
     dec.feed(got)
     frames = []
@@ -285,7 +293,7 @@ async def test_bad_msgpack_body_is_an_error_answer_not_a_closed_connection(serve
         assert msgpack.unpackb(by_id[8].body)["code"] == "BAD_REQUEST"
         assert not by_id[9].is_error
     finally:
-        writer.close()
+        await close_writer(writer)
 
 
 async def test_silent_and_stalled_connections_are_closed(serve: Serve) -> None:
@@ -352,7 +360,7 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
         body = pack_body({"n": 3})
         sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
         tampered = encode(Op.SEND, 1, pack_body({"n": 4}), auth=sig)
-        other_op = encode(Op.HEARTBEAT, 2, body, auth=sig)
+        other_op = encode(Op.PULL, 2, body, auth=sig)
         # The same signed frame twice: the second is a replay.
         sig2 = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
         first = encode(Op.SEND, 3, body, auth=sig2)
@@ -366,7 +374,7 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
                 dec.feed(await reader.read(65536))
                 while (f := dec.next()) is not None:
                     got[f.request_id] = f
-        writer.close()
+        await close_writer(writer)
         codes = {rid: msgpack.unpackb(f.body).get("code") if f.is_error else "OK" for rid, f in got.items()}
         assert codes == {1: "SIGNATURE_INVALID", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST"}
         assert gate.entered == [1, 3]  # refused frames never reached the dispatcher
