@@ -18,6 +18,8 @@ One send, step by step::
   Without it, the retry goes to another group and may be stored twice (consumers can tell).
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.
+- Auto-batching (``batch_max_delay_ms``, 1 ms; 0 = off; broker/client/autobatch.py): concurrent
+  single sends to one queue share one request; each caller gets its own result or error.
 - ``send_async`` / ``send_oneway`` run as tasks; at most ``async_in_flight_max`` at a time (over
   that: ``BUSY`` at once, no unbounded backlog). One-way sends make one attempt; errors are logged.
 """

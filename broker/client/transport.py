@@ -332,8 +332,11 @@ class Transport:
                 try:
                     return await conn.call(op, dict(body or {}), timeout_s if timeout_s is not None else self.timeout_s)
                 except ClientError as exc:
-                    exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
-                    raise
+                    if exc.code != "CONNECT_FAILED":
+                        exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
+                        raise
+                    # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
+                    # forwards HTTP), so this call goes over HTTP.
         data = msgpack.packb(body, use_bin_type=True) if body is not None else b""
         qs = {k: str(v) for k, v in (params or {}).items() if v is not None}
         target = quote(path, safe="/%:@!$&'()*+,;=-._~") + ("?" + urlencode(qs) if qs else "")

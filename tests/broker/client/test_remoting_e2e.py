@@ -81,3 +81,19 @@ async def test_not_leader_over_binary_is_followed(make_cluster: ClusterFactory) 
         r = await asyncio.wait_for(p.send(Message("T", b"b")), WAIT_S)
         assert r.queue_offset == 1
     assert cluster.all_requests("/v1/send") == []
+
+
+async def test_an_unreachable_binary_port_falls_back_to_http(make_cluster: ClusterFactory) -> None:
+    from tests.dledger.harness import free_ports
+
+    cluster = await make_cluster(n_groups=1, topics={"T": 1})  # HTTP only
+    leader = cluster.group("RaftNode00").replicas[0]
+    t = Transport(credentials=PRODUCER)
+    try:
+        t._remoting_addrs[leader.addr] = f"127.0.0.1:{free_ports(1)[0]}"  # advertised, but nobody listens
+        answer = await t.call(leader.addr, "POST", "/v1/send",
+                              {"topic": "T", "queue_id": 0, "messages": [{"body": b"x"}]})
+        assert answer["status"] == "SEND_OK"
+        assert len(cluster.all_requests("/v1/send")) == 1
+    finally:
+        await t.close()
