@@ -365,20 +365,23 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
         sig2 = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
         first = encode(Op.SEND, 3, body, auth=sig2)
         replay = encode(Op.SEND, 4, body, auth=sig2)
+        stale_sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000) - 600_000)
+        stale = encode(Op.SEND, 5, body, auth=stale_sig)  # signed 10 minutes ago: outside the ±5 min window
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(tampered + other_op + first + replay)
+        writer.write(tampered + other_op + first + replay + stale)
         dec = FrameDecoder()
         got: dict[int, Frame] = {}
         async with asyncio.timeout(10.0):
-            while len(got) < 4:
+            while len(got) < 5:
                 dec.feed(await reader.read(65536))
                 while (f := dec.next()) is not None:
                     got[f.request_id] = f
         await close_writer(writer)
         codes = {rid: msgpack.unpackb(f.body).get("code") if f.is_error else "OK" for rid, f in got.items()}
-        assert codes == {1: "SIGNATURE_INVALID", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST"}
+        assert codes == {1: "SIGNATURE_INVALID", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST",
+                         5: "TIMESTAMP_OUT_OF_WINDOW"}
         assert gate.entered == [1, 3]  # refused frames never reached the dispatcher
-        assert server.stats.auth_refused == 5
+        assert server.stats.auth_refused == 6
     finally:
         for c in (signed, unsigned, stranger):
             await c.close()
