@@ -60,10 +60,18 @@ from broker.client.message import (
 )
 from broker.client.message_selector import Selector, as_selector
 from broker.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
+from broker.client.producer import Producer
 from broker.client.queue_worker import QueueWorker
 from broker.client.retry_sender import RetrySender
 from broker.client.route_cache import RouteCache, all_addrs, subscribe_queues
 from broker.client.start_position import StartPositions
+from broker.client.trace import (
+    TRACE_PRODUCER_PREFIX,
+    TRACE_TOPIC_DEFAULT,
+    TraceDispatcher,
+    consume_records,
+    wall_ms,
+)
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -115,6 +123,8 @@ class PushConsumer:
         transport: Transport | None = None,
         credentials: CredentialsArg = FROM_ENV,
         tls: TlsArg = FROM_ENV,
+        enable_msg_trace: bool = False,
+        trace_topic: str = TRACE_TOPIC_DEFAULT,
     ):
         if not 1 <= pull_batch_size <= 1024 or not 1 <= consume_batch_max <= 1024:
             raise ValueError("pull_batch_size and consume_batch_max must be in 1..1024")
@@ -166,6 +176,12 @@ class PushConsumer:
         self._running = False
         self.consumed = 0
         self.reconsumed = 0
+        # Message trace (broker/client/trace.py): one Sub record per message of each listener call.
+        self.trace: TraceDispatcher | None = None
+        if enable_msg_trace:
+            inner = Producer(TRACE_PRODUCER_PREFIX + self.group, namesrv, send_timeout_s=timeout_s,
+                             credentials=self._credentials, tls=self._tls)
+            self.trace = TraceDispatcher(inner, trace_topic)
 
     # -- configuration --------------------------------------------------------------------------------
     def subscribe(self, topic: str, tags: Selector = "*") -> None:
@@ -249,6 +265,8 @@ class PushConsumer:
         )
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._executor = concurrent.futures.ThreadPoolExecutor(self.max_concurrency, f"consume-{self.group}")
+        if self.trace is not None:
+            await self.trace.start()
         self._running = True
         for topic in sorted(self._subscriptions):
             try:
@@ -284,6 +302,8 @@ class PushConsumer:
         except ClientError as exc:
             log.warning("final offset commit failed: %s", exc)
         await self._call_all("/v1/unregister", {"client_id": self.client_id})
+        if self.trace is not None:
+            await self.trace.shutdown()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         await self.routes.close()
@@ -547,4 +567,12 @@ class PushConsumer:
     # -- listener calls -------------------------------------------------------------------------------
     async def _invoke(self, msgs: list[MessageExt], ctx: ConsumeContext) -> ConsumeStatus:
         assert self._listener is not None and self._executor is not None
-        return await invoke_listener(self._listener, self._executor, msgs, ctx)
+        if self.trace is None:
+            return await invoke_listener(self._listener, self._executor, msgs, ctx)
+        loop, time_ms = asyncio.get_running_loop(), wall_ms()
+        started = loop.time()
+        status = await invoke_listener(self._listener, self._executor, msgs, ctx)
+        cost_ms = round((loop.time() - started) * 1000)
+        self.trace.append(consume_records(self.group, msgs, status, time_ms=time_ms, cost_ms=cost_ms,
+                                          client_host=self.client_id))
+        return status
