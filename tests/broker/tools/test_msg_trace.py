@@ -14,6 +14,7 @@ import pytest
 from broker.client import Message, MessageExt, Producer, PushConsumer, SendResult
 from broker.client.admin import Admin
 from broker.client.trace import TRACE_TOPIC_DEFAULT, decode_records
+from broker.client.trace_query import query_msg_trace
 from tests.acl_fixtures import ADMIN, PRODUCER, TRACER
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.tools.conftest import ClusterFactory, Mqadmin
@@ -172,3 +173,41 @@ async def test_a_failed_consumption_and_its_retry_show_status_and_retry_times(
     ]
     run = await mqadmin("queryMsgTraceById", "-i", result.msg_id)
     assert "failed (RECONSUME_LATER)" in run.out
+
+
+async def test_trace_topic_enable_makes_every_leader_create_the_trace_topic(make_cluster: ClusterFactory) -> None:
+    """RocketMQ's traceTopicEnable: each group's leader creates the trace topic (one queue), so
+    traces work with autoCreateTopicEnable off; without it a traced send's records have nowhere
+    to go (dropped and counted, the send itself unharmed)."""
+    props = {"traceTopicEnable": "true", "autoCreateTopicEnable": "false", "messageDelayLevel": FAST_LEVELS}
+    cluster = await make_cluster(broker_props=props)
+    await cluster.create_topic("T", 2)
+    async with Admin(cluster.namesrv_addr, credentials=ADMIN) as admin:
+
+        async def created() -> bool:
+            route = await admin.topic_route(TRACE_TOPIC_DEFAULT)
+            return sorted((q.broker_name, q.read_queue_nums, q.write_queue_nums) for q in route.queue_datas) == [
+                ("RaftNode00", 1, 1), ("RaftNode01", 1, 1),
+            ]
+
+        await wait_until(created, 30, "the trace topic on both groups")
+        result = await send_one(cluster, b"traced", trace=True)
+
+        async def traced() -> bool:
+            return len((await query_msg_trace(admin, result.msg_id)).sends) == 1
+
+        await wait_until(traced, 30, "the send's trace")
+
+
+async def test_a_trace_topic_nobody_created_drops_records_and_never_fails_the_send(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = await make_cluster(broker_props={"autoCreateTopicEnable": "false"})
+    await cluster.create_topic("T", 2)
+    async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, enable_msg_trace=True,
+                        send_timeout_s=1.0) as p:
+        result = await p.send(Message("T", b"x"))
+        assert p.trace is not None
+        trace = p.trace
+    assert result.msg_id
+    assert (trace.appended, trace.written, trace.failed + trace.dropped) == (1, 0, 1)
