@@ -84,7 +84,7 @@ def timeline_json(t: TraceTimeline) -> dict[str, Any]:
     }
 
 
-TIMELINE_HEADERS = ("Type", "Group", "ClientHost", "Time(ms)", "CostTimes", "Status", "RetryTimes", "StoreHost")
+TIMELINE_HEADERS = ("Type", "Group", "ClientHost", "Time", "CostTimes", "Status", "RetryTimes", "StoreHost")
 
 
 def timeline_rows(t: TraceTimeline) -> list[tuple[Any, ...]]:
