@@ -13,7 +13,7 @@ import inspect
 import itertools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -169,6 +169,32 @@ async def search_offset_at(
         timeout_s=timeout_s,
     )
     return int(answer["offset"])
+
+
+async def known_routes(routes: RouteCache, topics: Sequence[str]) -> list[TopicRoute]:
+    """The routes of ``topics`` (cached, else fetched); a topic without a route yet is left out."""
+    out: list[TopicRoute] = []
+    for topic in topics:
+        route = routes.cached(topic)
+        if route is None:
+            try:
+                route = await routes.get(topic)
+            except ClientError:
+                continue
+        out.append(route)
+    return out
+
+
+async def post_to_all(
+    transport: Transport, addrs: Sequence[str], path: str, body: Mapping[str, Any], timeout_s: float
+) -> None:
+    """POST ``body`` to every address at once; failures are logged (heartbeats, unregistering)."""
+    results = await asyncio.gather(
+        *(transport.call(a, "POST", path, body, timeout_s=timeout_s) for a in addrs), return_exceptions=True
+    )
+    for addr, res in zip(addrs, results, strict=True):
+        if isinstance(res, BaseException):
+            log.debug("%s to %s failed: %s", path, addr, res)
 
 
 async def group_consumer_ids(

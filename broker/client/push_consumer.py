@@ -47,6 +47,8 @@ from broker.client.consumer_common import (
     default_client_id,
     group_consumer_ids,
     invoke_listener,
+    known_routes,
+    post_to_all,
     wait_event,
 )
 from broker.client.message import (
@@ -370,36 +372,16 @@ class PushConsumer:
 
     # -- heartbeats and membership --------------------------------------------------------------------
     async def _subscribed_routes(self) -> list[TopicRoute]:
-        out: list[TopicRoute] = []
-        for topic in sorted(self._subscriptions):
-            route = self.routes.cached(topic)
-            if route is None:
-                try:
-                    route = await self.routes.get(topic)
-                except ClientError:
-                    continue
-            out.append(route)
-        return out
+        return await known_routes(self.routes, sorted(self._subscriptions))
 
     async def _heartbeat_once(self) -> None:
-        body = {
-            "client_id": self.client_id,
-            "groups": [
-                {"group": self.group, "topics": sorted(self._subscriptions), "model": str(self.message_model)}
-            ],
-        }
-        await self._call_all("/v1/heartbeat", body)
+        topics = sorted(self._subscriptions)
+        groups = [{"group": self.group, "topics": topics, "model": str(self.message_model)}]
+        await self._call_all("/v1/heartbeat", {"client_id": self.client_id, "groups": groups})
 
     async def _call_all(self, path: str, body: dict[str, Any]) -> None:
         """POST to every replica of every group of the subscribed topics; failures are logged."""
-        addrs = all_addrs(await self._subscribed_routes())
-        results = await asyncio.gather(
-            *(self.transport.call(a, "POST", path, body, timeout_s=self.timeout_s) for a in addrs),
-            return_exceptions=True,
-        )
-        for addr, res in zip(addrs, results, strict=True):
-            if isinstance(res, BaseException):
-                log.debug("%s to %s failed: %s", path, addr, res)
+        await post_to_all(self.transport, all_addrs(await self._subscribed_routes()), path, body, self.timeout_s)
 
     async def _consumer_ids(self, route: TopicRoute) -> list[str]:
         return await group_consumer_ids(self.transport, self.routes, route, self.group, self.timeout_s)

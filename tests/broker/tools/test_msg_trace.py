@@ -211,3 +211,12 @@ async def test_a_trace_topic_nobody_created_drops_records_and_never_fails_the_se
         trace = p.trace
     assert result.msg_id
     assert (trace.appended, trace.written, trace.failed + trace.dropped) == (1, 0, 1)
+
+
+async def test_query_msg_trace_by_id_refuses_bad_input(mqadmin: Mqadmin) -> None:
+    run = await mqadmin("queryMsgTraceById", "-i", "two words")
+    assert run.rc == 2 and "INVALID_KEYS" in run.err, (run.out, run.err)
+    run = await mqadmin("queryMsgTraceById", "-i", "RaftNode00:0000000000000000", "-t", "bad topic!")
+    assert run.rc == 2 and "INVALID_TOPIC" in run.err, (run.out, run.err)
+    run = await mqadmin("queryMsgTraceById")
+    assert run.rc == 2
