@@ -50,6 +50,8 @@ TRACE_PRODUCER_PREFIX = "_INNER_TRACE_PRODUCER-"
 TRACE_RECORD_VERSION = 1
 TRACE_KEYS_PER_MESSAGE = 32  # the broker takes at most 32 keys per message
 TRACE_BODY_BYTES_MAX = 256 << 10  # one trace message; far below the 4 MiB message limit
+TRACE_SEND_MESSAGES_MAX = 64  # trace messages in one batch send
+TRACE_SEND_BYTES_MAX = 1 << 20  # their bodies together (a batch send takes 4 MiB)
 TRACE_RECORDS_PER_DOC_MAX = 1024  # what decode_records accepts from one body
 DROP_LOG_EVERY = 1000  # log the first drop, then every this many
 
@@ -165,6 +167,20 @@ def trace_messages(topic: str, records: Sequence[TraceRecord]) -> list[tuple[Mes
         size += r_size
     if chunk:
         out.append((Message(topic, encode_records(chunk), keys=tuple(keys)), len(chunk)))
+    return out
+
+
+def send_batches(packed: Sequence[tuple[Message, int]]) -> list[list[tuple[Message, int]]]:
+    """Trace messages grouped into sends of at most ``TRACE_SEND_MESSAGES_MAX`` messages and
+    ``TRACE_SEND_BYTES_MAX`` body bytes (well inside one batch send's limits)."""
+    out: list[list[tuple[Message, int]]] = []
+    size = 0
+    for m, n in packed:
+        if not out or len(out[-1]) >= TRACE_SEND_MESSAGES_MAX or size + len(m.body) > TRACE_SEND_BYTES_MAX:
+            out.append([])
+            size = 0
+        out[-1].append((m, n))
+        size += len(m.body)
     return out
 
 
@@ -330,11 +346,9 @@ class TraceDispatcher:
 
     async def write(self, batch: Sequence[TraceRecord]) -> None:
         """Send one batch of records; a failure drops them (counted, logged), never raises."""
-        packed = trace_messages(self.trace_topic, batch)
         sent = 0
         try:
-            for i in range(0, len(packed), 64):
-                part = packed[i : i + 64]
+            for part in send_batches(trace_messages(self.trace_topic, batch)):
                 await self.sink.send_batch([m for m, _ in part])
                 sent += sum(n for _, n in part)
         except Exception as exc:

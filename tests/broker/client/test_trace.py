@@ -23,6 +23,8 @@ from broker.client.message import (
 )
 from broker.client.trace import (
     TRACE_KEYS_PER_MESSAGE,
+    TRACE_SEND_BYTES_MAX,
+    TRACE_SEND_MESSAGES_MAX,
     TraceCodecError,
     TraceDispatcher,
     TraceRecord,
@@ -31,6 +33,7 @@ from broker.client.trace import (
     decode_records,
     encode_records,
     record_to_dict,
+    send_batches,
     send_records,
     trace_messages,
 )
@@ -95,6 +98,17 @@ def test_trace_messages_carry_the_traced_ids_as_keys_within_the_brokers_key_limi
     # The send and the consumption of one message share their keys: one message holds both.
     same = [rec(1), *(rec(1, TraceType.SUB, group=f"cg{g}") for g in range(30))]
     assert [n for _, n in trace_messages("X", same)] == [len(same)]
+
+
+def test_trace_sends_stay_within_a_batch_sends_limits() -> None:
+    big = [rec(i, keys=tuple(f"{'k' * 250}{j}" for j in range(30))) for i in range(400)]  # ~8 KB each
+    packed = trace_messages("X", big)
+    sends = send_batches(packed)
+    assert [n for part in sends for _, n in part] == [n for _, n in packed]  # all of them, in order
+    for part in sends:
+        assert len(part) <= TRACE_SEND_MESSAGES_MAX
+        assert sum(len(m.body) for m, _ in part) <= TRACE_SEND_BYTES_MAX
+    assert len(sends) > 1
 
 
 def test_send_and_consume_records() -> None:
