@@ -38,6 +38,7 @@ from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRe
 from broker.registration import Registrar
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
+from broker.service import BrokerService
 from broker.store import MessageStore
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
@@ -123,7 +124,8 @@ class BrokerServer:
         self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
             self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
         )
-        self.api = BrokerApi(self)
+        self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
+        self.api = BrokerApi(self, self.service)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
 
