@@ -8,6 +8,8 @@
 | registerNameServerPeriod | 30000 | ms between periodic registrations (heartbeats) |
 | autoCreateTopicEnable | true | a send to an unknown topic creates it (defaultTopicQueueNums queues) |
 | defaultTopicQueueNums | 4 | read and write queues of an auto-created topic |
+| traceTopicEnable | false | the group's leader creates msgTraceTopicName (1 queue) for message traces |
+| msgTraceTopicName | RMQ_SYS_TRACE_TOPIC | the trace topic traceTopicEnable creates |
 | maxMessageSize | 4194304 | body bytes of one message, and of a batch's bodies together |
 | longPollingMaxMs | 30000 | longest hold a pull may ask for (suspend_ms) |
 | clientExpiryMs | 40000 | a consumer silent this long leaves its group's member list |
@@ -43,7 +45,7 @@ import os
 from collections.abc import Mapping
 
 from broker.protocol.auth import Credentials
-from broker.protocol.names import is_decimal, is_name
+from broker.protocol.names import is_decimal, is_name, is_topic
 from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
     ConfigError,
@@ -94,6 +96,8 @@ BROKER_KEYS = frozenset(
         "enablePropertyFilter",
         "duplicateWindowMessages",
         "duplicateWindowMs",
+        "traceTopicEnable",
+        "msgTraceTopicName",
     }
 )
 
@@ -144,6 +148,9 @@ class BrokerConfig:
     remoting_listen_port: int = -1
     remoting_in_flight_max: int = 256
     remoting_advertised_port: int | None = None  # None: the bound port (unless behind a proxy)
+    # Message trace (RocketMQ's traceTopicEnable / msgTraceTopicName): the leader creates the topic.
+    trace_topic_enable: bool = False
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
 
     @property
     def address(self) -> str:
@@ -233,7 +240,16 @@ def parse_broker_config(
         remoting_advertised_port=(
             r.integer("remotingAdvertisedPort", 0, 1, 65535) if r.optional("remotingAdvertisedPort") else None
         ),
+        trace_topic_enable=r.boolean("traceTopicEnable", False),
+        msg_trace_topic_name=_trace_topic(r),
     )
+
+
+def _trace_topic(r: _Reader) -> str:
+    topic = r.optional("msgTraceTopicName") or "RMQ_SYS_TRACE_TOPIC"
+    if not is_topic(topic):
+        raise r.error("msgTraceTopicName", f"{topic[:140]!r} is not a valid topic name")
+    return topic
 
 
 def _delay_levels(r: _Reader) -> tuple[int, ...]:

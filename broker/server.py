@@ -274,6 +274,21 @@ class BrokerServer:
             change.term, target, (self.clock.monotonic() - started) * 1000,
         )
         self.registrar.trigger()
+        if self.cfg.trace_topic_enable:
+            await self._create_trace_topic()
+
+    async def _create_trace_topic(self) -> None:
+        """traceTopicEnable (RocketMQ): a ready leader creates msgTraceTopicName (one read and one
+        write queue) through the log when it is missing; every later leader checks again."""
+        topic = self.cfg.msg_trace_topic_name
+        if self.store.topic(topic) is not None:
+            return
+        cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+        try:
+            await self.node.append([encode_command(cmd)], timeout_s=self.send_timeout_s)
+            log.info("created the trace topic %s (traceTopicEnable)", topic)
+        except Exception as exc:  # the next leadership tries again; traced sends may auto-create it
+            log.warning("trace topic %s not created: %s", topic, exc)
 
     def client_addr_of(self, peer_id: str | None) -> str | None:
         if peer_id is None:

@@ -56,6 +56,12 @@ from broker.client.message import (
 )
 from broker.client.route_cache import RouteCache, call_leader, publish_queues
 from broker.client.selector import QueueSelector, RoundRobinSelector
+from broker.client.trace import (
+    TRACE_PRODUCER_PREFIX,
+    TRACE_TOPIC_DEFAULT,
+    TraceDispatcher,
+    send_records,
+)
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -160,6 +166,8 @@ class Producer:
         batch_max_delay_ms: float = BATCH_MAX_DELAY_MS_DEFAULT,
         batch_max_count: int = BATCH_MAX_COUNT_DEFAULT,
         batch_max_bytes: int = BATCH_MAX_BYTES_DEFAULT,
+        enable_msg_trace: bool = False,
+        trace_topic: str = TRACE_TOPIC_DEFAULT,
     ):
         assert 0 <= retry_times <= 16, "retry_times is bounded"
         assert batch_max_delay_ms >= 0, "batch_max_delay_ms: 0 turns auto-batching off"
@@ -192,6 +200,13 @@ class Producer:
         self._batcher = AutoBatcher(
             self._send_items, max_delay_ms=batch_max_delay_ms, max_count=batch_max_count, max_bytes=batch_max_bytes
         ) if batch_max_delay_ms > 0 else None
+        # Message trace (broker/client/trace.py): records go out through a producer of their own.
+        self.trace_topic = trace_topic
+        self.trace: TraceDispatcher | None = None
+        if enable_msg_trace:
+            inner = Producer(TRACE_PRODUCER_PREFIX + self.group, namesrv, send_timeout_s=send_timeout_s,
+                             credentials=self._credentials, tls=self._tls)
+            self.trace = TraceDispatcher(inner, trace_topic)
 
     # -- life cycle -----------------------------------------------------------------------------------
     @property
@@ -224,6 +239,8 @@ class Producer:
             fallback=self._new_topic_route,
         )
         self._refresher = asyncio.get_running_loop().create_task(self._routes.run())
+        if self.trace is not None:
+            await self.trace.start()
         self._running = True
 
     async def shutdown(self) -> None:
@@ -239,6 +256,8 @@ class Producer:
             await asyncio.gather(*left, return_exceptions=True)
         if self._batcher is not None:
             await self._batcher.close()
+        if self.trace is not None:
+            await self.trace.shutdown()
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
@@ -377,6 +396,7 @@ class Producer:
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
         deadline = loop.time() + timeout_s
         born_ts = time.time_ns() // 1_000_000
+        started = loop.time()
         fixed = queue
         last_broker: str | None = None
         last_exc: ClientError | None = None
@@ -398,7 +418,10 @@ class Producer:
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
-                return await self._send_to(mq, msgs, born_ts, deadline)
+                result = await self._send_to(mq, msgs, born_ts, deadline)
+                if self.trace is not None and topic != self.trace_topic:
+                    self._trace_send(msgs, result, born_ts, loop.time() - started)
+                return result
             except ClientError as exc:
                 if self.enable_idempotence and exc.outcome_unknown and fixed is None and mq is not None:
                     fixed = mq  # where it may be stored: that group's window answers the retry
@@ -494,6 +517,14 @@ class Producer:
             if await self.routes.discover_leader(self._transport_checked(), route, last_broker, step_s):
                 return
             await asyncio.sleep(max(0.0, step_s - (loop.time() - started)))
+
+    def _trace_send(self, msgs: list[Message], result: SendResult, born_ts: int, cost_s: float) -> None:
+        assert self.trace is not None
+        route = self.routes.cached(result.message_queue.topic)
+        broker_name = result.message_queue.broker_name
+        store_host = (self.routes.leader_addr(route, broker_name) if route else None) or broker_name
+        self.trace.append(send_records(self.group, msgs, result, time_ms=born_ts, cost_ms=round(cost_s * 1000),
+                                       store_host=store_host, client_host=self._born_host))
 
     def _transport_checked(self) -> Transport:
         assert self._transport is not None
