@@ -409,11 +409,17 @@ async def run_consume(
     sdk = sdk or load_sdk()
     stats = Stats()
 
+    # A drain's rate: messages after the first listener call over the time from it to the latest.
+    span: dict[str, float] = {}
+
     async def listener(msgs: Sequence[Any], ctx: Any) -> str:
         # async: runs on the consumer's loop, no thread-pool hop per batch
         now_ns = time.time_ns()
         for m in msgs:
             stats.record_consumed(*end_to_end_us(m, now_ns))
+        if not span:
+            span.update(first=clock(), first_msgs=stats.msgs)
+        span["last"] = clock()
         return "CONSUME_SUCCESS"
 
     security = await checked_security(args, err)
@@ -463,6 +469,10 @@ async def run_consume(
         "rt_ms": stats.total.summary_ms(),
         "s2c_ms": stats.total2.summary_ms(),
     }
+    active_s = span.get("last", 0.0) - span.get("first", 0.0)
+    if active_s > 0:  # from the first listener call to the latest: the rate while messages flowed
+        summary["active_s"] = round(active_s, 3)
+        summary["active_tps"] = round((stats.msgs - span["first_msgs"]) / active_s, 1)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 0
 
@@ -490,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|versus-nats")
 
     def common(p: argparse.ArgumentParser) -> None:
         add_namesrv_argument(p)
@@ -544,6 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
+    from broker.tools.versus_bench import add_parser as add_versus
+
+    add_versus(sub, _positive)
     return parser
 
 
@@ -565,6 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "versus-nats":
+        from broker.tools.versus_bench import run_versus
+
+        return run_versus(args)
     if args.command == "stability":
         from broker.tools.stability_bench import run_stability
 
