@@ -24,11 +24,11 @@ from broker.http_edge import ErrorAnswer, error_middleware, guarded_app, query_i
 from broker.message import InvalidInput, check_group, check_int, check_keys, check_topic, check_unique_id
 from broker.metrics import CONTENT_TYPE
 from broker.protocol.auth import AuthError
+from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.names import is_client_id
 from broker.retry_api import RetryApi
 from broker.service import BrokerService, PulledMessage, offsets_answer
 from broker.service_base import INT64_MAX
-from broker.service_query import MAX_QUERY
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
@@ -148,7 +148,7 @@ class BrokerApi:
         found = self.svc.messages_by_key(
             topic,
             key,
-            max_n=query_int(request, "max", 64, 1, MAX_QUERY),
+            max_n=query_int(request, "max", 64, 1, QUERY_MESSAGES_MAX),
             begin_ts=query_int(request, "begin_ts", 0, 0, INT64_MAX),
             end_ts=query_int(request, "end_ts", INT64_MAX, 0, INT64_MAX),
             unique=unique,

@@ -41,6 +41,7 @@ import os
 from collections.abc import Mapping
 
 from broker.protocol.auth import Credentials
+from broker.protocol.limits import MESSAGE_BYTES_MAX
 from broker.protocol.names import is_decimal, is_name, is_topic
 from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
@@ -197,7 +198,7 @@ def parse_broker_config(
         register_period_ms=r.integer("registerNameServerPeriod", 30_000, 100, 600_000),
         auto_create_topic=r.boolean("autoCreateTopicEnable", True),
         default_topic_queue_nums=r.integer("defaultTopicQueueNums", 4, 1, 1024),
-        max_message_size=r.integer("maxMessageSize", 4 << 20, 1, 16 << 20),
+        max_message_size=r.integer("maxMessageSize", MESSAGE_BYTES_MAX, 1, 16 << 20),
         long_polling_max_ms=r.integer("longPollingMaxMs", 30_000, 0, 300_000),
         client_expiry_ms=r.integer("clientExpiryMs", 40_000, 1000, 3_600_000),
         snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),

@@ -35,6 +35,7 @@ from broker.client.transport import (
     TopicRoute,
     Transport,
 )
+from broker.protocol.limits import QUERY_MESSAGES_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import (
     GROUP_RULE,
     NAME_RULE,
@@ -52,8 +53,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 PEER_ID_RE = re.compile(r"[a-zA-Z0-9_]{1,64}")  # dledger.config.PEER_ID_RE
-QUEUE_NUMS_MAX = 1024
-QUERY_MAX = 512  # the broker's limit for /v1/msg/key and /v1/msg/unique
 STATUS_TIMEOUT_S = 2.0  # per member in cluster_list: a dead member must not stall the listing
 
 
@@ -668,7 +667,7 @@ class Admin:
     @answers_checked
     async def query_msg_by_key(self, topic: str, key: str, max: int = 64) -> list[MessageView]:
         """Messages of the topic carrying ``key``, newest first, at most ``max`` over all groups."""
-        check_range(max, "max", 1, QUERY_MAX, "BAD_REQUEST")
+        check_range(max, "max", 1, QUERY_MESSAGES_MAX, "BAD_REQUEST")
         msgs = await self._query_groups(
             topic, "/v1/msg/key", {"topic": topic, "key": check_key(key), "max": max}
         )
