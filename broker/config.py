@@ -47,7 +47,7 @@ from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, p
 from dledger.config import (
     ConfigError,
     DLedgerConfig,
-    _Reader,
+    PropertyReader,
     is_valid_host,
     load_properties,
     parse_dledger_config,
@@ -167,7 +167,7 @@ def parse_broker_config(
 ) -> BrokerConfig:
     env = os.environ if env is None else env
     dl = parse_dledger_config(props, source=source, extra_known_keys=BROKER_KEYS)
-    r = _Reader(props, source)
+    r = PropertyReader(props, source)
     cluster = r.optional("brokerClusterName") or "DefaultCluster"
     if not is_name(cluster):
         raise r.error("brokerClusterName", f"{cluster!r} must be 1..127 characters of [a-zA-Z0-9_-]")
@@ -217,21 +217,21 @@ def parse_broker_config(
     )
 
 
-def _trace_topic(r: _Reader) -> str:
+def _trace_topic(r: PropertyReader) -> str:
     topic = r.optional("msgTraceTopicName") or "RMQ_SYS_TRACE_TOPIC"
     if not is_topic(topic):
         raise r.error("msgTraceTopicName", f"{topic[:140]!r} is not a valid topic name")
     return topic
 
 
-def _delay_levels(r: _Reader) -> tuple[int, ...]:
+def _delay_levels(r: PropertyReader) -> tuple[int, ...]:
     try:
         return parse_delay_levels(r.optional("messageDelayLevel") or DEFAULT_DELAY_LEVELS)
     except ValueError as exc:
         raise r.error("messageDelayLevel", str(exc)) from None
 
 
-def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:
+def _enabled_path(r: PropertyReader, flag: str, key: str) -> str | None:
     if not r.boolean(flag, False):
         return None
     path = r.optional(key)
@@ -240,7 +240,7 @@ def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:
     return path
 
 
-def _security(r: _Reader) -> SecurityConfig:
+def _security(r: PropertyReader) -> SecurityConfig:
     ak, sk = r.optional("brokerAccessKey"), r.optional("brokerSecretKey")
     creds = None
     if ak or sk:
@@ -267,7 +267,7 @@ def _security(r: _Reader) -> SecurityConfig:
     )
 
 
-def _bind_address(r: _Reader) -> str:
+def _bind_address(r: PropertyReader) -> str:
     value = r.optional("bindAddress") or ""
     if value and not is_valid_host(value):
         raise r.error("bindAddress", f"{value!r} is not an IPv4 address or host name")
