@@ -55,6 +55,7 @@ from dledger.entry_codec import (
     valid_header_after,
 )
 from dledger.meta_store import COMMIT_RECORD, TERM_RECORD
+from dledger.segment_files import Chunks
 from dledger.segment_files import file_name as segment_file_name
 
 __all__ = [
@@ -149,22 +150,6 @@ def read_anchor(store_dir: str) -> Anchor | None:
         raise ReplicaDamaged(f"{path}: {exc}", path, 0) from None
 
 
-class _Chunks:
-    """Sequential positioned reads of a read-only fd in 4 MiB chunks (whole records if larger)."""
-
-    def __init__(self, fd: int):
-        self._fd = fd
-        self._buf = b""
-        self._start = 0
-
-    def view(self, offset: int, size: int) -> memoryview:
-        if not (self._start <= offset and offset + size <= self._start + len(self._buf)):
-            self._buf = os.pread(self._fd, max(size, _CHUNK_BYTES), offset)
-            self._start = offset
-        at = offset - self._start
-        return memoryview(self._buf)[at : at + size]
-
-
 class LogReader:
     """The Raft log under ``store_dir``, read front to back (see the module docstring for rules)."""
 
@@ -205,7 +190,7 @@ class LogReader:
             size = os.fstat(fd).st_size
             if size == 0 and not last:
                 raise ReplicaDamaged(f"{path} at offset 0: empty segment before the last one", path, 0)
-            chunks = _Chunks(fd)
+            chunks = Chunks(fd, _CHUNK_BYTES)
             offset = 0
             while offset < size:
                 rest = size - offset
