@@ -19,6 +19,10 @@
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | messageDelayLevel | 1s 5s 10s 30s 1m 2m ... 30m 1h 2h | the 18 delay levels (`DELAY=N` picks the N-th) |
 | timerMaxDelaySec | 259200 | how far ahead a deliver time may be (3 days) |
+| remotingListenPort | = listenPort + 1 | the binary protocol's port (broker/remoting.py); 0 = any free port, -1 = off |
+| remotingAdvertisedPort | = the bound remoting port | advertised to NameServers (routes' `remoting_addrs`); with a |
+|  |  | brokerAdvertisedPort (a proxy in front) the remoting port is advertised only when this is set |
+| remotingInFlightMax | 256 | requests handled at once per binary connection (reading stops at the cap) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 | aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
@@ -71,6 +75,9 @@ BROKER_KEYS = frozenset(
         "bindAddress",
         "brokerAdvertisedPort",
         "brokerPeerClientAddrs",
+        "remotingListenPort",
+        "remotingInFlightMax",
+        "remotingAdvertisedPort",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
         "aclEnable",
@@ -138,6 +145,10 @@ class BrokerConfig:
     # The idempotent send window (broker/dedup.py): 0 messages turns de-duplication off.
     duplicate_window_messages: int = 100_000
     duplicate_window_ms: int = 120_000
+    # The binary protocol (broker/remoting.py): -1 off, 0 any free port.
+    remoting_listen_port: int = -1
+    remoting_in_flight_max: int = 256
+    remoting_advertised_port: int | None = None  # None: the bound port (unless behind a proxy)
     # Message trace (RocketMQ's traceTopicEnable / msgTraceTopicName): the leader creates the topic.
     trace_topic_enable: bool = False
     msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
@@ -146,6 +157,17 @@ class BrokerConfig:
     def address(self) -> str:
         """The client API address this broker advertises."""
         return f"{self.dledger.http_host}:{self.advertised_port or self.dledger.listen_port}"
+
+    def remoting_address(self, bound_port: int) -> str | None:
+        """The binary protocol's address to advertise, or None (off, or behind an HTTP proxy
+        without ``remotingAdvertisedPort``: clients then keep to the proxied HTTP port)."""
+        if self.remoting_listen_port < 0 or bound_port <= 0:
+            return None
+        if self.remoting_advertised_port is not None:
+            return f"{self.dledger.http_host}:{self.remoting_advertised_port}"
+        if self.advertised_port and self.advertised_port != self.dledger.listen_port:
+            return None
+        return f"{self.dledger.http_host}:{bound_port}"
 
     @property
     def bind_host(self) -> str:
@@ -212,6 +234,13 @@ def parse_broker_config(
         enable_property_filter=r.boolean("enablePropertyFilter", True),
         duplicate_window_messages=r.integer("duplicateWindowMessages", 100_000, 0, 10_000_000),
         duplicate_window_ms=r.integer("duplicateWindowMs", 120_000, 1000, 86_400_000),
+        remoting_listen_port=r.integer(
+            "remotingListenPort", dl.listen_port + 1 if 0 < dl.listen_port < 65535 else 0, -1, 65535
+        ),
+        remoting_in_flight_max=r.integer("remotingInFlightMax", 256, 1, 65536),
+        remoting_advertised_port=(
+            r.integer("remotingAdvertisedPort", 0, 1, 65535) if r.optional("remotingAdvertisedPort") else None
+        ),
         trace_topic_enable=r.boolean("traceTopicEnable", False),
         msg_trace_topic_name=_trace_topic(r),
     )

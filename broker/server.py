@@ -36,6 +36,8 @@ from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
+from broker.remoting import RemotingLimits, RemotingServer
+from broker.remoting_ops import RemotingOps, remoting_error
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.service import BrokerService
@@ -127,6 +129,21 @@ class BrokerServer:
         self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
         self.api = BrokerApi(self, self.service)
         self._runner: web.AppRunner | None = None
+        # The binary protocol (broker/remoting.py): the SDK's send and pull path.
+        self.remoting = RemotingServer(
+            RemotingOps(self).dispatch,
+            security=self.security,
+            limits=RemotingLimits(
+                frame_bytes_max=self.guard.limits.client_max_size,
+                in_flight_max=cfg.remoting_in_flight_max,
+                connections_max=sec.connections_max,
+                handshake_timeout_s=sec.header_timeout_ms / 1000,
+                frame_timeout_s=sec.body_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+            ),
+            map_error=remoting_error,
+        )
+        self.remoting_address: str | None = None
         self.started_at = self.clock.monotonic()
 
     def monotonic_ms(self) -> int:
@@ -149,6 +166,13 @@ class BrokerServer:
         self._runner, _site = await start_server(
             self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
         )
+        if self.cfg.remoting_listen_port >= 0:
+            try:
+                bound = await self.remoting.start(self.cfg.bind_host, self.cfg.remoting_listen_port, ssl_ctx)
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            self.remoting_address = self.cfg.remoting_address(bound)
         self._tasks = [
             self.loop.create_task(self.security.run(), name="acl"),
             self.loop.create_task(self._watch_roles(), name="roles"),
@@ -159,9 +183,9 @@ class BrokerServer:
             self.loop.create_task(self.schedule.run(), name="schedule"),
         ]
         log.info(
-            "broker %s/%s (%s) serving %s, NameServers %s",
+            "broker %s/%s (%s) serving %s (binary: %s), NameServers %s",
             self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
-            ";".join(self.cfg.namesrv_addrs),
+            self.remoting_address or "off", ";".join(self.cfg.namesrv_addrs),
         )
 
     async def _watch_replica(self) -> None:
@@ -195,6 +219,7 @@ class BrokerServer:
         except TimeoutError:
             log.warning("unregistering timed out")
         await self.registrar.close()
+        await self.remoting.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         # The store's last snapshot runs on the tick thread after its last apply, with the log open.
@@ -289,6 +314,7 @@ class BrokerServer:
             role=role,
             term=self.node.term,
             topics=tuple(topics),
+            remoting_address=self.remoting_address,
         )
 
     # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
@@ -362,6 +388,7 @@ class BrokerServer:
                 "live_followers": node["live_followers"],
                 "retention_floor": node["retention_floor"],
             },
+            "remoting": {"address": self.remoting_address, **self.remoting.stats.as_dict()},
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),

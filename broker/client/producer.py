@@ -18,6 +18,8 @@ One send, step by step::
   Without it, the retry goes to another group and may be stored twice (consumers can tell).
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.
+- Auto-batching (``batch_max_delay_ms``, 1 ms; 0 = off; broker/client/autobatch.py): concurrent
+  single sends to one queue share one request; each caller gets its own result or error.
 - ``send_async`` / ``send_oneway`` run as tasks; at most ``async_in_flight_max`` at a time (over
   that: ``BUSY`` at once, no unbounded backlog). One-way sends make one attempt; errors are logged.
 """
@@ -33,6 +35,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from broker.client.autobatch import (
+    BATCH_MAX_BYTES_DEFAULT,
+    BATCH_MAX_COUNT_DEFAULT,
+    BATCH_MAX_DELAY_MS_DEFAULT,
+    AutoBatcher,
+    batchable,
+)
 from broker.client.latency import FaultStrategy
 from broker.client.message import (
     Message,
@@ -154,10 +163,14 @@ class Producer:
         unique_ids: UniqueIdGenerator | None = None,
         born_host: str | None = None,
         enable_idempotence: bool = True,
+        batch_max_delay_ms: float = BATCH_MAX_DELAY_MS_DEFAULT,
+        batch_max_count: int = BATCH_MAX_COUNT_DEFAULT,
+        batch_max_bytes: int = BATCH_MAX_BYTES_DEFAULT,
         enable_msg_trace: bool = False,
         trace_topic: str = TRACE_TOPIC_DEFAULT,
     ):
         assert 0 <= retry_times <= 16, "retry_times is bounded"
+        assert batch_max_delay_ms >= 0, "batch_max_delay_ms: 0 turns auto-batching off"
         assert async_in_flight_max > 0
         self.group = check_group(group)
         self.namesrv_addrs = namesrv
@@ -182,6 +195,11 @@ class Producer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._refresher: asyncio.Task[None] | None = None
         self._running = False
+        # Auto-batching (broker/client/autobatch.py): concurrent single sends to one queue share a
+        # request; batch_max_delay_ms=0 turns it off.
+        self._batcher = AutoBatcher(
+            self._send_items, max_delay_ms=batch_max_delay_ms, max_count=batch_max_count, max_bytes=batch_max_bytes
+        ) if batch_max_delay_ms > 0 else None
         # Message trace (broker/client/trace.py): records go out through a producer of their own.
         self.trace_topic = trace_topic
         self.trace: TraceDispatcher | None = None
@@ -236,6 +254,8 @@ class Producer:
             for t in left:
                 t.cancel()
             await asyncio.gather(*left, return_exceptions=True)
+        if self._batcher is not None:
+            await self._batcher.close()
         if self.trace is not None:
             await self.trace.shutdown()
         if self._refresher is not None:
@@ -429,8 +449,18 @@ class Producer:
     async def _send_to(
         self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float
     ) -> SendResult:
-        loop = asyncio.get_running_loop()
         body = send_request(mq, msgs, producer_group=self.group, born_ts=born_ts, born_host=self._born_host)
+        if self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
+            return await self._batcher.send(mq, body["messages"][0], deadline)
+        return send_result_from_answer(await self._send_body(mq, body, deadline), mq)
+
+    async def _send_items(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        """One auto-batch: the messages of several callers in one request (its answer, whole)."""
+        body = {"topic": mq.topic, "queue_id": mq.queue_id, "producer_group": self.group, "messages": items}
+        return await self._send_body(mq, body, deadline)
+
+    async def _send_body(self, mq: MessageQueue, body: dict[str, Any], deadline: float) -> Any:
+        loop = asyncio.get_running_loop()
         start = loop.time()
         try:
             answer = await call_leader(
@@ -446,7 +476,7 @@ class Producer:
             self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=retriable(exc))
             raise
         self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=False)
-        return send_result_from_answer(answer, mq)
+        return answer
 
     async def _before_retry(
         self,

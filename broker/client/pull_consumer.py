@@ -10,10 +10,10 @@ import logging
 from collections.abc import Sequence
 
 from broker.client.consumer_common import pull_from, queue_min_max, search_offset_at
-from broker.client.message import MessageQueue, PullResult, check_group
+from broker.client.message import MessageQueue, PullResult, PullStatus, check_group
 from broker.client.message_selector import Selector, pull_filter
 from broker.client.offset_store import RemoteOffsetStore
-from broker.client.route_cache import RouteCache, subscribe_queues
+from broker.client.route_cache import RouteCache, read_order, subscribe_queues
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -40,8 +40,10 @@ class PullConsumer:
         transport: Transport | None = None,
         credentials: CredentialsArg = FROM_ENV,
         tls: TlsArg = FROM_ENV,
+        read_from_followers: bool = False,
     ):
         self.group = check_group(group)
+        self.read_from_followers = read_from_followers
         self.namesrv_addrs = namesrv
         self.timeout_s = timeout_s
         self.route_refresh_interval_s = route_refresh_interval_s
@@ -111,17 +113,20 @@ class PullConsumer:
     async def pull(
         self, mq: MessageQueue, offset: int, max_count: int = 32, tags: Selector = "*", suspend_ms: int = 0
     ) -> PullResult:
-        """From the leader, else from a follower (any replica serves committed reads); ``tags`` is a
-        tag expression or a ``MessageSelector``."""
+        """From the leader, else from a follower (any replica serves committed reads); with
+        ``read_from_followers``, from a follower first and from the leader when the followers fail
+        or lag behind ``offset``. ``tags`` is a tag expression or a ``MessageSelector``."""
         route = await self.routes.get(mq.topic, self.timeout_s)
-        addrs = self.routes.replicas(route, mq.broker_name)
+        addrs = read_order(
+            self.routes.replicas(route, mq.broker_name), from_followers=self.read_from_followers, spread=mq.queue_id
+        )
         if not addrs:
             raise ClientError("NO_ROUTE", f"no replica address for {mq}")
         expr, sql = pull_filter(tags)
         last: ClientError | None = None
-        for addr in addrs:
+        for i, addr in enumerate(addrs):
             try:
-                return await pull_from(
+                result = await pull_from(
                     self.transport,
                     addr,
                     mq,
@@ -133,6 +138,9 @@ class PullConsumer:
                     timeout_s=self.timeout_s,
                     sql=sql,
                 )
+                if result.status is PullStatus.OFFSET_OVERFLOW and self.read_from_followers and i < len(addrs) - 1:
+                    continue  # this follower has not applied that far yet: ask the next replica
+                return result
             except ClientError as exc:
                 if exc.status in (400, 403, 404):
                     raise

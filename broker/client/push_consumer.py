@@ -127,6 +127,7 @@ class PushConsumer:
         tls: TlsArg = FROM_ENV,
         enable_msg_trace: bool = False,
         trace_topic: str = TRACE_TOPIC_DEFAULT,
+        read_from_followers: bool = False,
     ):
         if not 1 <= pull_batch_size <= 1024 or not 1 <= consume_batch_max <= 1024:
             raise ValueError("pull_batch_size and consume_batch_max must be in 1..1024")
@@ -140,6 +141,7 @@ class PushConsumer:
         self.consume_from = ConsumeFrom(consume_from)
         self.consume_timestamp_ms = consume_timestamp_ms
         self.orderly = orderly
+        self.read_from_followers = read_from_followers  # pull committed data from a follower first
         self.pull_batch_size = pull_batch_size
         self.consume_batch_max = consume_batch_max
         self.suspend_ms = suspend_ms

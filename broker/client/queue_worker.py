@@ -38,7 +38,7 @@ from broker.client.message import (
 )
 from broker.client.offset_store import OffsetStore
 from broker.client.process_queue import ProcessQueue, backoff_s
-from broker.client.route_cache import RouteCache
+from broker.client.route_cache import RouteCache, read_order
 from broker.client.transport import ClientError, Transport
 from broker.protocol.properties import PROP_RETRY_TOPIC, RETRY_PREFIX
 
@@ -68,6 +68,7 @@ class QueueOwner(Protocol):
     max_reconsume_times: int | None
     redeliver_backoff_s: tuple[float, ...]
     orderly_retry_s: float
+    read_from_followers: bool
     consumed: int
     reconsumed: int
     _slots: asyncio.Semaphore | None
@@ -112,8 +113,12 @@ class QueueWorker:
         self.wake = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self.pull_task: asyncio.Task[None] | None = None
+        # Which replica to pull from: an offset into the read order (``read_order``: the leader first,
+        # or a follower first with follower reads). 0 is the queue's home replica; the worker moves
+        # on after a failure and comes home after LEADER_RETRY_S.
         self.replica_index = 0
-        self.on_follower_since = 0.0
+        self.on_follower_since = 0.0  # when the worker left its home replica
+        self.leader_slot = 0  # where the leader is in the current read order
         self.overflow_since: float | None = None  # when the leader first answered OFFSET_OVERFLOW
         self.overflow_logged = 0.0
 
@@ -179,9 +184,14 @@ class QueueWorker:
     async def _pull_once(self) -> float:
         owner, loop = self.owner, asyncio.get_running_loop()
         route = await owner.routes.get(self.mq.topic)
-        addrs = owner.routes.replicas(route, self.mq.broker_name)
+        addrs = read_order(
+            owner.routes.replicas(route, self.mq.broker_name),
+            from_followers=owner.read_from_followers,
+            spread=self.mq.queue_id,
+        )
         if not addrs:
             raise ClientError("NO_ROUTE", f"no replica address for {self.mq}")
+        self.leader_slot = len(addrs) - 1 if owner.read_from_followers else 0
         if self.replica_index % len(addrs) and loop.time() - self.on_follower_since > LEADER_RETRY_S:
             self.replica_index = 0
         addr = addrs[self.replica_index % len(addrs)]
@@ -216,7 +226,7 @@ class QueueWorker:
                 if not self.dropped:
                     self.owner._topic_recreated(self.mq, epoch)
                 return FOLLOWER_LAG_PAUSE_S
-            self.replica_index = 0  # a replica that has not applied the re-creation yet
+            self._to_leader()  # a replica that has not applied the re-creation yet
             return FOLLOWER_LAG_PAUSE_S
         if status is PullStatus.FOUND:
             self.overflow_since = None
@@ -230,7 +240,7 @@ class QueueWorker:
             return 0.0
         if status is PullStatus.OFFSET_OVERFLOW:
             if not from_leader:
-                self.replica_index = 0  # a lagging follower: back to the leader
+                self._to_leader()  # a lagging follower: to the leader for a while
                 return FOLLOWER_LAG_PAUSE_S
             # Same topic epoch: a leader behind the offset this worker reached is a new leader
             # still dispatching committed entries, or a stale route naming a restarted old one. The
@@ -254,6 +264,11 @@ class QueueWorker:
         if status is PullStatus.NO_NEW_MSG and elapsed_s < self.owner.suspend_ms / 2000:
             return FOLLOWER_LAG_PAUSE_S / 4  # answered early (a short poll): do not spin
         return 0.0
+
+    def _to_leader(self) -> None:
+        if self.replica_index != self.leader_slot:
+            self.replica_index = self.leader_slot
+            self.on_follower_since = asyncio.get_running_loop().time()
 
     def _record_progress(self) -> None:
         if self.dropped:  # the owner takes the final position (or, after a reset, throws it away)

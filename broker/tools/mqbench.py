@@ -39,6 +39,7 @@ from broker.client.transport import ClientError, add_security_arguments, parse_a
 from broker.protocol.auth import CredentialsError
 from broker.protocol.limits import MESSAGE_BYTES_MAX
 from broker.tools.cli import add_namesrv_argument
+from broker.tools.cpu_usage import CpuSampler, cluster_processes, parse_pids
 from broker.tools.progress import StatusLine, progress_text
 from dledger.apps.stats import LatencyHistogram
 
@@ -185,6 +186,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         s2c = summary["s2c_ms"]
         lines.append(f"S2C RT(ms): avg {s2c['avg']:.3f} | p99 {s2c['p99']:.3f} | max {s2c['max']:.3f}")
+    for name, cpu in sorted(summary.get("broker_cpu", {}).items()):
+        spent = "?" if cpu["cpu_s"] is None else f"{cpu['cpu_s']:.2f} s"
+        per = "?" if cpu["cpu_us_per_msg"] is None else f"{cpu['cpu_us_per_msg']:.1f} µs/msg"
+        lines.append(f"CPU {name} (pid {cpu['pid']}): {spent}, {per}")
     return "\n".join(lines)
 
 
@@ -280,7 +285,15 @@ async def run_produce(
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
     security = await checked_security(args, err)
-    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
+    producer_kw: dict[str, Any] = {"batch_max_delay_ms": args.batch_delay_ms}
+    http_transport = None
+    if args.transport == "http":  # the SDK's default is the binary protocol where brokers advertise it
+        from broker.client.transport import Transport
+
+        http_transport = producer_kw["transport"] = Transport(args.timeout, protocol="http", **security)
+    cpu = _cpu_sampler(args)
+    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security,
+                            **producer_kw)
     await producer.start()
     stats = Stats()
     stop = asyncio.Event()
@@ -342,6 +355,8 @@ async def run_produce(
         if not stop.is_set():  # paced senders end at their last due time, before the deadline
             elapsed = max(elapsed, args.duration)
         await producer.shutdown()
+        if http_transport is not None:
+            await http_transport.close()
     summary = {
         "mode": "produce",
         "topic": args.topic,
@@ -358,9 +373,27 @@ async def run_produce(
         "send_failed": stats.send_failed,
         "response_failed": stats.response_failed,
         "errors": dict(stats.errors),
+        "transport": args.transport,
+        "batch_delay_ms": args.batch_delay_ms,
     }
+    if cpu is not None:
+        summary["broker_cpu"] = cpu.stop(stats.msgs)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 1 if stats.msgs == 0 and stats.errors else 0
+
+
+def _cpu_sampler(args: argparse.Namespace) -> CpuSampler | None:
+    """CPU time of the broker processes (``--cpu-dir`` / ``--cpu-pids``), started now."""
+    procs: dict[str, int] = {}
+    if getattr(args, "cpu_dir", None):
+        procs.update(cluster_processes(args.cpu_dir))
+    if getattr(args, "cpu_pids", None):
+        procs.update(parse_pids(args.cpu_pids))
+    if not procs:
+        return None
+    sampler = CpuSampler(procs)
+    sampler.start()
+    return sampler
 
 
 async def run_consume(
@@ -492,6 +525,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="total msgs/s, paced open-loop (default: unlimited, closed-loop)",
     )
     p.add_argument("--timeout", type=_positive(float), default=3.0, help="seconds per send (default 3)")
+    p.add_argument("--transport", choices=("binary", "http"), default="binary",
+                   help="binary: the brokers' binary protocol where routes advertise it (the SDK's default); "
+                        "http: HTTP only")
+    p.add_argument("--batch-delay-ms", dest="batch_delay_ms", type=float, default=1.0,
+                   help="the producer's auto-batching linger (default 1; 0 = off)")
+    p.add_argument("--cpu-dir", dest="cpu_dir", metavar="DIR", default=None,
+                   help="report CPU seconds per broker process of the dledger-cluster in DIR (its cluster.json)")
+    p.add_argument("--cpu-pids", dest="cpu_pids", metavar="NAME=PID,...", default=None,
+                   help="report CPU seconds of these processes")
     p = sub.add_parser("consume", help="consume with a push consumer; report TPS and end-to-end latency")
     common(p)
     p.add_argument("-g", "--group", default="benchmark_consumer")
@@ -549,6 +591,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             security_kwargs(args)
         except CredentialsError as exc:
             raise InvalidArgument("BAD_CREDENTIALS", str(exc)) from None
+        if args.command == "produce":
+            try:
+                _cpu_sampler(args)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise InvalidArgument("INVALID_CPU_PROCESSES", f"--cpu-dir/--cpu-pids: {exc}") from None
     except InvalidArgument as exc:
         print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
         return 2
