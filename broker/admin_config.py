@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from broker.config import BrokerConfig
-from dledger.config import ConfigError, _Reader
+from dledger.config import ConfigError, PropertyReader
 
 # BrokerConfig field -> property name (broker/config.py parse_broker_config)
 PROPERTY_OF = {
@@ -80,7 +80,7 @@ def update(cfg: BrokerConfig, key: str, value: str) -> BrokerConfig:
             "edit the config file and restart the replica"
         )
     field, parse = hot
-    parsed = parse(_Reader({key: value}, "updateBrokerConfig"))
+    parsed = parse(PropertyReader({key: value}, "updateBrokerConfig"))
     return dataclasses.replace(cfg, **{field: parsed})
 
 

@@ -13,7 +13,6 @@ with its status; errors of this layer (ACL, body decoding, the edge guard) the s
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -21,15 +20,15 @@ from aiohttp import web
 from broker import export
 from broker.acl import Perm
 from broker.codec import ApiError, answer, check_fields, error, read_body
-from broker.http_edge import ClientGone, EdgeError, guarded_app
+from broker.http_edge import ErrorAnswer, error_middleware, guarded_app, query_int
 from broker.message import InvalidInput, check_group, check_int, check_keys, check_topic, check_unique_id
 from broker.metrics import CONTENT_TYPE
 from broker.protocol.auth import AuthError
+from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.names import is_client_id
 from broker.retry_api import RetryApi
-from broker.service import BrokerService, PulledMessage, ServiceError, offsets_answer
+from broker.service import BrokerService, PulledMessage, offsets_answer
 from broker.service_base import INT64_MAX
-from broker.service_query import MAX_QUERY
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
@@ -41,19 +40,8 @@ _PULL_FIELDS = frozenset(
 )
 
 
-def _int_query(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise ApiError(400, "MISSING_FIELD", f"query parameter {name!r} is required")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "BAD_PARAMETER", f"{name} must be an integer, got {raw[:40]!r}") from None
-    if not lo <= value <= hi:
-        raise ApiError(400, "BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
+def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
+    return error(request, answer.status, answer.code, answer.message, **answer.extra)
 
 
 class BrokerApi:
@@ -63,7 +51,8 @@ class BrokerApi:
         self.svc = service if service is not None else BrokerService(server)
 
     def app(self) -> web.Application:
-        app = guarded_app(self.s.guard, [self._errors, self.sec.middleware])
+        errors = error_middleware(self._classify, _respond, logger=log)
+        app = guarded_app(self.s.guard, [errors, self.sec.middleware])
         r = app.router
         r.add_post("/v1/send", self.send)
         r.add_post("/v1/pull", self.pull)
@@ -98,31 +87,13 @@ class BrokerApi:
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
 
-    @web.middleware
-    async def _errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ServiceError as exc:
-            return error(request, exc.status, exc.code, exc.message, **exc.extra)
-        except AuthError as exc:
-            return error(request, exc.status, exc.code, exc.message)
-        except (EdgeError, ClientGone):
-            raise  # answered by the edge guard's middleware
-        except web.HTTPException as exc:
-            if exc.status >= 400:
-                code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(
-                    exc.status, exc.reason.upper().replace(" ", "_")
-                )
-                return error(request, exc.status, code, exc.text or exc.reason)
-            raise
-        except Exception as exc:
-            mapped = self.svc.translate(exc)  # validation and store errors raised in this layer
-            if mapped is not None:
-                return error(request, mapped.status, mapped.code, mapped.message, **mapped.extra)
-            log.exception("unexpected error in %s %s", request.method, request.path)
-            return error(request, 500, "INTERNAL", "internal error (logged by the broker)")
+    def _classify(self, exc: Exception) -> ErrorAnswer | None:
+        """The broker's errors (``error_middleware`` answers the rest): the service's, ACL's, and
+        validation and store errors raised in this layer (``BrokerService.translate``)."""
+        if isinstance(exc, AuthError):
+            return ErrorAnswer(exc.status, exc.code, exc.message)
+        mapped = self.svc.translate(exc)
+        return None if mapped is None else ErrorAnswer(mapped.status, mapped.code, mapped.message, mapped.extra)
 
     def _view(self, pm: PulledMessage) -> dict[str, Any]:
         return pm.view(self.s.cfg.broker_name)
@@ -177,9 +148,9 @@ class BrokerApi:
         found = self.svc.messages_by_key(
             topic,
             key,
-            max_n=_int_query(request, "max", 64, 1, MAX_QUERY),
-            begin_ts=_int_query(request, "begin_ts", 0, 0, INT64_MAX),
-            end_ts=_int_query(request, "end_ts", INT64_MAX, 0, INT64_MAX),
+            max_n=query_int(request, "max", 64, 1, QUERY_MESSAGES_MAX),
+            begin_ts=query_int(request, "begin_ts", 0, 0, INT64_MAX),
+            end_ts=query_int(request, "end_ts", INT64_MAX, 0, INT64_MAX),
             unique=unique,
         )
         return [self._view(pm) for pm in found]
@@ -203,8 +174,8 @@ class BrokerApi:
         topic = check_topic(request.query.get("topic"))
         self.sec.require(request, topics={topic: Perm.SUB})
         tc = self.svc.topic(topic)
-        qid = _int_query(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
-        return topic, qid, _int_query(request, name, None, 0, INT64_MAX)
+        qid = query_int(request, "queue_id", None, 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1)
+        return topic, qid, query_int(request, name, None, 0, INT64_MAX)
 
     async def msg_by_offset(self, request: web.Request) -> web.Response:
         topic, qid, offset = self._queue_query(request, "offset")

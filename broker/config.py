@@ -45,12 +45,13 @@ import os
 from collections.abc import Mapping
 
 from broker.protocol.auth import Credentials
+from broker.protocol.limits import MESSAGE_BYTES_MAX
 from broker.protocol.names import is_decimal, is_name, is_topic
 from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
     ConfigError,
     DLedgerConfig,
-    _Reader,
+    PropertyReader,
     is_valid_host,
     load_properties,
     parse_dledger_config,
@@ -188,7 +189,7 @@ def parse_broker_config(
 ) -> BrokerConfig:
     env = os.environ if env is None else env
     dl = parse_dledger_config(props, source=source, extra_known_keys=BROKER_KEYS)
-    r = _Reader(props, source)
+    r = PropertyReader(props, source)
     cluster = r.optional("brokerClusterName") or "DefaultCluster"
     if not is_name(cluster):
         raise r.error("brokerClusterName", f"{cluster!r} must be 1..127 characters of [a-zA-Z0-9_-]")
@@ -219,7 +220,7 @@ def parse_broker_config(
         register_period_ms=r.integer("registerNameServerPeriod", 30_000, 100, 600_000),
         auto_create_topic=r.boolean("autoCreateTopicEnable", True),
         default_topic_queue_nums=r.integer("defaultTopicQueueNums", 4, 1, 1024),
-        max_message_size=r.integer("maxMessageSize", 4 << 20, 1, 16 << 20),
+        max_message_size=r.integer("maxMessageSize", MESSAGE_BYTES_MAX, 1, 16 << 20),
         long_polling_max_ms=r.integer("longPollingMaxMs", 30_000, 0, 300_000),
         client_expiry_ms=r.integer("clientExpiryMs", 40_000, 1000, 3_600_000),
         snapshot_interval_ms=r.integer("storeSnapshotIntervalMs", 1000, 10, 600_000),
@@ -245,21 +246,21 @@ def parse_broker_config(
     )
 
 
-def _trace_topic(r: _Reader) -> str:
+def _trace_topic(r: PropertyReader) -> str:
     topic = r.optional("msgTraceTopicName") or "RMQ_SYS_TRACE_TOPIC"
     if not is_topic(topic):
         raise r.error("msgTraceTopicName", f"{topic[:140]!r} is not a valid topic name")
     return topic
 
 
-def _delay_levels(r: _Reader) -> tuple[int, ...]:
+def _delay_levels(r: PropertyReader) -> tuple[int, ...]:
     try:
         return parse_delay_levels(r.optional("messageDelayLevel") or DEFAULT_DELAY_LEVELS)
     except ValueError as exc:
         raise r.error("messageDelayLevel", str(exc)) from None
 
 
-def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:
+def _enabled_path(r: PropertyReader, flag: str, key: str) -> str | None:
     if not r.boolean(flag, False):
         return None
     path = r.optional(key)
@@ -268,7 +269,7 @@ def _enabled_path(r: _Reader, flag: str, key: str) -> str | None:
     return path
 
 
-def _security(r: _Reader) -> SecurityConfig:
+def _security(r: PropertyReader) -> SecurityConfig:
     ak, sk = r.optional("brokerAccessKey"), r.optional("brokerSecretKey")
     creds = None
     if ak or sk:
@@ -295,7 +296,7 @@ def _security(r: _Reader) -> SecurityConfig:
     )
 
 
-def _bind_address(r: _Reader) -> str:
+def _bind_address(r: PropertyReader) -> str:
     value = r.optional("bindAddress") or ""
     if value and not is_valid_host(value):
         raise r.error("bindAddress", f"{value!r} is not an IPv4 address or host name")

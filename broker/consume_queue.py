@@ -83,11 +83,11 @@ log = logging.getLogger(__name__)
 _UNIT = struct.Struct("<QIQQ")
 UNIT_SIZE = _UNIT.size  # 28
 _ZERO_UNIT = bytes(UNIT_SIZE)
-_MIN_FILE = "min_offset"
-_MIN_RECORD = struct.Struct("<4sQ")
-_MIN_MAGIC = b"CQMO"
+MIN_OFFSET_FILE = "min_offset"
+MIN_OFFSET_RECORD = struct.Struct("<4sQ")
+MIN_OFFSET_MAGIC = b"CQMO"
 _CRC = struct.Struct("<I")
-_NAME_DIGITS = 20
+FILE_NAME_DIGITS = 20
 BUFFER_UNITS_MAX = 4096
 FD_CACHE_MAX = 3
 _READ_ATTEMPTS = 3
@@ -129,11 +129,11 @@ def unpack_units(data: bytes, first_offset: int) -> list[Unit]:
 
 
 def file_name(first_offset: int) -> str:
-    return f"{first_offset:0{_NAME_DIGITS}d}"
+    return f"{first_offset:0{FILE_NAME_DIGITS}d}"
 
 
 def _is_file_name(name: str) -> bool:
-    return len(name) == _NAME_DIGITS and name.isdigit()
+    return len(name) == FILE_NAME_DIGITS and name.isdigit()
 
 
 @dataclass
@@ -215,7 +215,7 @@ class ConsumeQueue:
 
     def _recover(self) -> tuple[list[int], int, int, int | None]:
         try:
-            os.unlink(self._path(_MIN_FILE + ".tmp"))
+            os.unlink(self._path(MIN_OFFSET_FILE + ".tmp"))
         except FileNotFoundError:
             pass
         stored_min = self._load_min_offset()
@@ -268,30 +268,30 @@ class ConsumeQueue:
             os.close(fd)
 
     def _load_min_offset(self) -> int | None:
-        path = self._path(_MIN_FILE)
+        path = self._path(MIN_OFFSET_FILE)
         try:
             with open(path, "rb") as f:
                 raw = f.read(64)
         except FileNotFoundError:
             return None
-        body = raw[: _MIN_RECORD.size]
+        body = raw[: MIN_OFFSET_RECORD.size]
         if len(raw) != len(body) + _CRC.size or _CRC.unpack_from(raw, len(body))[0] != zlib.crc32(body):
             raise ConsumeQueueDamaged(path, "bad min_offset record")
-        magic, offset = _MIN_RECORD.unpack(body)
-        if magic != _MIN_MAGIC:
+        magic, offset = MIN_OFFSET_RECORD.unpack(body)
+        if magic != MIN_OFFSET_MAGIC:
             raise ConsumeQueueDamaged(path, "bad min_offset magic")
         return int(offset)
 
     def _store_min_offset(self, offset: int) -> None:
-        body = _MIN_RECORD.pack(_MIN_MAGIC, offset)
-        tmp = self._path(_MIN_FILE + ".tmp")
+        body = MIN_OFFSET_RECORD.pack(MIN_OFFSET_MAGIC, offset)
+        tmp = self._path(MIN_OFFSET_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _pwrite_all(fd, body + _CRC.pack(zlib.crc32(body)), 0)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, self._path(_MIN_FILE))
+        os.replace(tmp, self._path(MIN_OFFSET_FILE))
         fsync_dir(self._dir)
         self._stored_min = offset
 

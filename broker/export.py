@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.codec import ApiError, answer
+from broker.http_edge import query_int
 from broker.protocol.names import is_topic
 
 if TYPE_CHECKING:
@@ -104,18 +105,6 @@ def read_part(root: str, path: str, offset: int, max_bytes: int) -> tuple[bytes,
         os.close(fd)
 
 
-def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or len(raw) > 19:
-        raise ApiError(400, "BAD_PARAMETER", f"{name} must be an integer in [{lo}, {hi}], got {raw[:40]!r}")
-    value = int(raw)
-    if not lo <= value <= hi:
-        raise ApiError(400, "BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
-
-
 class ReplicaExport:
     def __init__(self, api: BrokerApi):
         self.api = api
@@ -130,7 +119,7 @@ class ReplicaExport:
         after = request.query.get("after", "")
         if len(after) > 512:
             raise ApiError(400, "BAD_PARAMETER", "after is at most 512 characters")
-        limit = _int(request, "limit", MAX_FILES, 1, MAX_FILES)
+        limit = query_int(request, "limit", MAX_FILES, 1, MAX_FILES)
         node = await self.api.s.node.status()  # before the listing: the files hold at least this
         async with self._reads:
             files, more = await asyncio.to_thread(list_files, self.root, after, limit)
@@ -147,8 +136,8 @@ class ReplicaExport:
         path = request.query.get("path")
         if path is None:
             raise ApiError(400, "MISSING_FIELD", "query parameter 'path' is required")
-        offset = _int(request, "offset", 0, 0, 2**62)
-        max_bytes = _int(request, "max_bytes", DEFAULT_BYTES, 1, MAX_BYTES)
+        offset = query_int(request, "offset", 0, 0, 2**62)
+        max_bytes = query_int(request, "max_bytes", DEFAULT_BYTES, 1, MAX_BYTES)
         if not exported_path(path):
             raise ApiError(400, "BAD_PATH", f"{path[:120]!r} is not an exported replica file")
         async with self._reads:

@@ -24,6 +24,12 @@ Timers::
 
 Wiring: ``EdgeRunner(app, guard)`` instead of ``web.AppRunner``, ``EdgeSite`` instead of
 ``web.TCPSite``, and ``guard.middleware`` first in the app's middlewares.
+
+Errors and parameters, one implementation for every HTTP server of the project (the broker, the
+NameServer, the stand-alone ``dledger-node``): ``error_middleware`` answers every exception a
+handler raises as ``{code, message, ...}`` (the server's ``classify`` maps its own error types,
+``RequestError`` and aiohttp's HTTP errors are mapped here, anything else is a logged 500), and
+``query_int`` parses a bounded integer query parameter (400 ``BAD_PARAMETER`` / ``MISSING_FIELD``).
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import re
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -58,6 +65,99 @@ class EdgeError(Exception):
 
 class ClientGone(Exception):
     """The client closed the connection while its request was being read: nobody to answer."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorAnswer:
+    """What an error is answered with: HTTP ``status`` and the body ``{code, message, **extra}``."""
+
+    status: int
+    code: str
+    message: str
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.extra}
+
+
+class RequestError(Exception):
+    """A request refused by the handler's own parsing (a bad parameter): answered by
+    ``error_middleware`` with ``status`` and ``code``, the connection kept."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any):
+        super().__init__(f"{code}: {message}")
+        self.answer = ErrorAnswer(status, code, message, extra)
+
+
+# aiohttp's own HTTP errors (router misses, its body limit) get the codes clients already know
+HTTP_ERROR_CODES: Final[Mapping[int, str]] = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}
+_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
+Classify = Callable[[Exception], ErrorAnswer | None]
+Respond = Callable[[web.Request, ErrorAnswer], web.StreamResponse]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_error(request: web.Request, answer: ErrorAnswer) -> web.Response:
+    """The default ``Respond``: the error map as JSON."""
+    return web.json_response(answer.body(), status=answer.status)
+
+
+def internal_error(exc: Exception) -> ErrorAnswer:
+    """The default answer to an exception nobody mapped (a bug, not bad input): logged, then 500."""
+    return ErrorAnswer(500, "INTERNAL", "internal error (logged by the server)")
+
+
+def error_middleware(
+    classify: Classify | None = None,
+    respond: Respond = json_error,
+    *,
+    internal: Callable[[Exception], ErrorAnswer] = internal_error,
+    logger: logging.Logger = log,
+) -> Any:
+    """The middleware that turns every exception a handler raises into a ``{code, message}``
+    answer: ``EdgeError`` / ``ClientGone`` pass through to the guard's middleware (outermost);
+    ``RequestError`` and ``classify(exc)`` answer as they say; aiohttp's HTTP errors (>= 400) keep
+    their status with a code from ``HTTP_ERROR_CODES`` (else the reason, upper-cased); anything
+    else is logged with its traceback and answered ``internal(exc)``."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (EdgeError, ClientGone):
+            raise
+        except RequestError as exc:
+            return respond(request, exc.answer)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code = HTTP_ERROR_CODES.get(exc.status, exc.reason.upper().replace(" ", "_"))
+            return respond(request, ErrorAnswer(exc.status, code, exc.text or exc.reason))
+        except Exception as exc:
+            answer = classify(exc) if classify is not None else None
+            if answer is None:
+                logger.exception("unexpected error in %s %s", request.method, request.path)
+                answer = internal(exc)
+            return respond(request, answer)
+
+    return errors
+
+
+def query_int(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
+    """The integer query parameter ``name`` in ``[lo, hi]``; ``default`` when absent (None: it is
+    required). Only plain decimal digits (an optional ``-``, at most 19 digits) are accepted: no
+    whitespace, ``+`` or ``_`` that ``int()`` would let through."""
+    raw = request.query.get(name)
+    if raw is None:
+        if default is None:
+            raise RequestError(400, "MISSING_FIELD", f"query parameter {name!r} is required")
+        return default
+    if _DECIMAL.fullmatch(raw) is None:
+        raise RequestError(400, "BAD_PARAMETER", f"{name} must be an integer in [{lo}, {hi}], got {raw[:40]!r}")
+    value = int(raw)
+    if not lo <= value <= hi:
+        raise RequestError(400, "BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

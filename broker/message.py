@@ -32,6 +32,15 @@ from typing import Any
 
 import msgpack
 
+from broker.protocol.limits import (
+    BATCH_MESSAGES_MAX,
+    BORN_HOST_CHARS_MAX,
+    KEY_CHARS_MAX,
+    KEYS_MAX,
+    PROPERTIES_MAX,
+    PROPERTY_BYTES_MAX,
+    TAGS_CHARS_MAX,
+)
 from broker.protocol.names import (
     GROUP_RULE,
     PROPERTY_NAME_RULE,
@@ -57,14 +66,6 @@ _WS_RE = re.compile(r"\s")
 # topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len
 _HEADER_TYPES = (str, int, int, str, list, dict, int, str, int, str, int)
 
-MAX_TAGS_CHARS = 255
-MAX_KEYS = 32
-MAX_KEY_CHARS = 255
-MAX_PROPERTIES = 64
-MAX_PROPERTY_BYTES = 32 << 10
-MAX_BORN_HOST_CHARS = 255
-MAX_BATCH = 1024
-DEFAULT_MAX_MESSAGE_SIZE = 4 << 20
 
 
 class InvalidInput(Exception):
@@ -234,13 +235,13 @@ def check_tags(tags: Any) -> str:
         return ""
     if (
         not isinstance(tags, str)
-        or len(tags) > MAX_TAGS_CHARS
+        or len(tags) > TAGS_CHARS_MAX
         or _CONTROL_RE.search(tags)
         or "||" in tags
         or not encodable(tags)
     ):
         raise InvalidInput(
-            "INVALID_TAGS", f"tags must be a string of at most {MAX_TAGS_CHARS} chars without '||' or control chars"
+            "INVALID_TAGS", f"tags must be a string of at most {TAGS_CHARS_MAX} chars without '||' or control chars"
         )
     return tags
 
@@ -250,12 +251,12 @@ def check_keys(keys: Any) -> tuple[str, ...]:
         return ()
     if isinstance(keys, str):
         keys = keys.split()
-    if not isinstance(keys, (list, tuple)) or len(keys) > MAX_KEYS:
-        raise InvalidInput("INVALID_KEYS", f"keys must be a list of at most {MAX_KEYS} strings")
+    if not isinstance(keys, (list, tuple)) or len(keys) > KEYS_MAX:
+        raise InvalidInput("INVALID_KEYS", f"keys must be a list of at most {KEYS_MAX} strings")
     for k in keys:
-        if not isinstance(k, str) or not 1 <= len(k) <= MAX_KEY_CHARS or _WS_RE.search(k) or not encodable(k):
+        if not isinstance(k, str) or not 1 <= len(k) <= KEY_CHARS_MAX or _WS_RE.search(k) or not encodable(k):
             raise InvalidInput(
-                "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{MAX_KEY_CHARS} chars without whitespace"
+                "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{KEY_CHARS_MAX} chars without whitespace"
             )
     return tuple(keys)
 
@@ -263,8 +264,8 @@ def check_keys(keys: Any) -> tuple[str, ...]:
 def check_properties(props: Any) -> dict[str, str]:
     if props is None:
         return {}
-    if not isinstance(props, dict) or len(props) > MAX_PROPERTIES:
-        raise InvalidInput("INVALID_PROPERTIES", f"properties must be a map of at most {MAX_PROPERTIES} entries")
+    if not isinstance(props, dict) or len(props) > PROPERTIES_MAX:
+        raise InvalidInput("INVALID_PROPERTIES", f"properties must be a map of at most {PROPERTIES_MAX} entries")
     total = 0
     for k, v in props.items():
         if not is_property_name(k):
@@ -272,8 +273,8 @@ def check_properties(props: Any) -> dict[str, str]:
         if not isinstance(v, str) or not encodable(v):
             raise InvalidInput("INVALID_PROPERTIES", f"property {k!r} must have a UTF-8 string value")
         total += len(v.encode("utf-8"))
-    if total > MAX_PROPERTY_BYTES:
-        raise InvalidInput("INVALID_PROPERTIES", f"property values exceed {MAX_PROPERTY_BYTES} bytes together")
+    if total > PROPERTY_BYTES_MAX:
+        raise InvalidInput("INVALID_PROPERTIES", f"property values exceed {PROPERTY_BYTES_MAX} bytes together")
     return dict(props)
 
 
@@ -305,8 +306,8 @@ def build_messages(
     default_born_host: str,
 ) -> list[StoredMessage]:
     """Validate a send request's ``messages`` and make the records (one store time for the batch)."""
-    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not 1 <= len(items) <= MAX_BATCH:
-        raise InvalidInput("INVALID_BATCH", f"messages must be a list of 1..{MAX_BATCH} messages")
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not 1 <= len(items) <= BATCH_MESSAGES_MAX:
+        raise InvalidInput("INVALID_BATCH", f"messages must be a list of 1..{BATCH_MESSAGES_MAX} messages")
     out: list[StoredMessage] = []
     total = 0
     for i, item in enumerate(items):
@@ -318,8 +319,8 @@ def build_messages(
         body = check_body(item.get("body"), max_size)
         total += len(body)
         born_host = item.get("born_host", default_born_host)
-        if not isinstance(born_host, str) or len(born_host) > MAX_BORN_HOST_CHARS:
-            raise InvalidInput("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {MAX_BORN_HOST_CHARS}")
+        if not isinstance(born_host, str) or len(born_host) > BORN_HOST_CHARS_MAX:
+            raise InvalidInput("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {BORN_HOST_CHARS_MAX}")
         uid = item.get("unique_id")
         out.append(
             StoredMessage(

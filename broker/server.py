@@ -122,7 +122,7 @@ class BrokerServer:
             transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
         )
         self.metrics = BrokerMetrics(self)
-        self.node.core.observe = self.metrics.observe
+        self.node.set_observer(self.metrics.observe)
         self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
             self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
         )

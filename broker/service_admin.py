@@ -14,13 +14,12 @@ from broker.admin_config import ConfigError, NotUpdatable, config_view
 from broker.admin_config import update as update_config
 from broker.message import check_group, check_int, check_topic
 from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
+from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import is_decimal
 from broker.service_base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 
 log = logging.getLogger("broker.service")
 
-MAX_OFFSETS = 1024
-MAX_QUEUE_NUMS = 1024
 
 
 def offsets_answer(offsets: Mapping[int, int]) -> dict[str, int]:
@@ -60,8 +59,8 @@ class AdminOps(ServiceBase):
         cmd = {
             "op": "topic.put",
             "topic": check_topic(topic),
-            "read_queue_nums": check_int(read_queue_nums, "read_queue_nums", 1, MAX_QUEUE_NUMS, "INVALID_QUEUE_NUMS"),
-            "write_queue_nums": check_int(write_queue_nums, "write_queue_nums", 1, MAX_QUEUE_NUMS,
+            "read_queue_nums": check_int(read_queue_nums, "read_queue_nums", 1, QUEUE_NUMS_MAX, "INVALID_QUEUE_NUMS"),
+            "write_queue_nums": check_int(write_queue_nums, "write_queue_nums", 1, QUEUE_NUMS_MAX,
                                           "INVALID_QUEUE_NUMS"),
             "perm": check_int(perm, "perm", 0, 7, "INVALID_PERM"),
             "order": order,
@@ -137,9 +136,9 @@ class AdminOps(ServiceBase):
     # -- offsets ---------------------------------------------------------------------------------------
     def offsets_map(self, raw: Any, tc: TopicConfig) -> dict[int, int]:
         """Validate a map of queue id (int or decimal string) -> offset against the topic's queues."""
-        if not isinstance(raw, dict) or len(raw) > MAX_OFFSETS:
+        if not isinstance(raw, dict) or len(raw) > OFFSETS_PER_COMMIT_MAX:
             raise ServiceError(
-                400, "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {MAX_OFFSETS} entries)"
+                400, "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {OFFSETS_PER_COMMIT_MAX} entries)"
             )
         out = {}
         for k, v in raw.items():

@@ -28,16 +28,13 @@ from broker.message import (
     parse_msg_id,
     tag_hash,
 )
+from broker.protocol.limits import PULL_BYTES_MAX, PULL_COUNT_MAX, PULL_SUSPEND_MS_MAX
 from broker.protocol.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.service_base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 from broker.store import MessageNotFound
 
-MAX_PULL_COUNT = 1024
-MAX_PULL_BYTES = 64 << 20
-MAX_SUSPEND_MS = 3_600_000
 MAX_SCAN_UNITS = 16_384
 MAX_SQL_SCAN_UNITS = 2048  # an SQL filter reads every unit it scans from the log: fewer per pull
-MAX_QUERY = 512
 
 TagFilter = tuple[set[int], set[str]]  # (tag hashes, tags)
 
@@ -149,10 +146,10 @@ class QueryOps(ServiceBase):
             raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not readable (perm {tc.perm})")
         qid = check_int(queue_id, "queue_id", 0, tc.read_queue_nums - 1, "INVALID_QUEUE_ID")
         offset = check_int(offset, "offset", 0, INT64_MAX)
-        max_count = check_int(max_count, "max_count", 1, MAX_PULL_COUNT)
-        max_bytes = check_int(max_bytes, "max_bytes", 1, MAX_PULL_BYTES)
+        max_count = check_int(max_count, "max_count", 1, PULL_COUNT_MAX)
+        max_bytes = check_int(max_bytes, "max_bytes", 1, PULL_BYTES_MAX)
         # Held at most longPollingMaxMs, like RocketMQ clamps the suspend time (not an error).
-        suspend_ms = check_int(suspend_ms, "suspend_ms", 0, MAX_SUSPEND_MS)
+        suspend_ms = check_int(suspend_ms, "suspend_ms", 0, PULL_SUSPEND_MS_MAX)
         suspend_ms = min(suspend_ms, s.cfg.long_polling_max_ms)
         flt = tag_filter(tags)
         compiled = sql_filter(sql, tags, s.cfg.enable_property_filter) if sql is not None else None

@@ -108,7 +108,7 @@ class SendOps(ServiceBase):
         s = self.s
         self.dedup = SendDeduper(  # idempotent sends (broker/dedup.py)
             s.store.dedup,
-            log_end=lambda: s.node.store.last_index,
+            log_end=lambda: s.node.last_index,
             applied=s.store.applied_index,
             term=lambda: s.node.term,
             monotonic=s.clock.monotonic,

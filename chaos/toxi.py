@@ -24,8 +24,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,10 +108,9 @@ class ToxiproxyServer:
         while time.monotonic() < deadline:
             if child.poll() is not None:
                 raise ToxiproxyMissing(f"toxiproxy-server exited with {child.returncode}; see {self.log_path}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"http://{self.host}:{self.port}/version", timeout=1) as r:
-                    if r.status == 200:
-                        return
+            with contextlib.suppress(requests.RequestException):  # the client stack toxiproxy-python uses
+                if requests.get(f"http://{self.host}:{self.port}/version", timeout=1).status_code == 200:
+                    return
             time.sleep(0.05)
         self.stop()
         raise ToxiproxyMissing(f"toxiproxy-server did not answer on {self.host}:{self.port} within {timeout_s} s")

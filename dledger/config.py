@@ -270,8 +270,9 @@ def parse_peers(raw: str, source: str = "") -> tuple[Peer, ...]:
     return tuple(peers)
 
 
-class _Reader:
-    """Typed access to one mapping of properties; every error names the key and the source."""
+class PropertyReader:
+    """Typed access to one mapping of properties; every error names the key and the source. Public:
+    the broker's configuration (broker/config.py, admin_config.py) is read through it too."""
 
     def __init__(self, props: Mapping[str, str], source: str):
         self.props = props
@@ -335,7 +336,7 @@ def parse_dledger_config(
     """Validate ``props`` (from ``load_properties``) into a ``DLedgerConfig``; ``source`` names the
     file in errors. Keys in ``extra_known_keys`` are allowed and ignored here."""
     _check_known_keys(props, DLEDGER_KEYS | extra_known_keys, source)
-    r = _Reader(props, source)
+    r = PropertyReader(props, source)
 
     group = r.required("dLegerGroup")
     if not GROUP_NAME_RE.fullmatch(group):

@@ -29,6 +29,10 @@ Index record (fixed width, one per Raft index, slot ``index - file_base``)::
     | position | term | total_size | chain_crc |
     | u64      | u64  | u32        | u32       |     24 bytes; all zero = no record
     +----------+------+------------+-----------+
+
+Anchor (``store/anchor``: where the log starts after retention or a reset), replaced atomically::
+
+    magic u32 | version u16 | reserved u16 | index u64 | term u64 | chain_crc u32 | floor_position u64 | crc32 u32
 """
 
 from __future__ import annotations
@@ -225,3 +229,34 @@ def valid_header_after(fd: int, size: int, offset: int, chunk_bytes: int) -> boo
                 at = data.find(MAGIC_BYTES, at + 1)
         offset += chunk_bytes
     return False
+
+
+# -- the anchor record -------------------------------------------------------------------------------
+ANCHOR_FILE = "anchor"
+_ANCHOR = struct.Struct("<IHHQQIQ")  # magic, version, reserved, index, term, chain_crc, floor_position
+_ANCHOR_CRC = struct.Struct("<I")
+ANCHOR_MAGIC = 0xD1ED0A1C
+ANCHOR_VERSION = 1
+ANCHOR_BYTES = _ANCHOR.size + _ANCHOR_CRC.size
+
+
+class AnchorFormatError(ValueError):
+    """The bytes are not an anchor record this version writes (damaged, or an unknown format)."""
+
+
+def encode_anchor(index: int, term: int, chain_crc: int, floor_position: int) -> bytes:
+    """The anchor record: the log holds ``index + 1 ..``, the entry at ``index`` had ``term`` and
+    ``chain_crc``; segments below ``floor_position`` are gone."""
+    payload = _ANCHOR.pack(ANCHOR_MAGIC, ANCHOR_VERSION, 0, index, term, chain_crc, floor_position)
+    return payload + _ANCHOR_CRC.pack(zlib.crc32(payload))
+
+
+def decode_anchor(raw: bytes) -> tuple[int, int, int, int]:
+    """``(index, term, chain_crc, floor_position)`` of an anchor record; ``AnchorFormatError``
+    when it is damaged or of an unknown format."""
+    if len(raw) != ANCHOR_BYTES or zlib.crc32(raw[: _ANCHOR.size]) != _ANCHOR_CRC.unpack_from(raw, _ANCHOR.size)[0]:
+        raise AnchorFormatError(f"anchor record is damaged ({len(raw)} bytes)")
+    magic, version, _, index, term, chain, floor = _ANCHOR.unpack_from(raw)
+    if magic != ANCHOR_MAGIC or version != ANCHOR_VERSION:
+        raise AnchorFormatError(f"unknown anchor format 0x{magic:08x} v{version}")
+    return index, term, chain, floor

@@ -23,8 +23,8 @@ log = logging.getLogger("dledger.journal")
 
 _TERM_FILE = "raft_term"
 _COMMIT_FILE = "raft_commit"
-_TERM_FMT = struct.Struct("<QH")  # term, length of votedFor, then votedFor utf-8, then crc32
-_COMMIT_FMT = struct.Struct("<QI")  # commit index, crc32
+TERM_RECORD = struct.Struct("<QH")  # term, length of votedFor, then votedFor utf-8, then crc32
+COMMIT_RECORD = struct.Struct("<QI")  # commit index, crc32
 
 
 class JournalError(RuntimeError):
@@ -52,14 +52,14 @@ class FileMetaStore:
 
     def save_term_vote(self, term: int, voted_for: str | None) -> None:
         raw_vote = (voted_for or "").encode()
-        payload = _TERM_FMT.pack(term, len(raw_vote)) + raw_vote
+        payload = TERM_RECORD.pack(term, len(raw_vote)) + raw_vote
         atomic_write(os.path.join(self._dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload)))
 
     def save_commit_hint(self, commit_index: int) -> None:
         payload = struct.pack("<Q", commit_index)
         path = os.path.join(self._dir, _COMMIT_FILE)
         with open(path + ".tmp", "wb") as f:
-            f.write(_COMMIT_FMT.pack(commit_index, zlib.crc32(payload)))
+            f.write(COMMIT_RECORD.pack(commit_index, zlib.crc32(payload)))
         os.replace(path + ".tmp", path)
 
     def _load_term(self) -> tuple[int, str | None]:
@@ -69,13 +69,13 @@ class FileMetaStore:
                 raw = f.read()
         except FileNotFoundError:
             return 0, None
-        if len(raw) < _TERM_FMT.size + 4:
+        if len(raw) < TERM_RECORD.size + 4:
             raise JournalError(f"{path}: truncated term/vote file ({len(raw)} bytes)")
         payload, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])
         if zlib.crc32(payload) != crc:
             raise JournalError(f"{path}: term/vote checksum mismatch")
-        term, vote_len = _TERM_FMT.unpack_from(payload, 0)
-        vote = payload[_TERM_FMT.size : _TERM_FMT.size + vote_len].decode()
+        term, vote_len = TERM_RECORD.unpack_from(payload, 0)
+        vote = payload[TERM_RECORD.size : TERM_RECORD.size + vote_len].decode()
         return term, (vote or None)
 
     def _load_commit(self) -> int:
@@ -85,10 +85,10 @@ class FileMetaStore:
                 raw = f.read()
         except FileNotFoundError:
             return 0
-        if len(raw) != _COMMIT_FMT.size:
+        if len(raw) != COMMIT_RECORD.size:
             log.warning("%s: ignoring a damaged commit-index hint", path)
             return 0
-        commit, crc = _COMMIT_FMT.unpack(raw)
+        commit, crc = COMMIT_RECORD.unpack(raw)
         if zlib.crc32(struct.pack("<Q", commit)) != crc:
             log.warning("%s: ignoring a commit-index hint with a bad checksum", path)
             return 0

@@ -188,6 +188,12 @@ class DLedgerNode:
     def commit_latency_ms(self) -> collections.deque[float]:
         return self.core.commit_latency_ms
 
+    def set_observer(self, observe: Callable[[str, float], None]) -> None:
+        """Where the replica reports its measurements (``observe(name, value)``: ``batch_bodies``,
+        ``fsync_seconds``), called on the tick thread; set it before ``start``. The broker's
+        Prometheus metrics take them."""
+        self.core.observe = observe
+
     @property
     def _sync(self) -> Any:
         return self.core.sync

@@ -83,16 +83,18 @@ def age_on_filesystem_clock(fd: int) -> float:
 
 
 class Chunks:
-    """Sequential positioned reads in 1 MiB chunks (whole records when they are larger)."""
+    """Sequential positioned reads of ``fd`` in chunks of ``chunk_bytes`` (default 1 MiB; whole
+    records when they are larger). Reads only: the Spark replica reader uses it too."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, chunk_bytes: int = SCAN_CHUNK_BYTES):
         self._fd = fd
+        self._chunk_bytes = chunk_bytes
         self._buf = b""
         self._start = 0
 
     def view(self, offset: int, size: int) -> memoryview:
         if not (self._start <= offset and offset + size <= self._start + len(self._buf)):
-            self._buf = os.pread(self._fd, max(size, SCAN_CHUNK_BYTES), offset)
+            self._buf = os.pread(self._fd, max(size, self._chunk_bytes), offset)
             self._start = offset
         at = offset - self._start
         return memoryview(self._buf)[at : at + size]

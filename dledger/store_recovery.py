@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
-import zlib
 from typing import TYPE_CHECKING
 
 from dledger.clock import Clock
 from dledger.durable import fsync_dir
 from dledger.entry_codec import (
+    ANCHOR_FILE,
     BLANK_SIZE,
     HEADER_SIZE,
     INDEX_RECORD_SIZE,
+    AnchorFormatError,
     CorruptEntryError,
     EntryHeader,
     IndexRecord,
     check_record,
+    decode_anchor,
     decode_header,
     decode_index_record,
+    encode_anchor,
     follows,
     is_blank,
     pack_index_record,
@@ -51,11 +53,6 @@ from dledger.segment_files import (
 
 log = logging.getLogger("dledger.entry_store")
 
-_ANCHOR = struct.Struct("<IHHQQIQ")  # magic, version, reserved, index, term, chain_crc, floor_position
-_ANCHOR_CRC = struct.Struct("<I")
-_ANCHOR_MAGIC = 0xD1ED0A1C
-_ANCHOR_VERSION = 1
-ANCHOR_FILE = "anchor"
 RANGE_CHUNK_RECORDS = 4096
 
 
@@ -93,11 +90,10 @@ class StoreRecovery:
 
     # -- anchor file ----------------------------------------------------------------------------
     def _write_anchor(self, index: int, term: int, chain: int, floor: int) -> None:
-        payload = _ANCHOR.pack(_ANCHOR_MAGIC, _ANCHOR_VERSION, 0, index, term, chain, floor)
         path = os.path.join(self.path, ANCHOR_FILE)
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            pwrite_all(fd, [payload, _ANCHOR_CRC.pack(zlib.crc32(payload))], 0)
+            pwrite_all(fd, [encode_anchor(index, term, chain, floor)], 0)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -111,16 +107,10 @@ class StoreRecovery:
                 raw = f.read()
         except FileNotFoundError:
             return None
-        size = _ANCHOR.size + _ANCHOR_CRC.size
-        if (
-            len(raw) != size
-            or zlib.crc32(raw[: _ANCHOR.size]) != _ANCHOR_CRC.unpack_from(raw, _ANCHOR.size)[0]
-        ):
-            raise CorruptStoreError(f"{path}: anchor record is damaged ({len(raw)} bytes)", path, 0)
-        magic, version, _, index, term, chain, floor = _ANCHOR.unpack_from(raw)
-        if magic != _ANCHOR_MAGIC or version != _ANCHOR_VERSION:
-            raise CorruptStoreError(f"{path}: unknown anchor format 0x{magic:08x} v{version}", path, 0)
-        return index, term, chain, floor
+        try:
+            return decode_anchor(raw)
+        except AnchorFormatError as exc:
+            raise CorruptStoreError(f"{path}: {exc}", path, 0) from None
 
     # -- recovery -------------------------------------------------------------------------------
     def _recover(self) -> None:

@@ -41,13 +41,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from broker.protocol.errors import ProtocolError
+from broker.protocol.limits import QUEUE_NUMS_MAX
 from broker.protocol.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
 from broker.protocol.routes import (
     HEARTBEAT_TIMEOUT_MS_MAX,
     INT64_MAX,
     LEADER_ID,
     PERM_WRITE,
-    QUEUE_NUMS_MAX,
     ROLES,
     TOPICS_PER_REGISTRATION_MAX,
     BrokerData,

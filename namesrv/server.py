@@ -37,17 +37,17 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
 from broker.acl import AclError, AclWatcher
 from broker.http_edge import (
-    ClientGone,
-    EdgeError,
+    ErrorAnswer,
     Guard,
     Limits,
+    error_middleware,
     guarded_app,
     server_ssl_context,
     start_server,
@@ -100,7 +100,6 @@ _STATUS_BY_ERROR: Final[dict[type[ProtocolError], int]] = {
     TableFullError: 429,
     BusyError: 503,
 }
-_CODE_BY_HTTP_STATUS: Final = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}
 
 
 def monotonic_ms() -> int:
@@ -480,27 +479,25 @@ def _topic_param(request: web.Request) -> str:
     return topic
 
 
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ProtocolError as exc:
+def _classify(exc: Exception) -> ErrorAnswer | None:
+    """The NameServer's errors (``error_middleware`` answers aiohttp's and unmapped ones)."""
+    if isinstance(exc, ProtocolError):
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
-        return error_response(status, exc.code, exc.message)
-    except AuthError as exc:
-        return error_response(exc.status, exc.code, exc.message)
-    except (EdgeError, ClientGone):
-        raise  # answered by the edge guard's middleware
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = _CODE_BY_HTTP_STATUS.get(exc.status, exc.reason.upper().replace(" ", "_"))
-        return error_response(exc.status, code, exc.text or exc.reason)
-    except Exception as exc:  # a bug, not bad input: still answer JSON, and keep serving
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "INTERNAL_ERROR", f"{type(exc).__name__}: {exc!s:.200}")
+        return ErrorAnswer(status, exc.code, exc.message)
+    if isinstance(exc, AuthError):
+        return ErrorAnswer(exc.status, exc.code, exc.message)
+    return None
+
+
+def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
+    return error_response(answer.status, answer.code, answer.message)
+
+
+def _internal(exc: Exception) -> ErrorAnswer:  # a bug, not bad input: still answer JSON, and keep serving
+    return ErrorAnswer(500, "INTERNAL_ERROR", f"{type(exc).__name__}: {exc!s:.200}")
+
+
+_errors: Final = error_middleware(_classify, _respond, internal=_internal, logger=log)
 
 
 # -- process -------------------------------------------------------------------------------------

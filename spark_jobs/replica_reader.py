@@ -9,9 +9,12 @@ Replica layout (``RUN_DIR/cluster/data/<group>/dledger-<node_id>/``)::
 
 Read-only by construction: every file is opened ``O_RDONLY``; nothing is repaired, truncated,
 rebuilt or created (``store/index/`` is derived data and not read at all). The record formats come
-from the pure codecs (``dledger.entry_codec``, ``dledger.command_codec``, ``broker.message``); the
-few layouts those modules keep private (anchor, meta files, min_offset, snapshot) are restated
-here and tested against files the real writers produce.
+from the writers' modules, imported, never restated: records, the anchor and segment names from
+``dledger.entry_codec`` / ``dledger.segment_files``, commands from ``dledger.command_codec``, the
+meta records from ``dledger.meta_store``, consume-queue units, ``min_offset`` and file names from
+``broker.consume_queue``, messages from ``broker.message`` (only constants and pure decoders are
+used: nothing here opens a store). The snapshot map (crc32 + msgpack, version 1) is read here and
+tested against files the real writer produces.
 
 Recovery rules mirrored from the store, so the audit sees what a restarted replica would see:
 - segments below the anchor's ``floor_position`` are ignored (recovery deletes them);
@@ -36,17 +39,24 @@ from typing import Any
 
 import msgpack
 
+from broker.consume_queue import FILE_NAME_DIGITS, MIN_OFFSET_MAGIC, MIN_OFFSET_RECORD, UNIT_SIZE
 from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
 from broker.message import decode_header as decode_message_header
 from dledger.command_codec import CommandCodecError, decode_batch, is_batch
 from dledger.entry_codec import (
+    ANCHOR_FILE,
     BLANK_SIZE,
     HEADER_SIZE,
+    AnchorFormatError,
     check_record,
+    decode_anchor,
     follows,
     is_blank,
     valid_header_after,
 )
+from dledger.meta_store import COMMIT_RECORD, TERM_RECORD
+from dledger.segment_files import Chunks
+from dledger.segment_files import file_name as segment_file_name
 
 __all__ = [
     "UNIT_SIZE",
@@ -68,19 +78,6 @@ __all__ = [
     "read_term",
 ]
 
-# store/anchor (dledger.entry_store): magic, version, reserved, index, term, chain_crc, floor; crc32
-_ANCHOR = struct.Struct("<IHHQQIQ")
-_ANCHOR_CRC = struct.Struct("<I")
-_ANCHOR_MAGIC = 0xD1ED0A1C
-_ANCHOR_VERSION = 1
-# meta/raft_commit and meta/raft_term (dledger.journal)
-_COMMIT = struct.Struct("<QI")
-_TERM = struct.Struct("<QH")
-# broker/consumequeue/<topic>/<qid>/min_offset (broker.consume_queue)
-_MIN_RECORD = struct.Struct("<4sQ")
-_MIN_MAGIC = b"CQMO"
-UNIT_SIZE = 28
-_NAME_DIGITS = 20
 _CHUNK_BYTES = 4 << 20
 
 
@@ -127,7 +124,7 @@ def _numbered(directory: str) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(int(n) for n in names if len(n) == _NAME_DIGITS and n.isdigit())
+    return sorted(int(n) for n in names if len(n) == FILE_NAME_DIGITS and n.isdigit())
 
 
 def _read_file(path: str, limit: int = 1 << 20) -> bytes | None:
@@ -143,35 +140,14 @@ def _read_file(path: str, limit: int = 1 << 20) -> bytes | None:
 
 def read_anchor(store_dir: str) -> Anchor | None:
     """The anchor record, or None when the store never wrote one (log starts at index 1)."""
-    path = os.path.join(store_dir, "anchor")
+    path = os.path.join(store_dir, ANCHOR_FILE)
     raw = _read_file(path)
     if raw is None:
         return None
-    if (
-        len(raw) != _ANCHOR.size + _ANCHOR_CRC.size
-        or zlib.crc32(raw[: _ANCHOR.size]) != _ANCHOR_CRC.unpack_from(raw, _ANCHOR.size)[0]
-    ):
-        raise ReplicaDamaged(f"{path}: anchor record is damaged ({len(raw)} bytes)", path, 0)
-    magic, version, _, index, term, chain, floor = _ANCHOR.unpack_from(raw)
-    if magic != _ANCHOR_MAGIC or version != _ANCHOR_VERSION:
-        raise ReplicaDamaged(f"{path}: unknown anchor format 0x{magic:08x} v{version}", path, 0)
-    return Anchor(index, term, chain, floor)
-
-
-class _Chunks:
-    """Sequential positioned reads of a read-only fd in 4 MiB chunks (whole records if larger)."""
-
-    def __init__(self, fd: int):
-        self._fd = fd
-        self._buf = b""
-        self._start = 0
-
-    def view(self, offset: int, size: int) -> memoryview:
-        if not (self._start <= offset and offset + size <= self._start + len(self._buf)):
-            self._buf = os.pread(self._fd, max(size, _CHUNK_BYTES), offset)
-            self._start = offset
-        at = offset - self._start
-        return memoryview(self._buf)[at : at + size]
+    try:
+        return Anchor(*decode_anchor(raw))
+    except AnchorFormatError as exc:
+        raise ReplicaDamaged(f"{path}: {exc}", path, 0) from None
 
 
 class LogReader:
@@ -182,7 +158,7 @@ class LogReader:
         self.anchor = read_anchor(store_dir)
         floor = self.anchor.floor_position if self.anchor else 0
         log_dir = os.path.join(store_dir, "log")
-        self.segments = [(s, os.path.join(log_dir, f"{s:0{_NAME_DIGITS}d}")) for s in _numbered(log_dir)]
+        self.segments = [(s, os.path.join(log_dir, segment_file_name(s))) for s in _numbered(log_dir)]
         self.segments = [(s, p) for s, p in self.segments if s >= floor]
         self.torn_tail: TornTail | None = None
         self.last: tuple[int, int, int] = self._start()  # index, term, chain_crc of the last entry read
@@ -214,7 +190,7 @@ class LogReader:
             size = os.fstat(fd).st_size
             if size == 0 and not last:
                 raise ReplicaDamaged(f"{path} at offset 0: empty segment before the last one", path, 0)
-            chunks = _Chunks(fd)
+            chunks = Chunks(fd, _CHUNK_BYTES)
             offset = 0
             while offset < size:
                 rest = size - offset
@@ -355,9 +331,9 @@ def read_commit_hint(meta_dir: str) -> int | None:
     """The commit index the replica last recorded (a hint: written ≤ 1/s, no fsync); None if absent
     or damaged (the journal ignores a damaged hint too)."""
     raw = _read_file(os.path.join(meta_dir, "raft_commit"), 64)
-    if raw is None or len(raw) != _COMMIT.size:
+    if raw is None or len(raw) != COMMIT_RECORD.size:
         return None
-    commit, crc = _COMMIT.unpack(raw)
+    commit, crc = COMMIT_RECORD.unpack(raw)
     if zlib.crc32(struct.pack("<Q", commit)) != crc:
         return None
     return int(commit)
@@ -366,13 +342,13 @@ def read_commit_hint(meta_dir: str) -> int | None:
 def read_term(meta_dir: str) -> tuple[int, str | None] | None:
     """(current term, voted for) from ``raft_term``; None if absent or damaged."""
     raw = _read_file(os.path.join(meta_dir, "raft_term"), 4096)
-    if raw is None or len(raw) < _TERM.size + 4:
+    if raw is None or len(raw) < TERM_RECORD.size + 4:
         return None
     payload, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])
     if zlib.crc32(payload) != crc:
         return None
-    term, vote_len = _TERM.unpack_from(payload, 0)
-    vote = payload[_TERM.size : _TERM.size + vote_len].decode("utf-8", "replace")
+    term, vote_len = TERM_RECORD.unpack_from(payload, 0)
+    vote = payload[TERM_RECORD.size : TERM_RECORD.size + vote_len].decode("utf-8", "replace")
     return int(term), (vote or None)
 
 
@@ -435,19 +411,19 @@ def read_consume_queue(qdir: str, topic: str, queue_id: int) -> ConsumeQueueFile
     min_offset = 0
     raw = _read_file(os.path.join(qdir, "min_offset"), 64)
     if raw is not None:
-        body = raw[: _MIN_RECORD.size]
-        if len(raw) != _MIN_RECORD.size + 4 or struct.unpack_from("<I", raw, len(body))[0] != zlib.crc32(
+        body = raw[: MIN_OFFSET_RECORD.size]
+        if len(raw) != MIN_OFFSET_RECORD.size + 4 or struct.unpack_from("<I", raw, len(body))[0] != zlib.crc32(
             body
         ):
             return ConsumeQueueFiles(topic, queue_id, 0, b"", "bad min_offset record")
-        magic, min_offset = _MIN_RECORD.unpack(body)
-        if magic != _MIN_MAGIC:
+        magic, min_offset = MIN_OFFSET_RECORD.unpack(body)
+        if magic != MIN_OFFSET_MAGIC:
             return ConsumeQueueFiles(topic, queue_id, 0, b"", "bad min_offset magic")
     if not starts:
         return ConsumeQueueFiles(topic, queue_id, min_offset, b"")
     parts: list[bytes] = []
     for k, start in enumerate(starts):
-        path = os.path.join(qdir, f"{start:0{_NAME_DIGITS}d}")
+        path = os.path.join(qdir, f"{start:0{FILE_NAME_DIGITS}d}")
         with open(path, "rb", buffering=0) as f:  # "rb": read-only
             data = f.read()
         if k + 1 < len(starts):

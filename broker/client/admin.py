@@ -35,6 +35,7 @@ from broker.client.transport import (
     TopicRoute,
     Transport,
 )
+from broker.protocol.limits import QUERY_MESSAGES_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import (
     GROUP_RULE,
     NAME_RULE,
@@ -52,8 +53,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 PEER_ID_RE = re.compile(r"[a-zA-Z0-9_]{1,64}")  # dledger.config.PEER_ID_RE
-QUEUE_NUMS_MAX = 1024
-QUERY_MAX = 512  # the broker's limit for /v1/msg/key and /v1/msg/unique
 STATUS_TIMEOUT_S = 2.0  # per member in cluster_list: a dead member must not stall the listing
 
 
@@ -262,7 +261,8 @@ def parse_msg_id(msg_id: str) -> tuple[str, int]:
         raise InvalidArgument("INVALID_MSG_ID", f"msg id {msg_id!r} has a bad position") from None
 
 
-def _path_part(name: str) -> str:
+def path_part(name: str) -> str:
+    """``name`` quoted as one URL path segment (topic, group and client names in admin paths)."""
     return quote(name, safe="")
 
 
@@ -310,8 +310,8 @@ class Admin:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- plumbing -------------------------------------------------------------------------------
-    async def _read(self, bd: BrokerData, path: str, params: Mapping[str, Any] | None = None) -> Any:
+    # -- building blocks (public: mqadmin and the dashboard compose their commands from them) ----
+    async def read(self, bd: BrokerData, path: str, params: Mapping[str, Any] | None = None) -> Any:
         """GET from the group's replicas, leader first; the next one only when one is unreachable."""
         last: ClientError | None = None
         for addr in bd.addrs_leader_first():
@@ -325,7 +325,7 @@ class Admin:
             raise last
         raise ClientError("NO_BROKER", f"broker group {bd.broker_name} has no registered address")
 
-    async def _write_addr(
+    async def write_addr(
         self, addr: str, method: str, path: str, body: Mapping[str, Any] | None
     ) -> tuple[Any, str]:
         """One write; a ``NOT_LEADER`` answer naming another leader is followed once.
@@ -338,7 +338,7 @@ class Admin:
             leader = exc.leader_addr
         return await self.transport.call(leader, method, path, body), leader
 
-    async def _write(
+    async def write(
         self, bd: BrokerData, method: str, path: str, body: Mapping[str, Any] | None
     ) -> tuple[Any, str]:
         """To the group's leader (id 0) when known, else to a follower, which redirects. A replica
@@ -347,7 +347,7 @@ class Admin:
         last: ClientError | None = None
         for addr in bd.addrs_leader_first():
             try:
-                return await self._write_addr(addr, method, path, body)
+                return await self.write_addr(addr, method, path, body)
             except ClientError as exc:
                 if exc.code != "CONNECT_FAILED" or exc.addr != addr:
                     raise
@@ -356,24 +356,29 @@ class Admin:
             raise last
         raise ClientError("NO_BROKER", f"broker group {bd.broker_name} has no registered address")
 
-    async def _cluster_groups(self, cluster: str) -> list[BrokerData]:
+    async def cluster_groups(self, cluster: str) -> list[BrokerData]:
+        """The broker groups of ``cluster`` as the NameServer knows them (``CLUSTER_NOT_EXIST``: none)."""
         info = await self.namesrv.clusters()
         names = info.clusters.get(cluster)
         if names is None:
             raise ClientError("CLUSTER_NOT_EXIST", f"no cluster {cluster!r} is registered", status=404)
         return [info.brokers[n] for n in names if n in info.brokers]
 
-    async def _all_groups(self) -> list[BrokerData]:
+    async def all_groups(self) -> list[BrokerData]:
+        """Every broker group registered at the NameServer, by name."""
         info = await self.namesrv.clusters()
         return [info.brokers[n] for n in sorted(info.brokers)]
 
-    async def _fan_out_groups(
+    async def fan_out_groups(
         self,
         groups: Sequence[BrokerData],
         call: Callable[[BrokerData], Awaitable[tuple[Any, str]]],
         *,
         absent_ok: bool = False,
     ) -> list[Outcome]:
+        """``call`` on every group at once, one ``Outcome`` per group in order (a ``ClientError``
+        becomes a failed outcome, a 404 with ``absent_ok`` an absent one)."""
+
         async def one(bd: BrokerData) -> Outcome:
             addr = bd.any_addr()
             try:
@@ -401,7 +406,7 @@ class Admin:
         if broker_addr is not None:
             check_addr(broker_addr)
             try:
-                answer, landed = await self._write_addr(broker_addr, "POST", path, body)
+                answer, landed = await self.write_addr(broker_addr, "POST", path, body)
             except ClientError as exc:
                 outcome = Outcome(
                     "broker", broker_addr, exc.addr or broker_addr, False, exc.code, exc.message, exc.status
@@ -409,10 +414,10 @@ class Admin:
                 raise FanOutError([outcome]) from None
             return [Outcome("broker", broker_addr, landed, True, "OK", answer=answer)]
         assert cluster is not None
-        groups = await self._cluster_groups(check_name(cluster, "cluster"))
+        groups = await self.cluster_groups(check_name(cluster, "cluster"))
         if not groups:
             raise ClientError("CLUSTER_NOT_EXIST", f"cluster {cluster!r} has no broker group", status=404)
-        outcomes = await self._fan_out_groups(groups, lambda bd: self._write(bd, "POST", path, body))
+        outcomes = await self.fan_out_groups(groups, lambda bd: self.write(bd, "POST", path, body))
         if not all(o.ok for o in outcomes):
             raise FanOutError(outcomes)
         return outcomes
@@ -498,10 +503,10 @@ class Admin:
     async def delete_topic(self, topic: str, cluster: str) -> list[Outcome]:
         """Delete on every group leader of the cluster first, then on every NameServer (else the
         leaders' next registration would bring the route back)."""
-        path = f"/v1/topics/{_path_part(check_topic(topic))}"
-        groups = await self._cluster_groups(check_name(cluster, "cluster"))
-        outcomes = await self._fan_out_groups(
-            groups, lambda bd: self._write(bd, "DELETE", path, None), absent_ok=True
+        path = f"/v1/topics/{path_part(check_topic(topic))}"
+        groups = await self.cluster_groups(check_name(cluster, "cluster"))
+        outcomes = await self.fan_out_groups(
+            groups, lambda bd: self.write(bd, "DELETE", path, None), absent_ok=True
         )
 
         async def on_namesrv(addr: str) -> Outcome:
@@ -527,8 +532,8 @@ class Admin:
     @answers_checked
     async def topic_status(self, topic: str) -> list[QueueStatus]:
         route = await self.namesrv.route(check_topic(topic))
-        path = f"/v1/topics/{_path_part(topic)}/status"
-        answers = await asyncio.gather(*(self._read(bd, path) for bd in route.broker_datas))
+        path = f"/v1/topics/{path_part(topic)}/status"
+        answers = await asyncio.gather(*(self.read(bd, path) for bd in route.broker_datas))
         rows = [
             QueueStatus(
                 bd.broker_name,
@@ -569,9 +574,9 @@ class Admin:
         if topic is not None:
             groups = list((await self.namesrv.route(check_topic(topic))).broker_datas)
         else:
-            groups = await self._all_groups()
-        path = f"/v1/groups/{_path_part(group)}/progress"
-        results = await asyncio.gather(*(self._read(bd, path) for bd in groups), return_exceptions=True)
+            groups = await self.all_groups()
+        path = f"/v1/groups/{path_part(group)}/progress"
+        results = await asyncio.gather(*(self.read(bd, path) for bd in groups), return_exceptions=True)
         rows: list[QueueProgress] = []
         not_found: ClientError | None = None
         answered = 0
@@ -613,8 +618,8 @@ class Admin:
             "ts": check_range(ts_ms, "timestamp", 0, 2**63 - 1, "INVALID_TIMESTAMP"),
         }
         route = await self.namesrv.route(topic)
-        outcomes = await self._fan_out_groups(
-            route.broker_datas, lambda bd: self._write(bd, "POST", "/v1/offsets/reset", body)
+        outcomes = await self.fan_out_groups(
+            route.broker_datas, lambda bd: self.write(bd, "POST", "/v1/offsets/reset", body)
         )
         if not all(o.ok for o in outcomes):
             raise FanOutError(outcomes)
@@ -644,7 +649,7 @@ class Admin:
                 "BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404
             )
         body = {"target": target_id} if target_id is not None else {}
-        answer, addr = await self._write(bd, "POST", "/v1/admin/transfer", body)
+        answer, addr = await self.write(bd, "POST", "/v1/admin/transfer", body)
         leader = answer.get("leader_id")
         return TransferResult(broker_name, str(leader) if leader is not None else None, addr)
 
@@ -657,18 +662,18 @@ class Admin:
             raise ClientError(
                 "BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404
             )
-        return message_from_dict(await self._read(bd, f"/v1/msg/id/{_path_part(msg_id)}"))
+        return message_from_dict(await self.read(bd, f"/v1/msg/id/{path_part(msg_id)}"))
 
     async def _query_groups(self, topic: str, path: str, params: Mapping[str, Any]) -> list[MessageView]:
         route = await self.namesrv.route(check_topic(topic))
-        answers = await asyncio.gather(*(self._read(bd, path, params) for bd in route.broker_datas))
+        answers = await asyncio.gather(*(self.read(bd, path, params) for bd in route.broker_datas))
         msgs = [message_from_dict(m) for ans in answers for m in ans.get("messages", [])]
         return sorted(msgs, key=lambda m: (-m.store_ts, m.broker_name, m.position))
 
     @answers_checked
     async def query_msg_by_key(self, topic: str, key: str, max: int = 64) -> list[MessageView]:
         """Messages of the topic carrying ``key``, newest first, at most ``max`` over all groups."""
-        check_range(max, "max", 1, QUERY_MAX, "BAD_REQUEST")
+        check_range(max, "max", 1, QUERY_MESSAGES_MAX, "BAD_REQUEST")
         msgs = await self._query_groups(
             topic, "/v1/msg/key", {"topic": topic, "key": check_key(key), "max": max}
         )
@@ -690,7 +695,7 @@ class Admin:
         check_range(offset, "offset", 0, 2**63 - 1, "INVALID_OFFSET")
         bd = await self._route_group(topic, broker_name)
         params = {"topic": topic, "queue_id": queue_id, "offset": offset}
-        return message_from_dict(await self._read(bd, "/v1/msg/offset", params))
+        return message_from_dict(await self.read(bd, "/v1/msg/offset", params))
 
     @answers_checked
     async def pull(
@@ -757,7 +762,7 @@ class Admin:
             bd = await self._route_group(topic, qs.broker_name)
             for offset in range(max(qs.min_offset, qs.max_offset - max_count), qs.max_offset):
                 params = {"topic": topic, "queue_id": qs.queue_id, "offset": offset}
-                out.append(message_from_dict(await self._read(bd, "/v1/msg/offset", params)))
+                out.append(message_from_dict(await self.read(bd, "/v1/msg/offset", params)))
         return out
 
     @answers_checked
@@ -768,5 +773,5 @@ class Admin:
         bd = (await self.namesrv.clusters()).brokers.get(broker_name)
         if bd is None:
             raise ClientError("BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404)
-        answer, _addr = await self._write(bd, "POST", "/v1/dlq/resend", {"group": group, "msg_id": msg_id})
+        answer, _addr = await self.write(bd, "POST", "/v1/dlq/resend", {"group": group, "msg_id": msg_id})
         return dict(answer)

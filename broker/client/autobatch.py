@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from broker.client.message import Message, MessageQueue, SendResult, send_result_from_answer
 from broker.client.transport import ClientError
+from broker.protocol.limits import BATCH_MESSAGES_MAX
 
 BATCH_MAX_DELAY_MS_DEFAULT: Final = 1.0
 BATCH_MAX_COUNT_DEFAULT: Final = 128
@@ -81,7 +82,7 @@ class AutoBatcher:
         max_count: int = BATCH_MAX_COUNT_DEFAULT,
         max_bytes: int = BATCH_MAX_BYTES_DEFAULT,
     ):
-        assert max_delay_ms > 0 and 1 <= max_count <= 1024 and max_bytes > 0
+        assert max_delay_ms > 0 and 1 <= max_count <= BATCH_MESSAGES_MAX and max_bytes > 0
         self._send_items = send_items
         self.max_delay_s = max_delay_ms / 1000
         self.max_count = max_count

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client.transport import ClientError
+from broker.protocol.limits import BATCH_MESSAGES_MAX, MESSAGE_BYTES_MAX, PULL_COUNT_MAX
 from broker.protocol.names import (  # the broker's and NameServer's rules
     GROUP_RULE,
     TOPIC_RULE,
@@ -38,10 +39,7 @@ from broker.protocol.names import (  # the broker's and NameServer's rules
 )
 from broker.protocol.properties import PROP_DELAY, PROP_TIMER_DELIVER_MS, reconsume_times
 
-MESSAGE_BYTES_MAX = 4 << 20
-BATCH_MESSAGES_MAX = 1024
-PULL_BATCH_MAX = 1024
-SUSPEND_MS_MAX = 30_000
+SUSPEND_MS_MAX = 30_000  # the SDK's own long-poll policy: under its HTTP timeout (the protocol allows more)
 
 
 class SendStatus(enum.StrEnum):
@@ -287,8 +285,8 @@ def pull_request(
     consumer_group: str | None,
     sql: str | None = None,
 ) -> dict[str, Any]:
-    if not 1 <= max_count <= PULL_BATCH_MAX:
-        raise ValueError(f"max_count must be in 1..{PULL_BATCH_MAX}")
+    if not 1 <= max_count <= PULL_COUNT_MAX:
+        raise ValueError(f"max_count must be in 1..{PULL_COUNT_MAX}")
     if not 0 <= suspend_ms <= SUSPEND_MS_MAX:
         raise ValueError(f"suspend_ms must be in 0..{SUSPEND_MS_MAX}")
     body: dict[str, Any] = {

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from broker.client.consumer_common import wait_event
 from broker.client.message import ConsumeStatus, Message, MessageExt, SendResult
+from broker.protocol.limits import KEYS_MAX
 from broker.protocol.properties import PROP_ORIGIN_MESSAGE_ID
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 TRACE_TOPIC_DEFAULT = "RMQ_SYS_TRACE_TOPIC"  # RocketMQ's default msgTraceTopicName
 TRACE_PRODUCER_PREFIX = "_INNER_TRACE_PRODUCER-"
 TRACE_RECORD_VERSION = 1
-TRACE_KEYS_PER_MESSAGE = 32  # the broker takes at most 32 keys per message
+TRACE_KEYS_PER_MESSAGE = KEYS_MAX  # one key per traced message id, as many as the broker takes
 TRACE_BODY_BYTES_MAX = 256 << 10  # one trace message; far below the 4 MiB message limit
 TRACE_SEND_MESSAGES_MAX = 64  # trace messages in one batch send
 TRACE_SEND_BYTES_MAX = 1 << 20  # their bodies together (a batch send takes 4 MiB)

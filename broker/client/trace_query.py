@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from broker.client.admin import QUERY_MAX, Admin, check_key
+from broker.client.admin import Admin, check_key
 from broker.client.trace import (
     TRACE_TOPIC_DEFAULT,
     TraceCodecError,
@@ -25,6 +25,7 @@ from broker.client.trace import (
     record_to_dict,
 )
 from broker.client.transport import ClientError
+from broker.protocol.limits import QUERY_MESSAGES_MAX
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def select_records(msg_id: str, bodies: Iterable[bytes]) -> tuple[list[TraceReco
 
 
 async def query_msg_trace(
-    admin: Admin, msg_id: str, trace_topic: str = TRACE_TOPIC_DEFAULT, max_msgs: int = QUERY_MAX
+    admin: Admin, msg_id: str, trace_topic: str = TRACE_TOPIC_DEFAULT, max_msgs: int = QUERY_MESSAGES_MAX
 ) -> TraceTimeline:
     """The timeline of ``msg_id``; ``MESSAGE_NOT_FOUND`` when the trace topic holds no record of it."""
     msgs = await admin.query_msg_by_key(trace_topic, check_key(msg_id), max_msgs)

@@ -33,11 +33,13 @@ from typing import Any, Final
 
 import msgpack
 
+from broker.protocol.auth import HEADER_CHARS_MAX
+
 VERSION: Final = 1
 HEADER: Final = struct.Struct(">IBBHIH")
 HEADER_BYTES: Final = HEADER.size  # 14
 LENGTH_MIN: Final = HEADER_BYTES - 4
-AUTH_BYTES_MAX: Final = 1024  # broker.protocol.auth.HEADER_CHARS_MAX
+AUTH_BYTES_MAX: Final = HEADER_CHARS_MAX  # the same bound as HTTP's Authorization header
 FRAME_BYTES_MAX_DEFAULT: Final = 12 << 20  # the broker sets its own: maxMessageSize + 8 MiB, like HTTP
 REQUEST_ID_MAX: Final = 2**32 - 1
 

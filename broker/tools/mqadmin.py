@@ -33,10 +33,10 @@ from broker.client.admin import (
     InvalidArgument,
     MessageView,
     Outcome,
-    _path_part,
     answers_checked,
     check_group,
     check_topic,
+    path_part,
 )
 from broker.client.message_selector import MessageSelector
 from broker.client.trace import TRACE_TOPIC_DEFAULT
@@ -411,9 +411,9 @@ async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Outpu
 @answers_checked
 async def group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
     """(broker name, member) of every consumer of ``group`` online at any broker group."""
-    path = f"/v1/groups/{_path_part(check_group(group))}/consumers"
-    groups = await admin._all_groups()
-    answers = await asyncio.gather(*(admin._read(bd, path) for bd in groups), return_exceptions=True)
+    path = f"/v1/groups/{path_part(check_group(group))}/consumers"
+    groups = await admin.all_groups()
+    answers = await asyncio.gather(*(admin.read(bd, path) for bd in groups), return_exceptions=True)
     out = []
     for bd, ans in zip(groups, answers, strict=True):
         if isinstance(ans, BaseException):
@@ -438,9 +438,9 @@ async def _no_progress_reason(
             "its own offsets, the brokers hold none (see consumerConnection)",
         )
     known = False
-    for bd in await admin._all_groups():
+    for bd in await admin.all_groups():
         try:
-            listed = await admin._read(bd, "/v1/groups")
+            listed = await admin.read(bd, "/v1/groups")
         except ClientError:
             continue
         if any(g.get("group") == group for g in listed.get("groups") or []):

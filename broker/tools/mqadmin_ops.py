@@ -21,12 +21,12 @@ from broker.client.admin import (
     InvalidArgument,
     MessageView,
     Outcome,
-    _path_part,
     answers_checked,
     check_addr,
     check_group,
     check_name,
     check_topic,
+    path_part,
 )
 from broker.client.allocate import allocate_averagely
 from broker.client.transport import ClientError
@@ -58,21 +58,21 @@ Command = Callable[[str, str, Runner], argparse.ArgumentParser]
 @answers_checked
 async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
     group = check_group(args.group)
-    path = f"/v1/groups/{_path_part(group)}"
+    path = f"/v1/groups/{path_part(group)}"
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
     if args.broker_addr is not None:
         addr = check_addr(args.broker_addr)
         try:
-            ans, landed = await admin._write_addr(addr, "DELETE", path, None)
+            ans, landed = await admin.write_addr(addr, "DELETE", path, None)
         except ClientError as exc:
             raise FanOutError(
                 [Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status)]
             ) from None
         outcomes = [Outcome("broker", addr, landed, True, "OK", answer=ans)]
     else:
-        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
-        outcomes = await admin._fan_out_groups(groups, lambda bd: admin._write(bd, "DELETE", path, None))
+        groups = await admin.cluster_groups(check_name(args.cluster, "cluster"))
+        outcomes = await admin.fan_out_groups(groups, lambda bd: admin.write(bd, "DELETE", path, None))
         if not all(o.ok for o in outcomes):
             raise FanOutError(outcomes)
     text = render_outcomes(outcomes, (("Deleted", "deleted"),))
@@ -114,8 +114,8 @@ async def run_producer_connection(admin: Admin, args: argparse.Namespace) -> Out
     """Producers of the group that sent (to ``-t`` if given) lately, as each replica saw them."""
     group = check_group(args.group)
     topic = check_topic(args.topic) if args.topic else None
-    path = f"/v1/producers/{_path_part(group)}"
-    targets = [(bd.broker_name, a) for bd in await admin._all_groups() for _bid, a in sorted(bd.broker_addrs.items())]
+    path = f"/v1/producers/{path_part(group)}"
+    targets = [(bd.broker_name, a) for bd in await admin.all_groups() for _bid, a in sorted(bd.broker_addrs.items())]
     answers = await asyncio.gather(*(admin.transport.call(a, "GET", path) for _n, a in targets), return_exceptions=True)
     rows = []
     for (name, addr), ans in zip(targets, answers, strict=True):
@@ -239,7 +239,7 @@ async def _replica_addrs(admin: Admin, args: argparse.Namespace) -> list[str]:
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
     if args.broker_addr is not None:
         return [check_addr(args.broker_addr)]
-    groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+    groups = await admin.cluster_groups(check_name(args.cluster, "cluster"))
     return [a for bd in groups for _bid, a in sorted(bd.broker_addrs.items())]
 
 
@@ -300,7 +300,7 @@ async def scrape_metrics(admin: Admin, addr: str, timeout_s: float) -> dict[str,
 @answers_checked
 async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
     """Per topic and consumer group: lag, in/out TPS (the leaders' ``/metrics``, last 10 s)."""
-    groups = await admin._all_groups()
+    groups = await admin.all_groups()
     leaders = [(bd.broker_name, bd.leader_addr) for bd in groups if bd.leader_addr]
     scraped = await asyncio.gather(*(scrape_metrics(admin, a, args.timeout) for _n, a in leaders))
     in_tps: dict[str, float] = {}
@@ -357,9 +357,9 @@ async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
         raise InvalidArgument("BAD_REQUEST", f"-a amount must be in [1, {CLUSTER_RT_AMOUNT_MAX}]")
     topic = check_topic(args.topic)
     if args.cluster is not None:
-        groups = await admin._cluster_groups(check_name(args.cluster, "cluster"))
+        groups = await admin.cluster_groups(check_name(args.cluster, "cluster"))
     else:
-        groups = await admin._all_groups()
+        groups = await admin.all_groups()
     clock = process_clock()
     body = {"topic": topic, "queue_id": 0, "messages": [{"body": b"x" * args.size}]}
     rows = []
@@ -370,7 +370,7 @@ async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
         for _ in range(args.amount):
             started = clock.monotonic()
             try:
-                await admin._write(bd, "POST", "/v1/send", body)
+                await admin.write(bd, "POST", "/v1/send", body)
             except ClientError as exc:
                 errors += 1
                 last_error = f"{exc.code}: {exc.message}"
@@ -403,7 +403,7 @@ async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
 # -- messages ---------------------------------------------------------------------------------------
 @answers_checked
 async def _offset_at(admin: Admin, bd: BrokerData, topic: str, qid: int, ts: int) -> int:
-    ans = await admin._read(bd, "/v1/offset/search", {"topic": topic, "queue_id": qid, "ts": ts})
+    ans = await admin.read(bd, "/v1/offset/search", {"topic": topic, "queue_id": qid, "ts": ts})
     return int(ans["offset"])
 
 

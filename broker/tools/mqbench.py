@@ -37,12 +37,13 @@ from typing import Any, TextIO
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.protocol.auth import CredentialsError
+from broker.protocol.limits import MESSAGE_BYTES_MAX
 from broker.tools.cli import add_namesrv_argument
 from broker.tools.cpu_usage import CpuSampler, cluster_processes, parse_pids
 from broker.tools.progress import StatusLine, progress_text
 from dledger.apps.stats import LatencyHistogram
 
-MAX_MESSAGE_BYTES = 4 << 20
+MAX_MESSAGE_BYTES = MESSAGE_BYTES_MAX  # the protocol's limit on one send's bodies
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
 ERROR_CODES_MAX = 32  # distinct error codes kept; the rest count as OTHER
 Clock = Callable[[], float]

@@ -23,12 +23,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgpack
 from aiohttp import web
 
+from broker.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
 from dledger.apps.checkpoint import ApplyCheckpoint
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
@@ -61,8 +60,12 @@ _STATUS_BY_ERROR: dict[type[DLedgerError], int] = {
 }
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"code": code, "message": message, **extra}, status=status)
+def _classify(exc: Exception) -> ErrorAnswer | None:
+    """The log's errors, with the status that fits (``error_middleware`` answers the rest)."""
+    if not isinstance(exc, DLedgerError):
+        return None
+    extra = {"leader_id": exc.leader_id} if isinstance(exc, NotLeaderError) else {}
+    return ErrorAnswer(_STATUS_BY_ERROR.get(type(exc), 500), exc.code, str(exc), extra)
 
 
 class HttpApi:
@@ -71,7 +74,7 @@ class HttpApi:
         self.checkpoint = checkpoint
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._errors])
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[error_middleware(_classify, logger=log)])
         app.router.add_get("/v1/status", self.status)
         app.router.add_post("/v1/append", self.append)
         app.router.add_get("/v1/entries", self.entries)
@@ -82,24 +85,6 @@ class HttpApi:
         app.router.add_post("/v1/metrics/reset", self.reset_metrics)
         return app
 
-    @web.middleware
-    async def _errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status >= 400 and exc.content_type != "application/json":
-                return error_response(
-                    exc.status, exc.reason.upper().replace(" ", "_"), exc.text or exc.reason
-                )
-            raise
-        except DLedgerError as exc:
-            extra = {"leader_id": exc.leader_id} if isinstance(exc, NotLeaderError) else {}
-            return error_response(_STATUS_BY_ERROR.get(type(exc), 500), exc.code, str(exc), **extra)
-        except _BadRequest as exc:
-            return error_response(400, exc.code, str(exc))
-
     async def status(self, request: web.Request) -> web.Response:
         return web.json_response(await self.node.status())
 
@@ -108,19 +93,19 @@ class HttpApi:
         try:
             payload = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
-            raise _BadRequest("BAD_MSGPACK", f"request body is not msgpack: {exc}") from None
+            raise RequestError(400, "BAD_MSGPACK", f"request body is not msgpack: {exc}") from None
         if (
             not isinstance(payload, dict)
             or not isinstance(payload.get("bodies"), list)
             or not payload["bodies"]
         ):
-            raise _BadRequest("BAD_REQUEST", "expected a map with a non-empty 'bodies' array")
+            raise RequestError(400, "BAD_REQUEST", "expected a map with a non-empty 'bodies' array")
         bodies = payload["bodies"]
         if not all(isinstance(b, bytes) for b in bodies):
-            raise _BadRequest("BAD_REQUEST", "every body must be binary (msgpack bin)")
+            raise RequestError(400, "BAD_REQUEST", "every body must be binary (msgpack bin)")
         timeout_s = payload.get("timeout_ms", 3000)
         if not isinstance(timeout_s, int) or not 1 <= timeout_s <= 60_000:
-            raise _BadRequest("BAD_REQUEST", "timeout_ms must be an integer in 1..60000")
+            raise RequestError(400, "BAD_REQUEST", "timeout_ms must be an integer in 1..60000")
         locations = await self.node.append(bodies, timeout_s=timeout_s / 1000)
         body = msgpack.packb(
             {
@@ -131,8 +116,8 @@ class HttpApi:
         return web.Response(body=body, content_type="application/x-msgpack")
 
     async def entries(self, request: web.Request) -> web.Response:
-        first = _int_param(request, "from", 1, 1, 2**62)
-        count = _int_param(request, "count", 100, 1, MAX_READ_COUNT)
+        first = query_int(request, "from", 1, 1, 2**62)
+        count = query_int(request, "count", 100, 1, MAX_READ_COUNT)
         out = [
             {
                 "index": e.index,
@@ -145,10 +130,10 @@ class HttpApi:
         return web.Response(body=msgpack.packb(out), content_type="application/x-msgpack")
 
     async def chain(self, request: web.Request) -> web.Response:
-        first = _int_param(request, "from", 1, 1, 2**62)
-        last = _int_param(request, "to", self.node.commit_index, 0, 2**62)
+        first = query_int(request, "from", 1, 1, 2**62)
+        last = query_int(request, "to", self.node.commit_index, 0, 2**62)
         last = min(last, self.node.commit_index, first + 1_000_000)
-        first = max(first, self.node.store.first_index)
+        first = max(first, self.node.log.first_index)
         crcs = [self.node.chain_crc_at(i) for i in range(first, last + 1)]
         return web.json_response({"from": first, "crcs": crcs})
 
@@ -162,10 +147,10 @@ class HttpApi:
             try:
                 payload = await request.json()
             except (json.JSONDecodeError, ValueError):
-                raise _BadRequest("BAD_JSON", "request body is not JSON") from None
+                raise RequestError(400, "BAD_JSON", "request body is not JSON") from None
             target = payload.get("target") if isinstance(payload, dict) else None
             if target is not None and not isinstance(target, str):
-                raise _BadRequest("BAD_REQUEST", "target must be a peer id string")
+                raise RequestError(400, "BAD_REQUEST", "target must be a peer id string")
         leader = await self.node.transfer_leadership(target)
         return web.json_response({"leader_id": leader})
 
@@ -176,25 +161,6 @@ class HttpApi:
     async def retention(self, request: web.Request) -> web.Response:
         await self.node.run_on_tick_thread(self.node.run_retention_now, 5.0)
         return web.json_response(await self.node.status())
-
-
-class _BadRequest(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _BadRequest("BAD_PARAMETER", f"{name} must be an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise _BadRequest("BAD_PARAMETER", f"{name} must be in {low}..{high}, got {value}")
-    return value
 
 
 async def serve(cfg: DLedgerConfig, stop: asyncio.Event) -> None:

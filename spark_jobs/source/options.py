@@ -50,13 +50,13 @@ from typing import Literal
 from broker.client.message import MessageQueue, parse_tags_expression
 from broker.client.transport import ENV_TLS, ENV_TLS_CA_FILE, ClientError, parse_addrs
 from broker.protocol.auth import Credentials, CredentialsError, credentials_from_env, load_credentials
+from broker.protocol.limits import PULL_COUNT_MAX
 from broker.protocol.names import is_topic
 from broker.protocol.sql_filter import SqlFilterError, compile_filter
 from spark_jobs.source.security import SourceSecurity, ssl_context_from_pem
 
 EARLIEST = -2
 LATEST = -1
-PULL_BATCH_MAX = 1024  # the broker's max_count
 MAX_RECORDS_PER_PARTITION_DEFAULT = 100_000
 TIMEOUT_MS_DEFAULT = 30_000
 OFFSET_MAX = 2**63 - 1
@@ -180,7 +180,7 @@ def parse_options(raw: Mapping[str, str], mode: Mode, env: Mapping[str, str] | N
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         data_loss_log=log_path,
         prefer_followers=_bool(opts, "preferFollowers", True),
-        pull_batch_size=_int(opts, "pullBatchSize", PULL_BATCH_MAX, 1, PULL_BATCH_MAX),
+        pull_batch_size=_int(opts, "pullBatchSize", PULL_COUNT_MAX, 1, PULL_COUNT_MAX),
         timeout_ms=_int(opts, "timeoutMs", TIMEOUT_MS_DEFAULT, 100, 3_600_000),
         security=parse_security(opts, os.environ if env is None else env),
         sql=parse_sql_filter(opts.get("filter")),

@@ -137,7 +137,7 @@ async def members_with_lag(admin: Admin) -> list[dict[str, Any]]:
 
 
 async def leader_metrics(admin: Admin) -> list[dict[str, list[tuple[dict[str, str], float]]]]:
-    groups = await admin._all_groups()
+    groups = await admin.all_groups()
     addrs = [bd.leader_addr for bd in groups if bd.leader_addr]
     timeout_s = admin.transport.timeout_s
     got = await asyncio.gather(*(scrape_metrics(admin, a, timeout_s) for a in addrs), return_exceptions=True)
@@ -239,9 +239,9 @@ async def groups(request: web.Request) -> web.Response:
     admin = request.app[ADMIN_KEY]
     try:
         found: dict[str, dict[str, Any]] = {}
-        for bd in await admin._all_groups():
+        for bd in await admin.all_groups():
             try:
-                listed = await admin._read(bd, "/v1/groups")
+                listed = await admin.read(bd, "/v1/groups")
             except ClientError:
                 continue
             for g in listed.get("groups") or []:
@@ -371,9 +371,8 @@ async def start(admin: Admin, host: str, port: int) -> tuple[web.AppRunner, int]
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    addresses = runner.addresses  # the bound (host, port, ...) of each listening socket
+    bound = addresses[0][1] if addresses else port
     return runner, int(bound)
 
 
