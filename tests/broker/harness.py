@@ -44,7 +44,13 @@ class NameServer:
 
 
 def broker_props(
-    root: str, self_id: str, raft_ports: list[int], http_ports: list[int], namesrv: list[str], **extra: Any
+    root: str,
+    self_id: str,
+    raft_ports: list[int],
+    http_ports: list[int],
+    remoting_ports: list[int],
+    namesrv: list[str],
+    **extra: Any,
 ) -> dict[str, str]:
     props = {
         "brokerClusterName": "TestCluster",
@@ -59,7 +65,7 @@ def broker_props(
         "namesrvAddr": ";".join(namesrv),
         "brokerPeerClientAddrs": ";".join(f"{nid}-{HOST}:{p}" for nid, p in zip(IDS, http_ports, strict=True)),
         "storeSnapshotIntervalMs": "200",
-        "remotingListenPort": "0",  # the binary protocol on any free port (listenPort + 1 may be taken)
+        "remotingListenPort": str(remoting_ports[IDS.index(self_id)]),
     }
     props.update({k: str(v) for k, v in extra.items()})
     return props
@@ -79,9 +85,9 @@ class BrokerCluster:
     ):
         """``acl_file``: ACL on at the NameServers and brokers, which register with ``BROKER_G0``."""
         self.raft_overrides = raft_overrides
-        ports = free_ports(6 + namesrv_count)
-        self.raft_ports, self.http_ports = ports[:3], ports[3:6]
-        self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms, acl_file) for p in ports[6:]]
+        ports = free_ports(9 + namesrv_count)
+        self.raft_ports, self.http_ports, self.remoting_ports = ports[:3], ports[3:6], ports[6:9]
+        self.namesrvs = [NameServer(p, namesrv_idle_ms, namesrv_scan_ms, acl_file) for p in ports[9:]]
         if acl_file is not None:
             extra = {
                 "aclEnable": "true",
@@ -100,7 +106,13 @@ class BrokerCluster:
 
     def config(self, nid: str) -> BrokerConfig:
         props = broker_props(
-            self.root, nid, self.raft_ports, self.http_ports, [ns.addr for ns in self.namesrvs], **self.extra
+            self.root,
+            nid,
+            self.raft_ports,
+            self.http_ports,
+            self.remoting_ports,
+            [ns.addr for ns in self.namesrvs],
+            **self.extra,
         )
         return parse_broker_config(props, source=f"<test {nid}>", env={})
 

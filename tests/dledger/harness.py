@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,15 +29,31 @@ HOST = "127.0.0.1"
 PASSWORD = "test-password-123"
 
 
+# Ports tests listen on: below the kernel's ephemeral range (32768..60999 here), so no outgoing
+# connection and no port-0 listener can be handed one of them while a test restarts its owner
+# (a broker restarted after a peer's port-0 bind took its raft port: BindError), and apart from the
+# chaos runs' port bases (20000..27999).
+PORT_RANGES = ((10000, 20000), (28000, 32768))
+
+
 def free_ports(n: int, host: str = HOST) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind((host, 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    rng = random.Random()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            lo, hi = rng.choice(PORT_RANGES)
+            s = socket.socket()
+            try:
+                s.bind((host, rng.randrange(lo, hi)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
     return ports
 
 
