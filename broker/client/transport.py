@@ -37,6 +37,7 @@ from broker.protocol.auth import (
     load_credentials,
 )
 from broker.protocol.errors import ProtocolError
+from broker.protocol.limits import ANSWER_BYTES_MAX, ANSWER_HEADERS_MAX
 from broker.protocol.routes import ClusterInfo, TopicRouteData
 
 T = TypeVar("T")
@@ -224,6 +225,7 @@ class Transport:
         tls: TlsArg = FROM_ENV,
         idle_s: float = IDLE_S_DEFAULT,
         protocol: str | None = None,
+        answer_bytes_max: int = ANSWER_BYTES_MAX,
     ):
         protocol = protocol or (os.environ.get(ENV_TRANSPORT) or "auto").lower()
         if protocol not in PROTOCOLS:
@@ -238,6 +240,7 @@ class Transport:
         self._idle: dict[str, list[_Conn]] = {}
         self._closed = False
         self._idle_s = idle_s
+        self._answer_bytes_max = answer_bytes_max  # a server cannot make this client buffer more
         self.credentials, self.ssl_context = resolve_security(credentials, tls)
 
     @property
@@ -421,7 +424,7 @@ class Transport:
             length = -1
             ctype = ""
             keep = True
-            while True:
+            for _ in range(ANSWER_HEADERS_MAX + 1):
                 line = await conn.reader.readline()
                 if line in (b"\r\n", b"\n"):
                     break
@@ -435,8 +438,18 @@ class Transport:
                     ctype = value.strip().decode("latin-1")
                 elif lname == b"connection" and value.strip().lower() == b"close":
                     keep = False
-            if length < 0:
-                raw = await conn.reader.read()  # no length: the answer ends with the connection
+            else:
+                raise ValueError(f"more than {ANSWER_HEADERS_MAX} header lines")
+            if length > self._answer_bytes_max:
+                raise ValueError(f"answer of {length} bytes is over the {self._answer_bytes_max}-byte limit")
+            if length < 0:  # no length: the answer ends with the connection
+                chunks, got = [], 0
+                while chunk := await conn.reader.read(1 << 16):
+                    got += len(chunk)
+                    if got > self._answer_bytes_max:
+                        raise ValueError(f"answer over the {self._answer_bytes_max}-byte limit")
+                    chunks.append(chunk)
+                raw = b"".join(chunks)
                 keep = False
             else:
                 raw = await conn.reader.readexactly(length)

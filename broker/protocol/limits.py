@@ -40,3 +40,10 @@ QUEUE_NUMS_MAX: Final = 1024
 """Read / write queues of one topic (topic creation, the NameServer's route records)."""
 OFFSETS_PER_COMMIT_MAX: Final = 1024
 """Queue offsets in one ``/v1/offsets`` commit."""
+
+# -- one answer (what a client reads) ---------------------------------------------------------------
+ANSWER_BYTES_MAX: Final = 256 << 20
+"""Body bytes of one HTTP answer the SDK accepts (a pull answer holds at most ``PULL_BYTES_MAX`` of
+messages; a larger Content-Length is refused before any byte is read)."""
+ANSWER_HEADERS_MAX: Final = 100
+"""Header lines of one HTTP answer the SDK accepts."""

@@ -920,3 +920,31 @@ async def test_namesrv_client_believes_a_404(transport: Transport, raw_server: S
     assert (info.value.code, info.value.status) == ("TOPIC_NOT_EXIST", 404)
     assert len(first.requests) == 1
     assert second.requests == []  # another NameServer would say the same
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9000000000\r\n\r\n", "over the 4096-byte limit"),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 70_000, "over the 4096-byte limit"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 150 + b"Content-Length: 0\r\n\r\n", "header lines"),
+    ],
+)
+async def test_an_answer_over_the_bounds_is_refused_before_it_is_buffered(
+    raw_server: ServerFactory, answer: bytes, why: str
+) -> None:
+    """Every network-facing input is bounded: an answer's body (by Content-Length, or read to the
+    end of the connection) and its header lines. Before, the client believed any Content-Length
+    (and waited to buffer 9 GB) and read a length-less answer to its end, however long."""
+
+    async def handler(req: Request) -> bytes:
+        return answer
+
+    server = await raw_server(handler)
+    t = Transport(timeout_s=WAIT_S, answer_bytes_max=4096)
+    try:
+        with pytest.raises(ClientError) as info:
+            await t.call(server.addr, "GET", "/v1/status")
+    finally:
+        await t.close()
+    assert info.value.code == "CONNECTION_LOST" and why in info.value.message, info.value
