@@ -48,6 +48,7 @@ from broker.protocol.names import is_client_id, is_decimal
 from broker.protocol.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.retry_api import RetryApi
 from broker.store import CorruptMessage, MessageNotFound
+from broker.transaction_api import TransactionApi
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -172,6 +173,7 @@ class BrokerApi:
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
         RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
+        TransactionApi(self).add_routes(r)  # transactional messages (broker/transaction_api.py)
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)

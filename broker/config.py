@@ -87,6 +87,9 @@ BROKER_KEYS = frozenset(
         "enablePropertyFilter",
         "duplicateWindowMessages",
         "duplicateWindowMs",
+        "transactionTimeOut",
+        "transactionCheckInterval",
+        "transactionCheckMax",
     }
 )
 
@@ -133,6 +136,10 @@ class BrokerConfig:
     # The idempotent send window (broker/dedup.py): 0 messages turns de-duplication off.
     duplicate_window_messages: int = 100_000
     duplicate_window_ms: int = 120_000
+    # Transactional messages (broker/transactions.py; RocketMQ's keys and defaults).
+    transaction_timeout_ms: int = 6000
+    transaction_check_interval_ms: int = 60_000
+    transaction_check_max: int = 15
 
     @property
     def address(self) -> str:
@@ -204,6 +211,9 @@ def parse_broker_config(
         enable_property_filter=r.boolean("enablePropertyFilter", True),
         duplicate_window_messages=r.integer("duplicateWindowMessages", 100_000, 0, 10_000_000),
         duplicate_window_ms=r.integer("duplicateWindowMs", 120_000, 1000, 86_400_000),
+        transaction_timeout_ms=r.integer("transactionTimeOut", 6000, 0, 86_400_000),
+        transaction_check_interval_ms=r.integer("transactionCheckInterval", 60_000, 10, 86_400_000),
+        transaction_check_max=r.integer("transactionCheckMax", 15, 1, 10_000),
     )
 
 

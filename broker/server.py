@@ -38,6 +38,7 @@ from broker.registration import Registrar
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.store import MessageStore
+from broker.transactions import TransactionPolicy, TransactionService
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError, settings_from_config
@@ -122,6 +123,10 @@ class BrokerServer:
         self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
             self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
         )
+        self.transactions = TransactionService(  # half messages and check-backs (broker/transactions.py)
+            self, TransactionPolicy(cfg.transaction_timeout_ms, cfg.transaction_check_interval_ms,
+                                    cfg.transaction_check_max)
+        )
         self.api = BrokerApi(self)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
@@ -154,6 +159,7 @@ class BrokerServer:
             self.loop.create_task(self._state_entries(), name="state-entries"),
             self.loop.create_task(self._watch_replica(), name="replica-watch"),
             self.loop.create_task(self.schedule.run(), name="schedule"),
+            self.loop.create_task(self.transactions.run(), name="transactions"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s, NameServers %s",
@@ -352,6 +358,7 @@ class BrokerServer:
             },
             "consumer_groups": self.consumers.groups(),
             "schedule": self.schedule.status(),
+            "transactions": self.transactions.status(),
             "security": {
                 "acl": self.security.enabled,
                 "tls": self.cfg.security.tls_cert_file is not None,

@@ -32,6 +32,12 @@ from broker.client.offset_store import LocalFileOffsetStore, MemoryOffsetStore, 
 from broker.client.producer import Producer
 from broker.client.selector import HashKeySelector, QueueSelector, RandomSelector, RoundRobinSelector
 from broker.client.sync import SyncProducer, SyncPullConsumer, SyncPushConsumer
+from broker.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from broker.client.transport import ClientError
 
 CONSUME_SUCCESS = ConsumeStatus.CONSUME_SUCCESS
@@ -50,6 +56,7 @@ __all__ = [
     "HashKeySelector",
     "LatencyFaultTolerance",
     "LocalFileOffsetStore",
+    "LocalTransactionState",
     "MemoryOffsetStore",
     "Message",
     "MessageExt",
@@ -73,6 +80,9 @@ __all__ = [
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "UniqueIdGenerator",
     "allocate_averagely",
     "allocate_averagely_by_circle",

@@ -353,6 +353,7 @@ class Producer:
         arg: Any,
         timeout_s: float | None,
         retries: int,
+        path: str = "/v1/send",  # TransactionProducer's halves: /v1/transaction/half
     ) -> SendResult:
         loop = asyncio.get_running_loop()
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
@@ -379,7 +380,7 @@ class Producer:
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
-                return await self._send_to(mq, msgs, born_ts, deadline)
+                return await self._send_to(mq, msgs, born_ts, deadline, path)
             except ClientError as exc:
                 if self.enable_idempotence and exc.outcome_unknown and fixed is None and mq is not None:
                     fixed = mq  # where it may be stored: that group's window answers the retry
@@ -405,7 +406,7 @@ class Producer:
         raise last_exc
 
     async def _send_to(
-        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float
+        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, path: str = "/v1/send"
     ) -> SendResult:
         loop = asyncio.get_running_loop()
         body = send_request(mq, msgs, producer_group=self.group, born_ts=born_ts, born_host=self._born_host)
@@ -416,7 +417,7 @@ class Producer:
                 self.routes,
                 mq.topic,
                 mq.broker_name,
-                "/v1/send",
+                path,
                 body,
                 timeout_s=max(deadline - start, 0.001),
             )
