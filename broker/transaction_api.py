@@ -163,7 +163,9 @@ class TransactionApi:
                 return answer(request, {"state": "ROLLBACK_MESSAGE"})
             return answer(request, self._resolved(position, state) or _not_found(body["msg_id"]))
         tc = self.s.store.topic(topic)
-        copy = committed_copy(m, position, self.s.wall_ms(), tc.write_queue_nums if tc is not None else 1)
+        if tc is None:  # deleted since the half was sent: roll back or let the check-backs end it
+            raise ApiError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} of the transaction no longer exists")
+        copy = committed_copy(m, position, self.s.wall_ms(), tc.write_queue_nums)
         (loc,) = await self.s.node.append([encode_message(copy)], timeout_s=self.s.send_timeout_s)
         if loc.result is not None:  # the first commit: visible now
             self.s.counters["messages_sent"] += 1

@@ -14,7 +14,8 @@ from broker.client import (
     MessageExt,
     TransactionProducer,
 )
-from tests.acl_fixtures import PRODUCER
+from broker.client.transport import Transport
+from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.client.conftest import ClusterFactory
 from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
 from tests.dledger.harness import wait_until
@@ -189,3 +190,32 @@ async def test_half_retry_is_stored_once(make_cluster: ClusterFactory) -> None:
     assert cluster.groups[0].replicas[0].broker.store.txn.pending_count() == 1
     listed = await cluster.call(addr, "GET", "/v1/transaction/halves", params={"group": "pg"})
     assert [h["msg_id"] for h in listed["halves"]] == [first["results"][0]["msg_id"]]
+
+
+async def test_acl_needs_pub_on_the_topic(make_cluster: ClusterFactory) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 1})
+    addr = cluster.groups[0].replicas[0].addr
+    half = await cluster.call(addr, "POST", "/v1/transaction/half",
+                              {"topic": "T", "producer_group": "pg", "messages": [{"body": b"x"}]})
+    msg_id = half["results"][0]["msg_id"]
+    consumer = Transport(timeout_s=5.0, credentials=CONSUMER)  # SUB only
+    try:
+        for path, body in [
+            ("/v1/transaction/half", {"topic": "T", "producer_group": "pg", "messages": [{"body": b"x"}]}),
+            ("/v1/transaction/end", {"producer_group": "pg", "topic": "T", "msg_id": msg_id,
+                                     "state": "COMMIT_MESSAGE"}),
+            ("/v1/transaction/checks", {"producer_group": "pg", "topics": ["T"]}),
+        ]:
+            try:
+                await consumer.call(addr, "POST", path, body)
+                raise AssertionError(f"{path} accepted without PUB")
+            except ClientError as exc:
+                assert exc.status == 403, (path, exc)
+        try:
+            await consumer.call(addr, "GET", "/v1/transaction/halves")
+            raise AssertionError("halves listed without admin")
+        except ClientError as exc:
+            assert exc.status == 403
+    finally:
+        await consumer.close()
+    assert cluster.groups[0].replicas[0].broker.store.txn.pending_count() == 1
