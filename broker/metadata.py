@@ -30,29 +30,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-PERM_READ = 4
-PERM_WRITE = 2
+from broker.protocol.routes import PERM_READ, PERM_WRITE, TopicConfig
+
 DEFAULT_PERM = PERM_READ | PERM_WRITE
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TopicConfig:
-    topic: str
-    read_queue_nums: int = 4
-    write_queue_nums: int = 4
-    perm: int = DEFAULT_PERM
-    order: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ)
-
-    @property
-    def writable(self) -> bool:
-        return bool(self.perm & PERM_WRITE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

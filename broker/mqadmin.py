@@ -46,6 +46,7 @@ from broker.client.transport import (
     add_security_arguments,
     security_kwargs,
 )
+from broker.protocol import route_wire
 from broker.protocol.auth import CredentialsError
 
 PROG = "mqadmin"
@@ -230,19 +231,7 @@ def render_route(route: TopicRoute) -> str:
 
 
 def route_json(route: TopicRoute) -> dict[str, Any]:
-    return {
-        "topic": route.topic,
-        "order": route.order,
-        "queue_datas": [dataclasses.asdict(q) for q in route.queue_datas],
-        "broker_datas": [
-            {
-                "cluster": b.cluster,
-                "broker_name": b.broker_name,
-                "broker_addrs": {str(k): v for k, v in sorted(b.broker_addrs.items())},
-            }
-            for b in route.broker_datas
-        ],
-    }
+    return route_wire.topic_route_to_dict(route)
 
 
 def render_outcomes(outcomes: Sequence[Outcome], fields: Sequence[tuple[str, str]] = ()) -> str:

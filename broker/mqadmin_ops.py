@@ -29,7 +29,7 @@ from broker.client.admin import (
     check_topic,
 )
 from broker.client.allocate import allocate_averagely
-from broker.client.transport import BrokerData, ClientError
+from broker.client.transport import ClientError
 from broker.mqadmin import (
     Output,
     Runner,
@@ -43,6 +43,7 @@ from broker.mqadmin import (
     render_outcomes,
     to_jsonable,
 )
+from broker.protocol.routes import BrokerData
 from dledger.clock import process_clock
 
 CLUSTER_RT_AMOUNT_MAX = 1000

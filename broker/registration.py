@@ -3,17 +3,20 @@ topic change). Invariant 6: a role change reaches the NameServers within a secon
 wakes the loop, which registers with all NameServers concurrently (3 s timeout each).
 
 ``data_version`` is monotonic per broker process (start ms × 1000 + counter), as the NameServer
-requires; the registration body follows namesrv/wire.py (schema v1).
+requires; the record and its wire form are the protocol's (broker/protocol/routes.py, route_wire.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
+from broker.protocol.route_wire import registration_to_dict, unregister_to_dict
+from broker.protocol.routes import BrokerRegistration, UnregisterRequest
 from dledger.clock import SYSTEM, Clock
 
 log = logging.getLogger("broker.registration")
@@ -23,7 +26,7 @@ class Registrar:
     def __init__(
         self,
         namesrv_addrs: tuple[str, ...],
-        record: Callable[[], dict[str, Any]],
+        record: Callable[[], BrokerRegistration],
         *,
         period_ms: int = 30_000,
         transport: Transport | None = None,
@@ -67,17 +70,17 @@ class Registrar:
             except TimeoutError:
                 pass
 
-    def _body(self) -> dict[str, Any]:
+    def _record_now(self) -> BrokerRegistration:
         self._counter += 1
-        return {"v": 1, **self._record(), "data_version": self._version_base + self._counter}
+        return dataclasses.replace(self._record(), data_version=self._version_base + self._counter)
 
     async def register_all(self) -> None:
         await asyncio.gather(*(self.register_one(addr) for addr in self.addrs))
 
     async def register_one(self, addr: str) -> None:
-        body = self._body()
+        record = self._record_now()
         try:
-            await self._register(addr, body)
+            await self._register(addr, registration_to_dict(record))
         except Exception as exc:
             msg = str(exc)
             if self.last_error.get(addr) != msg:
@@ -89,13 +92,13 @@ class Registrar:
             self.last_error.pop(addr, None)
             self.last_ok[addr] = self._clock.wall()
         self.registrations += 1
-        self.last_registered_role = (str(body["role"]), int(body["broker_id"]))
+        self.last_registered_role = (record.role, record.broker_id)
 
     async def _register(self, addr: str, body: dict[str, Any]) -> Any:
         return await self._transport.call(addr, "POST", "/v1/brokers/register", body, timeout_s=3.0)
 
     async def unregister_all(self, cluster: str, broker_name: str, address: str) -> None:
-        body = {"v": 1, "cluster": cluster, "broker_name": broker_name, "address": address}
+        body = unregister_to_dict(UnregisterRequest(cluster, broker_name, address))
 
         async def one(addr: str) -> None:
             try:

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -34,6 +34,7 @@ from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
+from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
@@ -260,25 +261,24 @@ class BrokerServer:
             return self.cfg.address
         return self.cfg.peer_client_addrs.get(peer_id)
 
-    def registration_record(self) -> dict[str, Any]:
+    def registration_record(self) -> BrokerRegistration:
+        """What this replica registers now (the Registrar stamps ``data_version``)."""
         leader = self.node.role == "LEADER" and self.ready
         md = self.store.metadata_view()
-        topics = [tc.to_dict() for tc in md.topics.values()]
+        topics = list(md.topics.values())
         if self.cfg.auto_create_topic and AUTO_CREATE_TOPIC not in md.topics:
             n = self.cfg.default_topic_queue_nums
-            topics.append(
-                {"topic": AUTO_CREATE_TOPIC, "read_queue_nums": n, "write_queue_nums": n, "perm": 7, "order": False}
-            )
-        role = self.node.role if self.node.role != "LEADER" else ("LEADER" if leader else "CANDIDATE")
-        return {
-            "cluster": self.cfg.cluster,
-            "broker_name": self.cfg.broker_name,
-            "broker_id": 0 if leader else self.cfg.follower_broker_id,
-            "address": self.cfg.address,
-            "role": role,
-            "term": self.node.term,
-            "topics": topics,
-        }
+            topics.append(TopicConfig(AUTO_CREATE_TOPIC, n, n, PERM_READ | PERM_WRITE | PERM_INHERIT))
+        role = cast(Role, "CANDIDATE" if self.node.role == "LEADER" and not leader else self.node.role)
+        return BrokerRegistration(
+            cluster=self.cfg.cluster,
+            broker_name=self.cfg.broker_name,
+            broker_id=0 if leader else self.cfg.follower_broker_id,
+            address=self.cfg.address,
+            role=role,
+            term=self.node.term,
+            topics=tuple(topics),
+        )
 
     # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
     def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:

@@ -85,12 +85,11 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def registered_leader(ns: NamesrvClient, group: str) -> str | None:
     try:
-        body = await ns.clusters(timeout_s=1.0)
+        info = await ns.clusters(timeout_s=1.0)
     except ClientError:
         return None
-    addrs = (body.get("brokers", {}).get(group) or {}).get("broker_addrs") or {}
-    addr = addrs.get("0", addrs.get(0))
-    return str(addr) if addr else None
+    bd = info.brokers.get(group)
+    return bd.leader_addr if bd is not None else None
 
 
 def drill_status(round_no: int, rounds: int, phase: str, acks: int, elapsed_s: float,

@@ -52,6 +52,7 @@ from dledger.records import (
     StateMachine,
     to_committed,
 )
+from dledger.retention import retention_target
 from dledger.syncobj_patch import RAFT_STATE_CANDIDATE, RAFT_STATE_LEADER, DLedgerSyncObj
 
 log = logging.getLogger("dledger.node")
@@ -476,17 +477,14 @@ class ReplicaCore:
         self._own_floor = floor
         used = self._disk_used_ratio(s.data_dir)
         self.disk_full = used >= s.disk_warning_ratio
-        segments = self.store.segments()
-        if len(segments) <= 1:
-            return
-        cutoff = self._clock.wall() - s.retention_hours * 3600
-        expired_floor = 0
-        for seg in segments[:-1]:
-            if seg.sealed_wall_s is not None and seg.sealed_wall_s < cutoff:
-                expired_floor = seg.last_index + 1
-        if used >= s.disk_max_used_ratio:
-            expired_floor = max(expired_floor, segments[0].last_index + 1)
-        target = min(expired_floor, floor + 1)
+        target = retention_target(
+            self.store.segments(),
+            keep_floor=floor,
+            now_wall_s=self._clock.wall(),
+            retention_hours=s.retention_hours,
+            disk_used_ratio=used,
+            disk_max_used_ratio=s.disk_max_used_ratio,
+        )
         if target > self.store.first_index:
             removed = self.store.delete_segments_before(target)
             if removed:

@@ -38,26 +38,33 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal
+from typing import Final
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import NAME_RULE, TOPIC_RULE, is_name, is_topic
+from broker.protocol.routes import (
+    HEARTBEAT_TIMEOUT_MS_MAX,
+    INT64_MAX,
+    LEADER_ID,
+    PERM_WRITE,
+    QUEUE_NUMS_MAX,
+    ROLES,
+    TOPICS_PER_REGISTRATION_MAX,
+    BrokerData,
+    BrokerRegistration,
+    ClusterInfo,
+    QueueData,
+    RegisterResult,
+    Role,
+    TopicConfig,
+    TopicRouteData,
+    UnregisterRequest,
+)
 from dledger.config import is_valid_host
 
-WIRE_VERSION: Final = 1
-PERM_READ: Final = 4
-PERM_WRITE: Final = 2
-PERM_INHERIT: Final = 1
-LEADER_ID: Final = 0
-ROLES: Final = ("LEADER", "FOLLOWER", "CANDIDATE")
-Role = Literal["LEADER", "FOLLOWER", "CANDIDATE"]
-
 HEARTBEAT_TIMEOUT_MS_DEFAULT: Final = 120_000  # RocketMQ's brokerChannelMaxIdleTime
-HEARTBEAT_TIMEOUT_MS_MAX: Final = 86_400_000
-QUEUE_NUMS_MAX: Final = 1024
-TOPICS_PER_REGISTRATION_MAX: Final = 100_000
 BROKERS_MAX_DEFAULT: Final = 10_000
 TOPIC_ENTRIES_MAX_DEFAULT: Final = 1_000_000
-INT64_MAX: Final = 2**63 - 1
 
 _PORT_RE: Final = re.compile(r"[0-9]{1,5}")
 
@@ -66,13 +73,8 @@ STALE_DATA_VERSION: Final = "STALE_DATA_VERSION"
 
 
 # -- errors --------------------------------------------------------------------------------------
-class NamesrvError(Exception):
-    """An expected failure with a code users can read. Subclasses say which HTTP status fits."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+class NamesrvError(ProtocolError):
+    """An expected failure of the NameServer. Subclasses say which HTTP status fits."""
 
 
 class InvalidRecordError(NamesrvError):
@@ -92,87 +94,7 @@ class TableFullError(NamesrvError):
 
 
 # -- records -------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    """A topic as its broker group's leader configures it (RocketMQ defaults: 4/4 queues, RW)."""
-
-    topic: str
-    read_queue_nums: int = 4
-    write_queue_nums: int = 4
-    perm: int = PERM_READ | PERM_WRITE
-    order: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerRegistration:
-    """One broker's registration/heartbeat. ``data_version`` is monotonic per broker process
-    (start time ms * 1000 + counter); ``heartbeat_timeout_ms`` None means the NameServer default."""
-
-    cluster: str
-    broker_name: str
-    broker_id: int
-    address: str
-    role: Role
-    term: int
-    topics: tuple[TopicConfig, ...] = ()
-    data_version: int = 0
-    heartbeat_timeout_ms: int | None = None
-    version: int = WIRE_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class UnregisterRequest:
-    cluster: str
-    broker_name: str
-    address: str
-    version: int = WIRE_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterResult:
-    """``changed``: the routes clients see changed. ``ignored_reason`` is set (and nothing was
-    applied) for a stale registration. ``changes`` are one human-readable line per change."""
-
-    accepted: bool
-    changed: bool
-    leader_address: str | None
-    leader_term: int
-    changes: tuple[str, ...] = ()
-    ignored_reason: str | None = None
-    version: int = WIRE_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerData:
-    """``broker_addrs`` maps broker id -> address; id 0 is the leader when there is one. Read-only."""
-
-    cluster: str
-    broker_name: str
-    broker_addrs: dict[int, str] = field(hash=False)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicRouteData:
-    topic: str
-    queue_datas: tuple[QueueData, ...]  # sorted by broker_name
-    broker_datas: tuple[BrokerData, ...]  # sorted by broker_name
-    order: bool = False  # any group's leader configures the topic as ordered
-    version: int = WIRE_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterInfo:
-    clusters: dict[str, tuple[str, ...]] = field(hash=False)  # cluster -> sorted broker names
-    brokers: dict[str, BrokerData] = field(hash=False)  # broker name -> its addresses
-    version: int = WIRE_VERSION
+# The route records themselves are the wire contract's (broker/protocol/routes.py).
 
 
 @dataclass(frozen=True, slots=True)

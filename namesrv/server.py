@@ -52,27 +52,28 @@ from broker.http_edge import (
     server_ssl_context,
     start_server,
 )
+from broker.protocol import route_wire as wire
 from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
+from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
 from broker.security import Security
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
-from namesrv import wire
 from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config
 from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from namesrv.metrics import NamesrvMetrics
 from namesrv.route_table import (
-    WIRE_VERSION,
-    BrokerRegistration,
     ConflictError,
     ExpiredBroker,
     InvalidRecordError,
     NamesrvError,
     NotFoundError,
-    RegisterResult,
     RouteTable,
     TableFullError,
+    validate_registration,
     validate_topic,
+    validate_unregister,
 )
 
 log = logging.getLogger("namesrv")
@@ -90,7 +91,7 @@ class BusyError(NamesrvError):
     """The table task's queue stayed full for SUBMIT_TIMEOUT_S."""
 
 
-_STATUS_BY_ERROR: Final[dict[type[NamesrvError], int]] = {
+_STATUS_BY_ERROR: Final[dict[type[ProtocolError], int]] = {
     InvalidRecordError: 400,
     wire.WireError: 400,
     wire.UnsupportedMediaTypeError: 415,
@@ -281,6 +282,7 @@ class NamesrvService:
     async def handle_register(self, request: web.Request) -> web.Response:
         fmt = wire.format_for_content_type(request.content_type)
         reg = wire.registration_from_dict(wire.parse_body(await self.guard.read_body(request), fmt))
+        validate_registration(reg)
         self.security.require_broker(request, reg.broker_name)
         result = await self.owner.call(lambda table, now_ms: self._register(table, reg, now_ms))
         body = wire.register_response_to_dict(wire.RegisterResponse(result, self._wall_clock_ms()))
@@ -307,6 +309,7 @@ class NamesrvService:
     async def handle_unregister(self, request: web.Request) -> web.Response:
         fmt = wire.format_for_content_type(request.content_type)
         req = wire.unregister_from_dict(wire.parse_body(await self.guard.read_body(request), fmt))
+        validate_unregister(req)
         self.security.require_broker(request, req.broker_name)
 
         def job(table: RouteTable, now_ms: int) -> bool:
@@ -483,7 +486,7 @@ async def _errors(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except NamesrvError as exc:
+    except ProtocolError as exc:
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
         return error_response(status, exc.code, exc.message)
     except AuthError as exc:

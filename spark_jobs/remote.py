@@ -135,8 +135,7 @@ async def fetch_cluster(
     t = Transport(timeout_s=CALL_TIMEOUT_S, **kwargs)
     try:
         info = await NamesrvClient(namesrv, t).clusters(timeout_s=CALL_TIMEOUT_S)
-        addrs = sorted({str(a) for bd in dict(info.get("brokers") or {}).values()
-                        for a in dict(bd.get("broker_addrs") or {}).values()})  # fmt: skip
+        addrs = sorted({a for bd in info.brokers.values() for a in bd.broker_addrs.values()})
         if not addrs:
             raise RuntimeError(f"the NameServers at {namesrv} know no broker")
         gate = asyncio.Semaphore(REPLICAS_IN_FLIGHT)

@@ -28,7 +28,6 @@ from urllib.parse import quote
 from broker.client.message_selector import MessageSelector
 from broker.client.transport import (
     FROM_ENV,
-    BrokerData,
     ClientError,
     CredentialsArg,
     NamesrvClient,
@@ -47,6 +46,7 @@ from broker.protocol.names import (
     is_topic,
     is_unique_id,
 )
+from broker.protocol.routes import BrokerData
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -210,17 +210,6 @@ def message_from_dict(m: Mapping[str, Any]) -> MessageView:
     )
 
 
-def broker_data_from(cluster_info: Mapping[str, Any], broker_name: str) -> BrokerData | None:
-    raw = dict(cluster_info.get("brokers") or {}).get(broker_name)
-    if raw is None:
-        return None
-    addrs = {int(k): str(v) for k, v in dict(raw.get("broker_addrs") or {}).items()}
-    return BrokerData(str(raw.get("cluster", "")), broker_name, addrs)
-
-
-def replica_order(bd: BrokerData) -> list[str]:
-    """The leader first, then the followers by id."""
-    return [bd.broker_addrs[i] for i in sorted(bd.broker_addrs)]
 
 
 # -- argument checks --------------------------------------------------------------------------------
@@ -325,7 +314,7 @@ class Admin:
     async def _read(self, bd: BrokerData, path: str, params: Mapping[str, Any] | None = None) -> Any:
         """GET from the group's replicas, leader first; the next one only when one is unreachable."""
         last: ClientError | None = None
-        for addr in replica_order(bd):
+        for addr in bd.addrs_leader_first():
             try:
                 return await self.transport.call(addr, "GET", path, params=params)
             except ClientError as exc:
@@ -356,7 +345,7 @@ class Admin:
         that cannot be connected to never saw the request, so the next one is tried (a stale route
         whose leader died); any other failure — a timeout may have applied the write — is final."""
         last: ClientError | None = None
-        for addr in replica_order(bd):
+        for addr in bd.addrs_leader_first():
             try:
                 return await self._write_addr(addr, method, path, body)
             except ClientError as exc:
@@ -369,16 +358,14 @@ class Admin:
 
     async def _cluster_groups(self, cluster: str) -> list[BrokerData]:
         info = await self.namesrv.clusters()
-        names = dict(info.get("clusters") or {}).get(cluster)
+        names = info.clusters.get(cluster)
         if names is None:
             raise ClientError("CLUSTER_NOT_EXIST", f"no cluster {cluster!r} is registered", status=404)
-        groups = [broker_data_from(info, n) for n in names]
-        return [g for g in groups if g is not None]
+        return [info.brokers[n] for n in names if n in info.brokers]
 
     async def _all_groups(self) -> list[BrokerData]:
         info = await self.namesrv.clusters()
-        groups = [broker_data_from(info, n) for n in sorted(dict(info.get("brokers") or {}))]
-        return [g for g in groups if g is not None]
+        return [info.brokers[n] for n in sorted(info.brokers)]
 
     async def _fan_out_groups(
         self,
@@ -445,9 +432,9 @@ class Admin:
         """Every registered replica, sorted by cluster, broker name and id, with its live status."""
         info = await self.namesrv.clusters()
         rows: list[BrokerMember] = []
-        for cluster, names in sorted(dict(info.get("clusters") or {}).items()):
+        for cluster, names in sorted(info.clusters.items()):
             for name in sorted(names):
-                bd = broker_data_from(info, name)
+                bd = info.brokers.get(name)
                 for bid, addr in sorted((bd.broker_addrs if bd else {}).items()):
                     rows.append(BrokerMember(str(cluster), name, bid, addr))
         return list(await asyncio.gather(*(self._with_status(r) for r in rows)))
@@ -651,7 +638,7 @@ class Admin:
             raise InvalidArgument(
                 "INVALID_TARGET", f"target id {target_id!r} must match [a-zA-Z0-9_.-]{{1,64}}"
             )
-        bd = broker_data_from(await self.namesrv.clusters(), broker_name)
+        bd = (await self.namesrv.clusters()).brokers.get(broker_name)
         if bd is None:
             raise ClientError(
                 "BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404
@@ -665,7 +652,7 @@ class Admin:
     @answers_checked
     async def query_msg_by_id(self, msg_id: str) -> MessageView:
         broker_name, _ = parse_msg_id(msg_id)
-        bd = broker_data_from(await self.namesrv.clusters(), broker_name)
+        bd = (await self.namesrv.clusters()).brokers.get(broker_name)
         if bd is None:
             raise ClientError(
                 "BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404
@@ -740,7 +727,7 @@ class Admin:
             except ClientError as exc:
                 raise InvalidArgument(exc.code, exc.message) from None
         last: ClientError | None = None
-        for addr in replica_order(bd):  # a POST, but a read: any replica may serve it
+        for addr in bd.addrs_leader_first():  # a POST, but a read: any replica may serve it
             try:
                 ans = await self.transport.call(addr, "POST", "/v1/pull", body)
                 break
@@ -778,7 +765,7 @@ class Admin:
         """Send a DLQ message back to ``%RETRY%<group>`` (due at once, its count started again)."""
         check_group(group)
         broker_name, _ = parse_msg_id(msg_id)
-        bd = broker_data_from(await self.namesrv.clusters(), broker_name)
+        bd = (await self.namesrv.clusters()).brokers.get(broker_name)
         if bd is None:
             raise ClientError("BROKER_NOT_EXIST", f"no broker group {broker_name!r} is registered", status=404)
         answer, _addr = await self._write(bd, "POST", "/v1/dlq/resend", {"group": group, "msg_id": msg_id})

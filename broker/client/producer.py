@@ -49,16 +49,15 @@ from broker.client.route_cache import RouteCache, call_leader, publish_queues
 from broker.client.selector import QueueSelector, RoundRobinSelector
 from broker.client.transport import (
     FROM_ENV,
-    BrokerData,
     ClientError,
     CredentialsArg,
     NamesrvClient,
-    QueueData,
     TlsArg,
     TopicRoute,
     Transport,
     resolve_security,
 )
+from broker.protocol.routes import PERM_READ, PERM_WRITE, QueueData
 
 log = logging.getLogger(__name__)
 
@@ -478,9 +477,8 @@ class Producer:
         try:
             template = await self._namesrv.route(DEFAULT_TOPIC)
             return TopicRoute(
-                topic,
-                False,
-                tuple(
+                topic=topic,
+                queue_datas=tuple(
                     QueueData(
                         q.broker_name,
                         min(q.read_queue_nums, DEFAULT_TOPIC_QUEUE_NUMS),
@@ -489,22 +487,20 @@ class Producer:
                     )
                     for q in template.queue_datas
                 ),
-                template.broker_datas,
+                broker_datas=template.broker_datas,
             )
         except ClientError as exc:
             if exc.code != "TOPIC_NOT_EXIST":
                 raise
-        clusters = await self._namesrv.clusters()
-        brokers: list[BrokerData] = []
-        for name, bd in sorted(dict(clusters.get("brokers") or {}).items()):
-            addrs = {int(k): str(v) for k, v in dict(bd.get("broker_addrs") or {}).items()}
-            if 0 in addrs:
-                brokers.append(BrokerData(str(bd.get("cluster", "")), str(name), addrs))
+        info = await self._namesrv.clusters()
+        brokers = [bd for _name, bd in sorted(info.brokers.items()) if bd.leader_addr is not None]
         if not brokers:
             return None
         n = DEFAULT_TOPIC_QUEUE_NUMS
         return TopicRoute(
-            topic, False, tuple(QueueData(b.broker_name, n, n, 6) for b in brokers), tuple(brokers)
+            topic=topic,
+            queue_datas=tuple(QueueData(b.broker_name, n, n, PERM_READ | PERM_WRITE) for b in brokers),
+            broker_datas=tuple(brokers),
         )
 
 

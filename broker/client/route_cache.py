@@ -22,12 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from broker.client.message import MessageQueue
-from broker.client.transport import BrokerData, ClientError, NamesrvClient, TopicRoute, Transport
+from broker.client.transport import ClientError, NamesrvClient, TopicRoute, Transport
+from broker.protocol.routes import PERM_READ, PERM_WRITE, BrokerData
 
 log = logging.getLogger(__name__)
 
-PERM_READ = 4
-PERM_WRITE = 2
 # Answers that another replica would give just the same: asking it is pointless.
 FINAL_CODES_STATUS = (400, 403, 404, 413)
 
@@ -54,9 +53,7 @@ def subscribe_queues(route: TopicRoute) -> list[MessageQueue]:
 
 def replica_addrs(bd: BrokerData | None) -> list[str]:
     """Every address of a group, the leader (id 0) first, then followers by id."""
-    if bd is None:
-        return []
-    return [bd.broker_addrs[i] for i in sorted(bd.broker_addrs)]
+    return [] if bd is None else bd.addrs_leader_first()
 
 
 def all_addrs(routes: list[TopicRoute]) -> list[str]:

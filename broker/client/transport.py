@@ -16,17 +16,17 @@ transport has credentials: given as ``credentials=``, else from ``DLEDGER_ACCESS
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import random
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
 import msgpack
 
+from broker.protocol import route_wire
 from broker.protocol.auth import (
     Credentials,
     CredentialsError,
@@ -35,6 +35,10 @@ from broker.protocol.auth import (
     credentials_from_env,
     load_credentials,
 )
+from broker.protocol.errors import ProtocolError
+from broker.protocol.routes import ClusterInfo, TopicRouteData
+
+T = TypeVar("T")
 
 MSGPACK = "application/x-msgpack"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
@@ -399,58 +403,14 @@ def _decode(raw: bytes, ctype: str) -> Any:
 
 
 # -- routes ---------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
+TopicRoute = TopicRouteData  # the SDK's name for a topic's route (RocketMQ: TopicRouteData)
 
 
-@dataclasses.dataclass(frozen=True)
-class BrokerData:
-    cluster: str
-    broker_name: str
-    broker_addrs: dict[int, str]  # 0 = the group's leader
-
-    @property
-    def leader_addr(self) -> str | None:
-        return self.broker_addrs.get(0)
-
-    def any_addr(self) -> str | None:
-        if 0 in self.broker_addrs:
-            return self.broker_addrs[0]
-        return self.broker_addrs[min(self.broker_addrs)] if self.broker_addrs else None
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicRoute:
-    topic: str
-    order: bool
-    queue_datas: tuple[QueueData, ...]
-    broker_datas: tuple[BrokerData, ...]
-
-    def broker(self, broker_name: str) -> BrokerData | None:
-        return next((b for b in self.broker_datas if b.broker_name == broker_name), None)
-
-
-def route_from_dict(body: Mapping[str, Any]) -> TopicRoute:
-    return TopicRoute(
-        topic=str(body["topic"]),
-        order=bool(body.get("order", False)),
-        queue_datas=tuple(
-            QueueData(str(q["broker_name"]), int(q["read_queue_nums"]), int(q["write_queue_nums"]), int(q["perm"]))
-            for q in body.get("queue_datas", [])
-        ),
-        broker_datas=tuple(
-            BrokerData(
-                str(b["cluster"]),
-                str(b["broker_name"]),
-                {int(k): str(v) for k, v in dict(b.get("broker_addrs", {})).items()},
-            )
-            for b in body.get("broker_datas", [])
-        ),
-    )
+def _decoded(decode: Callable[[Any], T], body: Any, what: str) -> T:
+    try:
+        return decode(body)
+    except ProtocolError as exc:
+        raise ClientError("BAD_RESPONSE", f"the NameServer's {what} is not a v1 record: {exc.message}") from None
 
 
 class NamesrvClient:
@@ -476,14 +436,15 @@ class NamesrvClient:
 
     async def route(self, topic: str, timeout_s: float | None = None) -> TopicRoute:
         body = await self._any("GET", f"/v1/routes/{quote(topic, safe='')}", timeout_s)
-        return route_from_dict(body)
+        return _decoded(route_wire.topic_route_from_dict, body, "route")
 
-    async def clusters(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return dict(await self._any("GET", "/v1/clusters", timeout_s))
+    async def clusters(self, timeout_s: float | None = None) -> ClusterInfo:
+        body = await self._any("GET", "/v1/clusters", timeout_s)
+        return _decoded(route_wire.cluster_info_from_dict, body, "cluster info")
 
     async def topics(self, timeout_s: float | None = None) -> list[str]:
         body = await self._any("GET", "/v1/topics", timeout_s)
-        return [str(t) for t in body.get("topics", [])]
+        return list(_decoded(route_wire.topic_list_from_dict, body, "topic list"))
 
 
 async def sleep_jitter(base_s: float) -> None:

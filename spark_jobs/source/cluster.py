@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 from broker.client.message import MessageQueue
 from broker.client.route_cache import subscribe_queues
-from broker.client.transport import BrokerData, ClientError, NamesrvClient, Transport
+from broker.client.transport import ClientError, NamesrvClient, Transport
+from broker.protocol.routes import BrokerData
 from spark_jobs.source.options import SourceOptionError, SourceOptions
 from spark_jobs.source.plan import ClusterView, QueueView, ReplicaRange
 from spark_jobs.source.security import SourceSecurity, is_refusal, refusal

@@ -25,6 +25,7 @@ from broker.api import BrokerApi
 from broker.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
 from broker.http_edge import Guard, Limits
 from broker.message import InvalidInput, StoredMessage, encode_command, encode_message, parse_msg_id
+from broker.protocol.routes import BrokerRegistration
 from broker.registration import Registrar
 from broker.security import Security
 from broker.store import MessageStore
@@ -206,15 +207,14 @@ async def test_role_change_reaches_a_live_namesrv_within_1s_while_another_hangs(
     ``trigger`` and each registering the *current* record), so a slow NameServer only delays itself.
     """
     names = _NameServers()
-    record = {"cluster": "C", "broker_name": "B", "broker_id": 1, "address": "h:1", "role": "FOLLOWER",
-              "term": 1, "topics": []}
-    reg = Registrar(("slow:9876", "fast:9876"), lambda: dict(record), period_ms=30_000,
+    record = BrokerRegistration("C", "B", 1, "h:1", "FOLLOWER", 1)
+    reg = Registrar(("slow:9876", "fast:9876"), lambda: record, period_ms=30_000,
                     transport=names)  # type: ignore[arg-type]
     task = asyncio.create_task(reg.run())
     try:
         await wait_until(lambda: names.fast, 2, "the first registration at the live NameServer", 0.005)
         # the broker becomes leader while the first round still waits on the slow NameServer
-        record.update(role="LEADER", broker_id=0, term=2)
+        record = BrokerRegistration("C", "B", 0, "h:1", "LEADER", 2)
         changed = time.monotonic()
         reg.trigger()
         with contextlib.suppress(AssertionError):  # the assertion below says how late it was

@@ -11,18 +11,14 @@ from typing import Any
 
 import pytest
 
+from broker.protocol.routes import BrokerRegistration, QueueData, RegisterResult, Role, TopicConfig
 from namesrv.route_table import (
     STALE_DATA_VERSION,
     STALE_TERM,
-    BrokerRegistration,
     ConflictError,
     InvalidRecordError,
-    QueueData,
-    RegisterResult,
-    Role,
     RouteTable,
     TableFullError,
-    TopicConfig,
     validate_address,
 )
 

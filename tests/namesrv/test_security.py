@@ -17,8 +17,9 @@ import pytest
 
 from broker.client.transport import ClientError, NamesrvClient, Transport
 from broker.protocol.auth import Credentials, authorization
+from broker.protocol.routes import INT64_MAX, BrokerRegistration, TopicConfig
 from namesrv.config import NamesrvConfig
-from namesrv.route_table import INT64_MAX, BrokerRegistration, RouteTable, TopicConfig
+from namesrv.route_table import RouteTable
 from namesrv.server import NamesrvService
 from tests.acl_fixtures import ADMIN, BROKER_G0, BROKER_G1, CONSUMER, STRANGER, acl_doc, write_acl
 from tests.dledger.harness import HOST, free_ports

@@ -26,16 +26,11 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from namesrv import wire
+from broker.protocol import route_wire as wire
+from broker.protocol.errors import ProtocolError
+from broker.protocol.routes import BrokerRegistration, Role, TopicConfig, UnregisterRequest
 from namesrv.config import NamesrvConfig, load_namesrv_config
-from namesrv.route_table import (
-    BrokerRegistration,
-    NamesrvError,
-    Role,
-    RouteTable,
-    TopicConfig,
-    UnregisterRequest,
-)
+from namesrv.route_table import RouteTable, validate_registration
 from namesrv.server import BODY_BYTES_MAX, NamesrvService
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -371,7 +366,7 @@ def test_records_round_trip(fmt: wire.Format) -> None:
 
 def test_mutated_bodies_raise_only_coded_errors() -> None:
     """Flip, cut and splice bytes of valid bodies: decoding returns a record or raises a
-    NamesrvError, never anything else. Replay with NAMESRV_FUZZ_SEED=<seed>."""
+    ProtocolError, never anything else. Replay with NAMESRV_FUZZ_SEED=<seed>."""
     seed = int(os.environ.get("NAMESRV_FUZZ_SEED", random.randrange(2**32)))
     print(f"NAMESRV_FUZZ_SEED={seed}")
     rng = random.Random(seed)
@@ -391,8 +386,8 @@ def test_mutated_bodies_raise_only_coded_errors() -> None:
             else:
                 data[i:i] = good[rng.randrange(len(good)) :][: rng.randint(1, 8)]
         try:
-            wire.registration_from_dict(wire.parse_body(bytes(data), fmt))
-        except NamesrvError:
+            validate_registration(wire.registration_from_dict(wire.parse_body(bytes(data), fmt)))
+        except ProtocolError:
             pass
 
 

@@ -30,7 +30,8 @@ from broker.client.message import (
 from broker.client.process_queue import ProcessQueue, backoff_s
 from broker.client.route_cache import publish_queues, subscribe_queues
 from broker.client.selector import HashKeySelector, RoundRobinSelector, select_avoiding
-from broker.client.transport import BrokerData, ClientError, QueueData, TopicRoute
+from broker.client.transport import ClientError, TopicRoute
+from broker.protocol.routes import BrokerData, QueueData
 
 CIDS3 = ["c0", "c1", "c2"]
 
@@ -267,10 +268,9 @@ def test_backoff_schedule_is_capped() -> None:
 # -- routes and codecs ---------------------------------------------------------------------------------
 def test_publish_and_subscribe_queues() -> None:
     route = TopicRoute(
-        "T",
-        False,
-        (QueueData("A", 2, 3, 6), QueueData("B", 4, 4, 4), QueueData("C", 1, 1, 6)),
-        (
+        topic="T",
+        queue_datas=(QueueData("A", 2, 3, 6), QueueData("B", 4, 4, 4), QueueData("C", 1, 1, 6)),
+        broker_datas=(
             BrokerData("c", "A", {0: "a0", 1: "a1"}),
             BrokerData("c", "B", {0: "b0"}),
             BrokerData("c", "C", {2: "c2"}),  # no leader

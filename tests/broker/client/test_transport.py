@@ -823,6 +823,7 @@ def test_parse_addrs_falls_back_to_the_environment_then_the_default(monkeypatch:
 
 # -- NamesrvClient --------------------------------------------------------------------------------
 ROUTE = {
+    "v": 1,
     "topic": "%RETRY%g",
     "order": False,
     "queue_datas": [{"broker_name": "b0", "read_queue_nums": 4, "write_queue_nums": 2, "perm": 6}],
@@ -834,10 +835,28 @@ async def namesrv(req: Request) -> bytes:
     if req.target.startswith("/v1/routes/"):
         return packed(ROUTE)
     if req.target.startswith("/v1/topics"):
-        return packed({"topics": ["T", "%RETRY%g"]})
+        return packed({"v": 1, "topics": ["T", "%RETRY%g"]})
     if req.target.startswith("/v1/clusters"):
-        return packed({"c": ["b0"]})
+        return packed({"v": 1, "clusters": {"c": ["b0"]}, "brokers": {"b0": ROUTE["broker_datas"][0]}})
     return packed({"code": "NOT_FOUND", "message": req.target}, 404)
+
+
+async def test_a_route_answer_that_is_not_a_v1_record_is_a_coded_error(
+    transport: Transport, raw_server: ServerFactory
+) -> None:
+    """The SDK decodes routes with the NameServer's own codec (broker/protocol/route_wire.py): an
+    answer without its schema version, or with a field of the wrong type, is BAD_RESPONSE."""
+
+    async def odd(req: Request) -> bytes:
+        if req.target.startswith("/v1/routes/"):
+            return packed({k: v for k, v in ROUTE.items() if k != "v"})
+        return packed({**ROUTE, "queue_datas": "none"})
+
+    client = NamesrvClient([(await raw_server(odd)).addr], transport)
+    for call in (client.route("T"), client.clusters()):
+        with pytest.raises(ClientError) as info:
+            await call
+        assert info.value.code == "BAD_RESPONSE"
 
 
 @pytest.fixture
@@ -861,7 +880,8 @@ async def test_namesrv_client_skips_a_nameserver_that_is_down(
     assert route.broker("b0").leader_addr == "h:1"  # type: ignore[union-attr]
     assert route.queue_datas[0].write_queue_nums == 2
     assert await client.topics() == ["T", "%RETRY%g"]
-    assert await client.clusters() == {"c": ["b0"]}
+    info = await client.clusters()
+    assert info.clusters == {"c": ("b0",)} and info.brokers["b0"].leader_addr == "h:1"
     assert up.requests[0].target == "/v1/routes/%25RETRY%25g?v=1"
 
 

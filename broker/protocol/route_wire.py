@@ -1,11 +1,15 @@
-"""Wire codec of the NameServer: records <-> plain dicts <-> msgpack or JSON bytes (schema v1).
+"""Wire codec of the route records (``broker.protocol.routes``): records <-> plain dicts <-> msgpack
+or JSON bytes (schema v1). The NameServer, the broker's registration client, the SDK and the tools
+all encode and decode routes here.
 
 Every request and response body is a map carrying ``"v": 1``; a body with another version is
 refused with ``UNSUPPORTED_VERSION`` (a v2 peer must not be half-understood). Brokers talk msgpack
 (``application/x-msgpack``); JSON (``application/json``) is accepted and answered too.
+The codec checks shapes and types; the NameServer's rules on values (names, ports, roles) are
+``namesrv.route_table.validate_*``, applied by the NameServer after decoding.
 
 Decoding is total: any bytes either become a validated record or raise ``WireError`` /
-``InvalidRecordError`` (both ``NamesrvError``: a code and a message naming the field). No
+``WireError`` (a ``ProtocolError``: a code and a message naming the field). No
 KeyError, TypeError or RecursionError escapes. Unknown fields are errors, not ignored: a typo in a
 field name must not silently fall back to a default (new fields come with a new version).
 
@@ -22,23 +26,20 @@ from typing import Any, Final, Literal, TypeVar, cast
 
 import msgpack
 
-from namesrv.route_table import (
+from broker.protocol.errors import ProtocolError
+from broker.protocol.routes import (
     INT64_MAX,
     TOPICS_PER_REGISTRATION_MAX,
     WIRE_VERSION,
     BrokerData,
     BrokerRegistration,
     ClusterInfo,
-    InvalidRecordError,
-    NamesrvError,
     QueueData,
     RegisterResult,
     Role,
     TopicConfig,
     TopicRouteData,
     UnregisterRequest,
-    validate_registration,
-    validate_unregister,
 )
 
 MSGPACK_TYPES: Final = ("application/x-msgpack", "application/msgpack", "application/vnd.msgpack")
@@ -48,7 +49,7 @@ Format = Literal["msgpack", "json"]
 T = TypeVar("T")
 
 
-class WireError(NamesrvError):
+class WireError(ProtocolError):
     """The body cannot be read as a v1 message: BAD_MSGPACK, BAD_JSON, BAD_REQUEST, MISSING_FIELD,
     BAD_FIELD_TYPE, UNKNOWN_FIELD, UNSUPPORTED_VERSION, UNSUPPORTED_MEDIA_TYPE."""
 
@@ -211,13 +212,7 @@ def _decode(body: Any, decode: Callable[[_Fields], T]) -> T:
 
 # -- topic config, registration, unregister -------------------------------------------------------
 def topic_config_to_dict(tc: TopicConfig) -> dict[str, Any]:
-    return {
-        "topic": tc.topic,
-        "read_queue_nums": tc.read_queue_nums,
-        "write_queue_nums": tc.write_queue_nums,
-        "perm": tc.perm,
-        "order": tc.order,
-    }
+    return tc.to_dict()
 
 
 def _topic_config(f: _Fields) -> TopicConfig:
@@ -246,7 +241,7 @@ def registration_to_dict(reg: BrokerRegistration) -> dict[str, Any]:
 
 
 def registration_from_dict(body: Any) -> BrokerRegistration:
-    """A validated registration (``validate_registration`` has passed)."""
+    """A registration of the right shape (the NameServer then applies ``validate_registration``)."""
 
     def decode(f: _Fields) -> BrokerRegistration:
         return BrokerRegistration(
@@ -263,9 +258,7 @@ def registration_from_dict(body: Any) -> BrokerRegistration:
             heartbeat_timeout_ms=f.optional_integer("heartbeat_timeout_ms"),
         )
 
-    reg = _decode(body, decode)
-    validate_registration(reg)
-    return reg
+    return _decode(body, decode)
 
 
 def unregister_to_dict(req: UnregisterRequest) -> dict[str, Any]:
@@ -276,9 +269,7 @@ def unregister_from_dict(body: Any) -> UnregisterRequest:
     def decode(f: _Fields) -> UnregisterRequest:
         return UnregisterRequest(f.text("cluster"), f.text("broker_name"), f.text("address"))
 
-    req = _decode(body, decode)
-    validate_unregister(req)
-    return req
+    return _decode(body, decode)
 
 
 # -- responses -----------------------------------------------------------------------------------
@@ -417,7 +408,7 @@ def error_to_dict(code: str, message: str) -> dict[str, Any]:
 def _bounded(items: list[Any], items_max: int) -> list[Any]:
     """Refuse an over-long list before decoding its items."""
     if len(items) > items_max:
-        raise InvalidRecordError("TOO_MANY_TOPICS", f"at most {items_max} topics per registration")
+        raise WireError("TOO_MANY_TOPICS", f"at most {items_max} topics per registration")
     return items
 
 
