@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|transaction")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -506,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
+    from broker.txn_bench import add_parser as add_transaction
+
+    add_transaction(sub, _positive)
     return parser
 
 
@@ -531,6 +534,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.stability_bench import run_stability
 
         return run_loop(run_stability(args))
+    if args.command == "transaction":
+        from broker.txn_bench import run_transaction
+
+        return run_loop(run_transaction(args))
     if args.command == "failover":
         from broker.failover_bench import run_failover
 
