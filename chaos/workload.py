@@ -257,7 +257,13 @@ class ProducerWorker:
                         except TimeoutError:
                             pass
         finally:
-            await self.producer.shutdown()
+            if not isinstance(self.producer, TransactionProducer):
+                await self.producer.shutdown()
+
+    async def close(self) -> None:
+        """A transactional producer stays up after its last send until the consumers settled: brokers
+        check unknown transactions back through its long polls (no producer online, no check-back)."""
+        await self.producer.shutdown()
 
     async def send_one(self) -> None:
         key = f"{self.name}-k{self.rng.randrange(self.cfg.keys_per_producer)}" if self.keyed else None
@@ -583,6 +589,9 @@ class Workload:
         self._tasks = []
 
     async def stop_consumers(self) -> None:
+        """After the settle: the consumers, and the transactional producers' check-back polls."""
+        for p in self.producers:
+            await p.close()
         for c in reversed(list(self.consumers.values())):
             await c.stop()
         for r in self.retry_consumers:
