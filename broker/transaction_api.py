@@ -218,7 +218,10 @@ class TransactionApi:
         q = request.query
         group = check_group(q["group"]) if q.get("group") else None
         topic = check_topic(q["topic"]) if q.get("topic") else None
-        limit = check_int(int(q["limit"]) if q.get("limit", "").isdigit() else 100, "limit", 1, HALVES_LIMIT_MAX)
+        raw = q.get("limit", "100")
+        if not raw.isdigit() or len(raw) > 6:
+            raise ApiError(400, "BAD_REQUEST", f"limit must be an integer 1..{HALVES_LIMIT_MAX}")
+        limit = check_int(int(raw), "limit", 1, HALVES_LIMIT_MAX)
         rows = self.s.store.txn.pending(group=group, topic=topic, limit=limit)
         now = self.s.wall_ms()
         return answer(request, {

@@ -179,6 +179,12 @@ async def test_bad_input_gets_clear_errors(make_cluster: ClusterFactory) -> None
             raise AssertionError(f"{path} {body} was accepted")
         except ClientError as exc:
             assert exc.code == code, (path, body, exc)
+    for limit in ("0", "1001", "x", "9" * 5000):
+        try:
+            await cluster.call(addr, "GET", "/v1/transaction/halves", params={"limit": limit})
+            raise AssertionError(f"limit {limit[:10]} was accepted")
+        except ClientError as exc:
+            assert exc.code == "BAD_REQUEST", (limit[:10], exc)
 
 
 async def test_half_retry_is_stored_once(make_cluster: ClusterFactory) -> None:
