@@ -575,6 +575,7 @@ class Audit:
             "latency": self.extra.get("latency", {}),
             "delays": self.extra.get("delays", {}),
             "retries": self.extra.get("retries", {}),
+            "transactions": self.extra.get("transactions", []),
             "warnings": self.warnings,
             "timings_s": {**self.timer.steps, "total": self.timer.total_s},
         }
