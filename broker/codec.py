@@ -14,18 +14,13 @@ import msgpack
 from aiohttp import web
 
 from broker.http_edge import request_body
-from broker.message import InvalidInput
+from broker.service_base import ServiceError
 
 MSGPACK_TYPES = ("application/x-msgpack", "application/msgpack", "application/vnd.msgpack")
 MSGPACK = MSGPACK_TYPES[0]
 
 
-class ApiError(InvalidInput):
-    """An error answer: status, code, message and optional extra fields."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any):
-        super().__init__(code, message, status)
-        self.extra = extra
+ApiError = ServiceError  # an error answer: status, code, message and optional extra fields
 
 
 def wants_msgpack(request: web.Request) -> bool:

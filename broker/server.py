@@ -38,6 +38,7 @@ from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRe
 from broker.registration import Registrar
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
+from broker.service import BrokerService
 from broker.store import MessageStore
 from broker.transactions import TransactionPolicy, TransactionService
 from dledger.apps.process_main import run_until_signalled, setup_logging
@@ -128,7 +129,8 @@ class BrokerServer:
             self, TransactionPolicy(cfg.transaction_timeout_ms, cfg.transaction_check_interval_ms,
                                     cfg.transaction_check_max)
         )
-        self.api = BrokerApi(self)
+        self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
+        self.api = BrokerApi(self, self.service)
         self._runner: web.AppRunner | None = None
         self.started_at = self.clock.monotonic()
 

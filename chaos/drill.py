@@ -31,7 +31,7 @@ from typing import Any
 
 from broker.client import ClientError, Message, Producer
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
-from broker.progress import StatusLine, format_eta
+from broker.tools.progress import StatusLine, format_eta
 from chaos.layout import Ports
 from chaos.target import REPO, LocalTarget, Member, Target, find_leader, groups_of, wait_for
 from chaos.workload import create_topic, read_queue, writable_leader

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from broker.progress import StatusLine, format_eta
+from broker.tools.progress import StatusLine, format_eta
 from chaos import plants as plant_registry
 from chaos.faults import SKEW_DEFAULT, Fault, FaultContext, make_fault
 from chaos.history import HISTORY_VERSION, FaultRecord, JsonlWriter, now_us, read_jsonl

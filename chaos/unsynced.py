@@ -27,8 +27,9 @@ What the model does not do (each makes it less harsh than a real power cut, neve
 loss it reports is real): bytes overwritten in place inside an already-synced range are not
 reverted (mmapped key-index pages, checkpoint slots); truncation by ``open(..., O_TRUNC)`` is not
 seen (the record stays high); directory entries are not rolled back (created, renamed and removed
-names stay as they are). With ``SYNC_FLUSH`` the Raft log (segments, index files, term file) is
-fsynced before every acknowledgement, so no acknowledged message may be lost.
+names stay as they are). With ``SYNC_FLUSH`` the Raft log's segments and term file are
+fsynced before every acknowledgement, so no acknowledged message may be lost (its index files are
+synced at seal only; this model empties their unsynced tails and recovery rebuilds them).
 """
 
 from __future__ import annotations

@@ -36,8 +36,11 @@ afterwards: a read that raced with one is retried and finally fails with StaleRe
 returns bytes from a replaced entry. Retention does not replace entries: a read pinned to a segment
 it removes still returns that (valid) entry; a later one gets IndexOutOfRangeError.
 
-Durability: appends reach the page cache; ``flush()`` fdatasyncs the dirty files (and fsyncs the
-directories that gained files). ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are
+Durability: appends reach the page cache; ``flush()`` fdatasyncs the segment files written since
+the last flush (and fsyncs the directories that gained files): one fdatasync per acknowledged
+append. Index records are derived data (recovery rebuilds them from the last segment, which it
+scans in full), so they are synced lazily: with the segment they describe when it is sealed, and by
+``truncate_suffix`` and ``close``. ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are
 durable when they return.
 """
 
@@ -129,6 +132,7 @@ class EntryStore(StoreRecovery):
         self._starts: list[int] = []  # segment start positions, for bisect
         self._index_files: dict[int, SegmentFile] = {}
         self._dirty_files: set[SegmentFile] = set()
+        self._lazy_files: set[SegmentFile] = set()  # index files: synced at seal, truncate, close
         self._dirty_dirs: set[str] = set()
         self._anchor: tuple[int, int, int] = (0, 0, 0)
         self._floor_position = 0
@@ -193,6 +197,7 @@ class EntryStore(StoreRecovery):
         """Caller holds the lock. The file leaves the tables; its last reader closes it."""
         f.retired = True
         self._dirty_files.discard(f)
+        self._lazy_files.discard(f)
         if f.pins == 0:
             os.close(f.fd)
 
@@ -493,7 +498,7 @@ class EntryStore(StoreRecovery):
             f = self._index_file_for_write(base)
             chunk = records if n == len(records) else records[k : k + n]
             pwrite_all(f.fd, chunk, self._index_slot(index), n * INDEX_RECORD_SIZE)
-            self._dirty_files.add(f)
+            self._lazy_files.add(f)
             k += n
 
     def _index_file_for_write(self, base: int) -> SegmentFile:
@@ -523,7 +528,7 @@ class EntryStore(StoreRecovery):
             start = self._next_segment_start(seg)
             # Seal: this segment and every index record so far become durable before the next
             # segment gets a byte, so after a crash only the last segment can be torn.
-            self.flush()
+            self.flush_all()
         path = os.path.join(self._log_dir, file_name(start))
         new = Segment(start, self._open_file(path, os.O_CREAT | os.O_TRUNC), 0, 0)
         new.first_index = self._last[0] + 1
@@ -535,7 +540,8 @@ class EntryStore(StoreRecovery):
         return new
 
     def flush(self) -> None:
-        """fdatasync every file written since the last flush; fsync directories that gained files."""
+        """fdatasync every segment file written since the last flush; fsync directories that gained
+        files. Index files wait for ``flush_all`` (recovery rebuilds what they lack)."""
         if not self.dirty:
             return
         for f in list(self._dirty_files):
@@ -544,6 +550,13 @@ class EntryStore(StoreRecovery):
             fsync_dir(d)
         self._dirty_files.clear()
         self._dirty_dirs.clear()
+
+    def flush_all(self) -> None:
+        """``flush``, and the index files too."""
+        for f in list(self._lazy_files):
+            os.fdatasync(f.fd)
+        self._lazy_files.clear()
+        self.flush()
 
     # -- truncation, reset, retention (writer thread; durable on return) ----------------------------
     def truncate_suffix(self, from_index: int) -> None:
@@ -590,7 +603,7 @@ class EntryStore(StoreRecovery):
         if index_file is not None:
             os.ftruncate(index_file.fd, self._index_slot(from_index))
             self._dirty_files.add(index_file)
-        self.flush()  # what is left is durable when this returns (index files included)
+        self.flush_all()  # what is left is durable when this returns (index files included)
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
         """Drop every entry; the log continues after this anchor (a follower installed from a
@@ -673,7 +686,7 @@ class EntryStore(StoreRecovery):
         if self._closed:
             return
         try:
-            self.flush()
+            self.flush_all()
         finally:
             self._close_all()
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         audit.start()
         started = time.time()
         r = subprocess.run(
-            [sys.executable, "-m", "broker.mqbench", "produce", "-n", c.namesrv_addr, "-t", TOPIC,
+            [sys.executable, "-m", "broker.tools.mqbench", "produce", "-n", c.namesrv_addr, "-t", TOPIC,
              "--rate", str(args.rate), "--batch", str(args.batch), "--duration", str(args.duration),
              "--credentials", c.credentials_file, "--json", "--report-interval", "10"],
             capture_output=True, text=True, cwd=REPO, timeout=args.duration + 120,

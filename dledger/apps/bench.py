@@ -36,7 +36,7 @@ import aiohttp
 import msgpack
 
 from dledger.apps import cluster as local_cluster
-from dledger.stats import LatencyHistogram
+from dledger.apps.stats import LatencyHistogram
 
 
 @dataclass

@@ -29,8 +29,8 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
+from dledger.apps.checkpoint import ApplyCheckpoint
 from dledger.apps.process_main import run_until_signalled, setup_logging
-from dledger.checkpoint import ApplyCheckpoint
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
 from dledger.node import (
     AppendFailedError,

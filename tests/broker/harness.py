@@ -144,6 +144,18 @@ class BrokerCluster:
     def addr(self, nid: str) -> str:
         return f"{HOST}:{self.http_ports[IDS.index(nid)]}"
 
+    async def __aenter__(self) -> BrokerCluster:
+        """``async with BrokerCluster(...) as c``: started (with a writable leader), stopped after."""
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         for nid in list(self.brokers):
             await self.stop_broker(nid)

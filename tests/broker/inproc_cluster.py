@@ -191,7 +191,7 @@ async def _decoded(request: web.Request) -> dict[str, Any]:
 
 class _TappedBrokerApi(BrokerApi):
     def __init__(self, server: BrokerServer, tap: Tap):
-        super().__init__(server)
+        super().__init__(server, server.service)
         self.tap = tap
 
     def app(self) -> web.Application:

@@ -18,12 +18,8 @@ from tests.dledger.harness import wait_until
 
 @pytest.fixture
 async def cluster(tmp_path: Any) -> AsyncIterator[BrokerCluster]:
-    c = BrokerCluster(str(tmp_path), longPollingMaxMs=3000)
-    await c.start()
-    try:
+    async with BrokerCluster(str(tmp_path), longPollingMaxMs=3000) as c:
         yield c
-    finally:
-        await c.stop()
 
 
 @pytest.fixture

@@ -54,19 +54,19 @@ def test_cluster_up_status_mqadmin_start_down(tmp_path: Any) -> None:
         assert sorted(r["role"] for r in brokers) == ["FOLLOWER", "FOLLOWER", "LEADER"]
         assert len({r["term"] for r in brokers}) == 1
         env = c.env
-        cl = run("broker.mqadmin", "clusterList", "--json", env=env)
+        cl = run("broker.tools.mqadmin", "clusterList", "--json", env=env)
         assert cl.returncode == 0, cl.stderr
         assert "RaftNode00" in cl.stdout
-        assert run("broker.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "CliT", "-r", "2", "-w", "2",
+        assert run("broker.tools.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "CliT", "-r", "2", "-w", "2",
                    env=env).returncode == 0
-        sent = run("broker.mqadmin", "sendMessage", "-t", "CliT", "-p", "hi there", "-k", "k1", "--json", env=env)
+        sent = run("broker.tools.mqadmin", "sendMessage", "-t", "CliT", "-p", "hi there", "-k", "k1", "--json", env=env)
         assert sent.returncode == 0, sent.stderr
-        got = run("broker.mqadmin", "queryMsgByKey", "-t", "CliT", "-k", "k1", "--json", env=env)
+        got = run("broker.tools.mqadmin", "queryMsgByKey", "-t", "CliT", "-k", "k1", "--json", env=env)
         assert got.returncode == 0, got.stderr
         assert "hi there" in got.stdout or "aGkgdGhlcmU=" in got.stdout, got.stdout
-        missing = run("broker.mqadmin", "topicRoute", "-t", "NoSuchTopic", env=env)
+        missing = run("broker.tools.mqadmin", "topicRoute", "-t", "NoSuchTopic", env=env)
         assert missing.returncode == 1 and "TOPIC_NOT_EXIST" in missing.stderr
-        assert run("broker.mqadmin", "topicRoute", "-t", "bad topic!", env=env).returncode == 2
+        assert run("broker.tools.mqadmin", "topicRoute", "-t", "bad topic!", env=env).returncode == 2
         # kill a follower, `start` brings exactly it back
         follower = next(p for p in c.brokers() if p.name == next(r["name"] for r in brokers if r["role"] == "FOLLOWER"))
         c.kill9(follower)

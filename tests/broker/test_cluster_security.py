@@ -72,16 +72,16 @@ def test_cluster_up_enables_acl_and_keeps_its_files_private(tmp_path: Any) -> No
             for n in filenames:
                 assert mode(os.path.join(dirpath, n)) & 0o077 == 0, (dirpath, n, oct(mode(os.path.join(dirpath, n))))
         # the tools: refused without credentials, working with the file `up` wrote
-        anonymous = run("broker.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "SecT",
+        anonymous = run("broker.tools.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "SecT",
                         env={"NAMESRV_ADDR": c.namesrv_addr})
         assert anonymous.returncode == 1 and "NO_CREDENTIALS" in anonymous.stderr, anonymous.stderr
-        ok = run("broker.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "SecT", env=c.env)
+        ok = run("broker.tools.mqadmin", "updateTopic", "-c", "DefaultCluster", "-t", "SecT", env=c.env)
         assert ok.returncode == 0, ok.stderr
-        flag = run("broker.mqadmin", "sendMessage", "-t", "SecT", "-p", "x", "--credentials",
+        flag = run("broker.tools.mqadmin", "sendMessage", "-t", "SecT", "-p", "x", "--credentials",
                    os.path.join(root, "admin-credentials.yml"), env={"NAMESRV_ADDR": c.namesrv_addr})
         assert flag.returncode == 0, flag.stderr
         os.chmod(os.path.join(root, "admin-credentials.yml"), 0o644)
-        loose = run("broker.mqadmin", "clusterList", env=c.env)
+        loose = run("broker.tools.mqadmin", "clusterList", env=c.env)
         assert loose.returncode == 2 and "chmod 600" in loose.stderr
     finally:
         c.down()

@@ -17,7 +17,6 @@ from broker.client.admin import message_from_dict
 from broker.client.transport import ClientError
 from broker.config import load_broker_config
 from broker.message import InvalidInput, StoredMessage, decode_message, encode_message
-from broker.mqadmin import message_details
 from broker.schedule import (
     PROP_DUE_MS,
     PROP_SCHED_POS,
@@ -28,6 +27,7 @@ from broker.schedule import (
     delivered_copy,
     parse_delay_levels,
 )
+from broker.tools.mqadmin import message_details
 from dledger.config import ConfigError
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster

@@ -20,7 +20,7 @@ import aiohttp
 import msgpack
 
 from dledger import waiting
-from dledger.checkpoint import ApplyCheckpoint
+from dledger.apps.checkpoint import ApplyCheckpoint
 from dledger.clock import Clock
 from dledger.node import DLedgerNode, RaftSettings
 

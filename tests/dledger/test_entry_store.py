@@ -277,6 +277,30 @@ def test_lost_short_or_stale_index_is_rebuilt(tmp_path: Path) -> None:
     assert not (index_dir / f"{10 * PER_FILE:020d}").exists()
 
 
+def test_an_acknowledged_append_costs_one_fdatasync_and_survives_losing_its_index_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Index records are derived data: ``flush`` (the per-append sync on the ack path) syncs the
+    segment only (it synced the index file too: two fdatasyncs per acknowledged append). A crash
+    that loses the unsynced index pages loses nothing: recovery rebuilds them from the segment."""
+    s = open_store(tmp_path, segment_bytes=1 << 20)
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    for i in range(1, 151):
+        s.append(i, 1, body(i))
+        s.flush()
+    assert len(synced) == 150  # one per append, whatever index files the appends wrote
+    positions = [s.position_at(i) for i in range(1, 151)]
+    for f in (tmp_path / "index").iterdir():  # the crash: no index page ever reached the disk
+        f.write_bytes(b"")
+    s._close_all()  # without the closing flush
+    r = open_store(tmp_path, segment_bytes=1 << 20)
+    assert r.last_index == 150
+    assert [r.position_at(i) for i in range(1, 151)] == positions
+    assert [r.read(i).body for i in range(1, 151)] == [body(i) for i in range(1, 151)]
+
+
 def test_index_records_past_a_cut_tail_are_dropped(tmp_path: Path) -> None:
     s = filled(tmp_path, 50, segment_bytes=1 << 20)
     cut = s.position_at(45)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from broker.mqadmin import main as mqadmin_main
+from broker.tools.mqadmin import main as mqadmin_main
 from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import InProcBrokerCluster, fail_on_thread_exceptions
 

@@ -152,11 +152,11 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 async def test_entry_points_as_processes(cluster: InProcBrokerCluster) -> None:
     """The cluster serves from this test's loop while the processes run (``to_thread``)."""
-    r = await asyncio.to_thread(_run, "broker.mqadmin", "--help")
+    r = await asyncio.to_thread(_run, "broker.tools.mqadmin", "--help")
     assert r.returncode == 0 and "clusterList" in r.stdout
-    r = await asyncio.to_thread(_run, "broker.mqadmin", "topicRoute", "-n", cluster.namesrv_addr, "-t", "Missing")
+    r = await asyncio.to_thread(_run, "broker.tools.mqadmin", "topicRoute", "-n", cluster.namesrv_addr, "-t", "Missing")
     assert r.returncode == 1 and "TOPIC_NOT_EXIST" in r.stderr and "Traceback" not in r.stderr
-    r = await asyncio.to_thread(_run, "broker.mqadmin", "topicRoute", "-n", cluster.namesrv_addr)
+    r = await asyncio.to_thread(_run, "broker.tools.mqadmin", "topicRoute", "-n", cluster.namesrv_addr)
     assert r.returncode == 2 and "-t" in r.stderr
-    r = await asyncio.to_thread(_run, "broker.mqbench", "produce", "--threads", "-3")
+    r = await asyncio.to_thread(_run, "broker.tools.mqbench", "produce", "--threads", "-3")
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from broker.client.admin import Admin
-from broker.dashboard.server import start
+from broker.tools.dashboard.server import start
 from tests.acl_fixtures import ADMIN, CONSUMER
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.tools.conftest import Mqadmin
@@ -121,7 +121,7 @@ async def test_unreachable_cluster_shows_the_error_not_a_crash() -> None:
 
 
 def test_bad_listen_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from broker.dashboard.server import main
+    from broker.tools.dashboard.server import main
 
     assert main(["--listen", "nowhere"]) == 2
     assert "host:port" in capsys.readouterr().err

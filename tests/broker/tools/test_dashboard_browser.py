@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from broker.client.admin import Admin
-from broker.dashboard.server import start
+from broker.tools.dashboard.server import start
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.tools.conftest import Mqadmin
 from tests.broker.tools.test_mqadmin import seed

@@ -29,7 +29,7 @@ async def run_with_closed_stdout(*argv: str) -> tuple[int, str]:
     os.close(r)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.mqadmin", *argv, stdout=w, stderr=asyncio.subprocess.PIPE
+            sys.executable, "-m", "broker.tools.mqadmin", *argv, stdout=w, stderr=asyncio.subprocess.PIPE
         )
     finally:
         os.close(w)
@@ -236,7 +236,7 @@ def base64_body(m: dict[str, Any]) -> str:
 
 
 def test_help_lists_the_added_commands(capsys: Any) -> None:
-    from broker.mqadmin import main
+    from broker.tools.mqadmin import main
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

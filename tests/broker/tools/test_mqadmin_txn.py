@@ -1,4 +1,4 @@
-"""``mqadmin queryTransactionHalf`` (broker/mqadmin_txn.py) on the in-process cluster: pending halves
+"""``mqadmin queryTransactionHalf`` (broker/tools/mqadmin_txn.py) on the in-process cluster: pending halves
 are listed per group until they are resolved; bad flags exit 2."""
 
 from __future__ import annotations

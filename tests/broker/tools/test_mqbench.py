@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from broker.client.transport import ClientError
-from broker.mqbench import (
+from broker.tools.mqbench import (
     ERROR_CODES_MAX,
     Pacer,
     Stats,
@@ -32,11 +32,11 @@ from broker.mqbench import (
     run_consume,
     run_produce,
 )
-from dledger.stats import MAX_US, LatencyHistogram
+from dledger.apps.stats import MAX_US, LatencyHistogram
 from tests.broker.inproc_cluster import InProcBrokerCluster
 
 
-# -- histogram (dledger.stats, an HdrHistogram) --------------------------------------------------
+# -- histogram (dledger.apps.stats, an HdrHistogram) --------------------------------------------------
 def test_percentiles_of_a_uniform_spread() -> None:
     h = LatencyHistogram()
     for ms in range(1, 1001):
@@ -317,7 +317,7 @@ def _interrupt_a_run(namesrv: str) -> tuple[int, str, str]:
         [
             sys.executable,
             "-m",
-            "broker.mqbench",
+            "broker.tools.mqbench",
             "produce",
             "-n",
             namesrv,

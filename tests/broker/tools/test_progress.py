@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from broker.mqbench import build_parser, run_produce
-from broker.progress import CLEAR, StatusLine, format_eta, progress_text
+from broker.tools.mqbench import build_parser, run_produce
+from broker.tools.progress import CLEAR, StatusLine, format_eta, progress_text
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.tools.test_mqbench import FakeProducer, fake_sdk
 

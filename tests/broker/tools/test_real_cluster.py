@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker.mqadmin import main as mqadmin
-from broker.mqbench import main as mqbench
+from broker.tools.mqadmin import main as mqadmin
+from broker.tools.mqbench import main as mqbench
 from dledger.waiting import wait_until_sync
 
 T = TypeVar("T")

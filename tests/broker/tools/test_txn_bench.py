@@ -1,4 +1,4 @@
-"""``mq-bench transaction`` (broker/txn_bench.py): a short run against the in-process cluster, its
+"""``mq-bench transaction`` (broker/tools/txn_bench.py): a short run against the in-process cluster, its
 accounting checked against what the brokers stored."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from broker.mqbench import main
-from broker.txn_bench import _Listener
+from broker.tools.mqbench import main
+from broker.tools.txn_bench import _Listener
 from tests.broker.inproc_cluster import InProcBrokerCluster
 
 

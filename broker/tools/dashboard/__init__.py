@@ -1,2 +1,2 @@
 """``dledger-dashboard``: a web dashboard over a cluster (RocketMQ's rocketmq-dashboard), see
-``broker/dashboard/server.py`` and docs/OPERATIONS.md."""
+``broker/tools/dashboard/server.py`` and docs/OPERATIONS.md."""

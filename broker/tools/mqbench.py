@@ -12,7 +12,7 @@ consume: one ``PushConsumer``; B2C latency = receive time − ``bench_ts_ns`` (`
 property is absent), S2C = receive time − ``store_ts``; both in wall-clock time, so producer and
 consumer should share a host (or synchronised clocks).
 
-Latencies go into ``LatencyHistogram`` (``dledger.stats``, an HdrHistogram): memory stays constant however
+Latencies go into ``LatencyHistogram`` (``dledger.apps.stats``, an HdrHistogram): memory stays constant however
 long the run. Reports every ``--report-interval`` seconds; a summary at the end (``--json``: one
 JSON object on stdout, the periodic lines on stderr); Ctrl-C ends a run early, summary included.
 Exit codes: 0 done (failed sends are counted, not fatal), 1 the run could not start or not a single
@@ -36,9 +36,10 @@ from typing import Any, TextIO
 
 from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
-from broker.progress import StatusLine, progress_text
 from broker.protocol.auth import CredentialsError
-from dledger.stats import LatencyHistogram
+from broker.tools.cli import add_namesrv_argument
+from broker.tools.progress import StatusLine, progress_text
+from dledger.apps.stats import LatencyHistogram
 
 MAX_MESSAGE_BYTES = 4 << 20
 CONSUME_BATCH_MAX = 32  # messages per listener call: the bench listener is cheap
@@ -207,6 +208,17 @@ async def preflight(admin: Admin, topic: str, err: TextIO) -> None:
         )
 
 
+async def checked_security(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
+    """The run's security arguments for the SDK, once ``preflight`` found a NameServer with them."""
+    security = security_kwargs(args)
+    admin = Admin(args.namesrv, **security)
+    try:
+        await preflight(admin, args.topic, err)
+    finally:
+        await admin.close()
+    return security
+
+
 def stop_on_sigint(stop: asyncio.Event) -> Callable[[], None]:
     """Ctrl-C ends the run early (the summary still prints); returns the undo. Outside the main
     thread (tests calling ``run_*`` from a helper thread) there is no handler."""
@@ -266,12 +278,7 @@ async def run_produce(
     err = err or sys.stderr
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
-    security = security_kwargs(args)
-    admin = Admin(args.namesrv, **security)
-    try:
-        await preflight(admin, args.topic, err)
-    finally:
-        await admin.close()
+    security = await checked_security(args, err)
     producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
     await producer.start()
     stats = Stats()
@@ -376,12 +383,7 @@ async def run_consume(
             stats.record_consumed(*end_to_end_us(m, now_ns))
         return "CONSUME_SUCCESS"
 
-    security = security_kwargs(args)
-    admin = Admin(args.namesrv, **security)
-    try:
-        await preflight(admin, args.topic, err)
-    finally:
-        await admin.close()
+    security = await checked_security(args, err)
     consumer = sdk.PushConsumer(
         args.group,
         args.namesrv,
@@ -458,13 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|transaction")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "-n",
-            "--namesrvAddr",
-            dest="namesrv",
-            default=None,
-            help="NameServer list 'a:9876;b:9877' (default: $NAMESRV_ADDR, else 127.0.0.1:9876)",
-        )
+        add_namesrv_argument(p)
         p.add_argument("-t", "--topic", default="BenchmarkTest")
         p.add_argument("--duration", type=_positive(float), default=30.0, help="seconds (default 30)")
         p.add_argument(
@@ -500,13 +496,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", default="benchmark_consumer")
     p.add_argument("--model", choices=("CLUSTERING", "BROADCASTING"), default="CLUSTERING")
     p.add_argument("--from", dest="from_", choices=("FIRST", "LAST"), default="LAST")
-    from broker.failover_bench import add_parser as add_failover
+    from broker.tools.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)
-    from broker.stability_bench import add_parser as add_stability
+    from broker.tools.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
-    from broker.txn_bench import add_parser as add_transaction
+    from broker.tools.txn_bench import add_parser as add_transaction
 
     add_transaction(sub, _positive)
     return parser
@@ -531,15 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     if args.command == "stability":
-        from broker.stability_bench import run_stability
+        from broker.tools.stability_bench import run_stability
 
         return run_loop(run_stability(args))
     if args.command == "transaction":
-        from broker.txn_bench import run_transaction
+        from broker.tools.txn_bench import run_transaction
 
         return run_loop(run_transaction(args))
     if args.command == "failover":
-        from broker.failover_bench import run_failover
+        from broker.tools.failover_bench import run_failover
 
         try:
             return run_loop(run_failover(args))

@@ -25,23 +25,24 @@ from typing import Any
 
 from broker.client.transport import FROM_ENV, ClientError, Transport
 from broker.protocol.auth import load_credentials
+from broker.tools.cli import add_local_cluster_arguments
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
-def _cluster(args: argparse.Namespace, *cmd: str) -> subprocess.CompletedProcess[str]:
+def cluster_command(args: argparse.Namespace, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dledger.apps.cluster", *cmd, "--dir", args.dir],
         capture_output=True, text=True, timeout=120,
     )
 
 
-def _processes(args: argparse.Namespace) -> list[dict[str, Any]]:
+def cluster_processes(args: argparse.Namespace) -> list[dict[str, Any]]:
     with open(os.path.join(args.dir, "cluster.json")) as f:
         return list(json.load(f)["processes"])
 
 
 async def _leader(t: Transport, args: argparse.Namespace) -> dict[str, Any] | None:
-    for p in _processes(args):
+    for p in cluster_processes(args):
         if p["kind"] != "broker":
             continue
         try:
@@ -69,13 +70,13 @@ async def run_failover(args: argparse.Namespace) -> int:
     own_dir = args.dir is None
     if own_dir:
         args.dir = tempfile.mkdtemp(prefix="mq-bench-failover-")
-    up = _cluster(
+    up = cluster_command(
         args, "up", "--raft-port", str(args.raft_port), "--http-port", str(args.http_port),
         "--namesrv-port", str(args.namesrv_port), "--wait", "30",
     )
     if up.returncode != 0:
         print(f"mq-bench failover: the cluster did not start: {up.stderr.strip()[-500:]}", file=sys.stderr)
-        _cluster(args, "down")
+        cluster_command(args, "down")
         return 1
     namesrv = f"127.0.0.1:{args.namesrv_port}"
     # The cluster's ACL admin account (dledger-cluster up writes it); the environment's otherwise.
@@ -142,7 +143,7 @@ async def run_failover(args: argparse.Namespace) -> int:
                     f"{row['first_ack_ms']:.0f} ms; new leader writable after {row['new_leader_writable_ms']:.0f} ms",
                     flush=True,
                 )
-            restart = _cluster(args, "start", leader["name"])
+            restart = cluster_command(args, "start", leader["name"])
             if restart.returncode != 0:
                 raise RuntimeError(f"restart of {leader['name']} failed: {restart.stderr}")
             await _wait(lambda: _caught_up(t, args, leader["name"]), 60, "the restarted replica")  # noqa: B023
@@ -175,7 +176,7 @@ async def run_failover(args: argparse.Namespace) -> int:
             await p.shutdown()
         await t.close()
         if not args.keep:
-            _cluster(args, "down")
+            cluster_command(args, "down")
 
 
 async def _true(value: bool) -> bool:
@@ -183,7 +184,7 @@ async def _true(value: bool) -> bool:
 
 
 async def _caught_up(t: Transport, args: argparse.Namespace, name: str) -> bool:
-    p = next(p for p in _processes(args) if p["name"] == name)
+    p = next(p for p in cluster_processes(args) if p["name"] == name)
     try:
         st = await t.call(f"{p['host']}:{p['http_port']}", "GET", "/v1/status", timeout_s=0.5)
     except ClientError:
@@ -216,10 +217,6 @@ def add_parser(sub: Any, positive: Any) -> None:
                    help="sends/s per producer (default: as fast as acknowledged)")
     p.add_argument("--steady-s", dest="steady_s", type=positive(float), default=2.0,
                    help="seconds of steady load before each kill (default 2)")
-    p.add_argument("-t", "--topic", default="FailoverBench")
-    p.add_argument("--dir", default=None, help="cluster directory (default: a new temporary one)")
-    p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--raft-port", dest="raft_port", type=positive(int, 65000), default=41911)
-    p.add_argument("--http-port", dest="http_port", type=positive(int, 65000), default=11911)
-    p.add_argument("--namesrv-port", dest="namesrv_port", type=positive(int, 65000), default=19876)
-    p.add_argument("--json", action="store_true")
+    add_local_cluster_arguments(
+        p, positive, topic="FailoverBench", raft_port=41911, http_port=11911, namesrv_port=19876
+    )

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
-from dledger.stats import LatencyHistogram
+from dledger.apps.stats import LatencyHistogram
 
 
 class _Listener:

@@ -22,8 +22,9 @@ import time
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
-from broker.failover_bench import _cluster, _processes
 from broker.protocol.auth import load_credentials
+from broker.tools.cli import add_local_cluster_arguments
+from broker.tools.failover_bench import cluster_command, cluster_processes
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 
@@ -132,14 +133,14 @@ async def run_stability(args: argparse.Namespace) -> int:
     cmd += ["--namesrv-port", str(args.namesrv_port), "--wait", "30"]
     if args.clock_skew:
         cmd.append("--clock-skew")
-    up = _cluster(args, *cmd)
+    up = cluster_command(args, *cmd)
     if up.returncode != 0:
         print(f"mq-bench stability: the cluster did not start: {up.stderr.strip()[-500:]}", file=sys.stderr)
-        _cluster(args, "down")
+        cluster_command(args, "down")
         return 1
     namesrv = f"127.0.0.1:{args.namesrv_port}"
     creds = load_credentials(os.path.join(args.dir, ADMIN_CREDENTIALS_FILE))
-    brokers = [p for p in _processes(args) if p["kind"] == "broker"]
+    brokers = [p for p in cluster_processes(args) if p["kind"] == "broker"]
     result: dict[str, Any] = {"clock_skew": args.clock_skew, "producers": args.producers}
     t = Transport(3.0, credentials=creds)
     try:
@@ -164,7 +165,7 @@ async def run_stability(args: argparse.Namespace) -> int:
     finally:
         await t.close()
         if not args.keep:
-            _cluster(args, "down")
+            cluster_command(args, "down")
             if own_dir:
                 import shutil
 
@@ -193,10 +194,6 @@ def add_parser(sub: Any, positive: Any) -> None:
     p.add_argument(
         "--clock-skew", dest="clock_skew", action="store_true", help="every replica on its own skewed clock"
     )
-    p.add_argument("-t", "--topic", default="StabilityBench")
-    p.add_argument("--dir", default=None, help="cluster directory (default: a new temporary one)")
-    p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    p.add_argument("--raft-port", dest="raft_port", type=positive(int, 65000), default=42911)
-    p.add_argument("--http-port", dest="http_port", type=positive(int, 65000), default=12911)
-    p.add_argument("--namesrv-port", dest="namesrv_port", type=positive(int, 65000), default=29876)
-    p.add_argument("--json", action="store_true")
+    add_local_cluster_arguments(
+        p, positive, topic="StabilityBench", raft_port=42911, http_port=12911, namesrv_port=29876
+    )

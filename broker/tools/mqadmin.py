@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from broker.client.admin import (
@@ -48,6 +48,7 @@ from broker.client.transport import (
 )
 from broker.protocol import route_wire
 from broker.protocol.auth import CredentialsError
+from broker.tools.cli import add_namesrv_argument
 
 PROG = "mqadmin"
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)
@@ -400,7 +401,7 @@ async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Outpu
 
 
 @answers_checked
-async def _group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
+async def group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
     """(broker name, member) of every consumer of ``group`` online at any broker group."""
     path = f"/v1/groups/{_path_part(check_group(group))}/consumers"
     groups = await admin._all_groups()
@@ -421,7 +422,7 @@ async def _no_progress_reason(
 ) -> ClientError | None:
     """Why a group with no committed offset has no progress to show (RocketMQ's consumerProgress
     fails there too); None when the rows (subscribed queues, nothing committed yet) are the answer."""
-    members = await _group_members(admin, group)
+    members = await group_members(admin, group)
     if members and all(m.get("model") == "BROADCASTING" for _b, m in members):
         return ClientError(
             "BROADCASTING_GROUP",
@@ -573,6 +574,38 @@ async def _check_writable(admin: Admin, topic: str, broker_name: str | None) -> 
         )
 
 
+async def pull_range(
+    admin: Admin,
+    topic: str,
+    broker_name: str,
+    queue_id: int,
+    offset: int,
+    end: int | None,
+    *,
+    route: TopicRoute,
+    batch: Callable[[], int] = lambda: 32,
+    consumer_group: str | None = None,
+    sql: str | None = None,
+) -> AsyncIterator[list[MessageView]]:
+    """The messages of one queue in [offset, end) — ``end`` None: the queue's max offset at the first
+    pull — a pull (of ``batch()`` at most) at a time, without committing; ranges with nothing that
+    matches or removed by retention are stepped over. The caller stops iterating when it has enough."""
+    while end is None or offset < end:
+        r = await admin.pull(
+            topic, broker_name, queue_id, offset, max_count=batch(), consumer_group=consumer_group, route=route,
+            sql=sql,
+        )
+        if end is None:
+            end = r.max_offset
+        if r.status in ("OFFSET_TOO_SMALL", "NO_MATCHED_MSG") and r.next_offset > offset:
+            offset = r.next_offset
+            continue
+        if r.status != "FOUND":
+            return
+        yield [m for m in r.messages if m.queue_offset is None or m.queue_offset < end]
+        offset = r.next_offset
+
+
 async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
     """Pull up to ``-c`` messages from each selected queue's ``-s`` (default: its first offset) up to
     ``-e`` (default: its max offset when we started), printing them; nothing is committed."""
@@ -593,24 +626,18 @@ async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
     if not queues:
         raise ClientError("NO_QUEUE", f"topic {args.topic} has no readable queue matching -m/-q")
     got: list[MessageView] = []
+
+    def batch() -> int:
+        return min(32, args.count - len(got))
+
     for broker_name, qid in queues:
-        offset, end = args.start_offset or 0, args.end_offset
-        while len(got) < args.count:
-            batch = min(32, args.count - len(got))
-            r = await admin.pull(
-                args.topic, broker_name, qid, offset, max_count=batch, consumer_group=args.group, route=route,
-                sql=args.sql,
-            )
-            if end is None:
-                end = r.max_offset
-            if r.status in ("OFFSET_TOO_SMALL", "NO_MATCHED_MSG") and r.next_offset > offset:
-                offset = r.next_offset
-                continue
-            if r.status != "FOUND":
-                break
-            got += [m for m in r.messages if m.queue_offset is None or m.queue_offset < end]
-            offset = r.next_offset
-            if offset >= end:
+        batches = pull_range(
+            admin, args.topic, broker_name, qid, args.start_offset or 0, args.end_offset, route=route,
+            batch=batch, consumer_group=args.group, sql=args.sql,
+        )
+        async for found in batches:
+            got.extend(found)
+            if len(got) >= args.count:
                 break
         if len(got) >= args.count:
             break
@@ -620,13 +647,7 @@ async def run_consume_message(admin: Admin, args: argparse.Namespace) -> Output:
 
 # -- the parser -------------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-n",
-        "--namesrvAddr",
-        dest="namesrv",
-        default=None,
-        help=f"NameServer list 'a:9876;b:9877' (default: $NAMESRV_ADDR, else {DEFAULT_NAMESRV})",
-    )
+    add_namesrv_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--timeout", type=positive_float, default=3.0, help="seconds per request (default 3)")
     add_security_arguments(p)
@@ -759,10 +780,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("transferLeader", "Hand a broker group's leadership to another replica", run_transfer_leader)
     p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
     p.add_argument("-i", "--targetId", dest="target_id", default=None, help="peer id, e.g. n1 (default: any)")
-    from broker.mqadmin_ops import register  # (imports this module: loaded once it is complete)
+    from broker.tools.mqadmin_ops import register  # (imports this module: loaded once it is complete)
 
     register(cmd)
-    from broker.mqadmin_txn import register as register_txn  # queryTransactionHalf
+    from broker.tools.mqadmin_txn import register as register_txn  # queryTransactionHalf
 
     register_txn(cmd)
     return parser

@@ -29,11 +29,11 @@ from aiohttp import web
 
 from broker.client.admin import Admin, BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
-from broker.mqadmin import _group_members, body_text, format_ts, perm_text
-from broker.mqadmin_ops import _scrape
 from broker.protocol.auth import Credentials, CredentialsError
+from broker.tools.mqadmin import body_text, format_ts, group_members, perm_text
+from broker.tools.mqadmin_ops import scrape_metrics
 
-log = logging.getLogger("broker.dashboard")
+log = logging.getLogger("broker.tools.dashboard")
 
 STATIC = Path(__file__).parent / "static"
 ROWS_MAX = 2000
@@ -139,7 +139,8 @@ async def members_with_lag(admin: Admin) -> list[dict[str, Any]]:
 async def leader_metrics(admin: Admin) -> list[dict[str, list[tuple[dict[str, str], float]]]]:
     groups = await admin._all_groups()
     addrs = [bd.leader_addr for bd in groups if bd.leader_addr]
-    got = await asyncio.gather(*(_scrape(admin, a, admin.transport.timeout_s) for a in addrs), return_exceptions=True)
+    timeout_s = admin.transport.timeout_s
+    got = await asyncio.gather(*(scrape_metrics(admin, a, timeout_s) for a in addrs), return_exceptions=True)
     return [g for g in got if not isinstance(g, BaseException)]
 
 
@@ -265,7 +266,7 @@ async def group(request: web.Request) -> web.Response:
     name = request.query.get("g", "")
     try:
         progress = await admin.consumer_progress(name)
-        members = await _group_members(admin, name)
+        members = await group_members(admin, name)
     except (ClientError, InvalidArgument) as exc:
         return page(f"Consumer group {name}", error_box(exc))
     rows = [(q.topic, q.broker_name, q.queue_id, q.broker_offset, q.consumer_offset, q.lag, format_ts(q.last_ts))

@@ -1,6 +1,6 @@
 """``mqadmin queryTransactionHalf``: the half messages of transactions still pending (neither
 committed nor rolled back; broker/transactions.py), per broker group, oldest first. Same conventions
-as ``broker/mqadmin.py``; registered into its parser by ``register``."""
+as ``broker/tools/mqadmin.py``; registered into its parser by ``register``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from broker.client.admin import (
     check_name,
     check_topic,
 )
-from broker.mqadmin import Output, Runner, format_table, format_ts, to_jsonable
+from broker.tools.mqadmin import Output, Runner, format_table, format_ts, to_jsonable
 
 HALVES_MAX = 1000  # the broker's bound per answer
 

@@ -1,7 +1,7 @@
 """More ``mqadmin`` commands, for parity with RocketMQ's (issue 16): deleteSubGroup,
 consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
 updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, cleanExpiredCQ, statsAll, clusterRT, printMsg. Same
-conventions as ``broker/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
+conventions as ``broker/tools/mqadmin.py`` (tables or ``--json``; exit 1 for cluster errors, 2 for usage),
 registered into its parser by ``register``."""
 
 from __future__ import annotations
@@ -30,20 +30,21 @@ from broker.client.admin import (
 )
 from broker.client.allocate import allocate_averagely
 from broker.client.transport import ClientError
-from broker.mqadmin import (
+from broker.protocol.routes import BrokerData
+from broker.tools.mqadmin import (
     Output,
     Runner,
-    _group_members,
     body_text,
     format_table,
     format_ts,
+    group_members,
     non_negative_int,
     parse_timestamp,
+    pull_range,
     render_message_table,
     render_outcomes,
     to_jsonable,
 )
-from broker.protocol.routes import BrokerData
 from dledger.clock import process_clock
 
 CLUSTER_RT_AMOUNT_MAX = 1000
@@ -81,7 +82,7 @@ async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output
 @answers_checked
 async def run_consumer_connection(admin: Admin, args: argparse.Namespace) -> Output:
     group = check_group(args.group)
-    members = await _group_members(admin, group)
+    members = await group_members(admin, group)
     if not members:
         raise ClientError("CONSUMER_NOT_ONLINE", f"no consumer of group {group} is online at any broker", status=404)
     by_client: dict[str, dict[str, Any]] = {}
@@ -274,7 +275,7 @@ async def run_update_broker_config(admin: Admin, args: argparse.Namespace) -> Ou
 
 
 # -- statistics -------------------------------------------------------------------------------------
-async def _scrape(admin: Admin, addr: str, timeout_s: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+async def scrape_metrics(admin: Admin, addr: str, timeout_s: float) -> dict[str, list[tuple[dict[str, str], float]]]:
     url = f"{admin.transport.scheme}://{addr}/metrics"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
@@ -301,7 +302,7 @@ async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
     """Per topic and consumer group: lag, in/out TPS (the leaders' ``/metrics``, last 10 s)."""
     groups = await admin._all_groups()
     leaders = [(bd.broker_name, bd.leader_addr) for bd in groups if bd.leader_addr]
-    scraped = await asyncio.gather(*(_scrape(admin, a, args.timeout) for _n, a in leaders))
+    scraped = await asyncio.gather(*(scrape_metrics(admin, a, args.timeout) for _n, a in leaders))
     in_tps: dict[str, float] = {}
     out_tps: dict[tuple[str, str], float] = {}
     lag: dict[tuple[str, str], float] = {}
@@ -424,21 +425,10 @@ async def run_print_msg(admin: Admin, args: argparse.Namespace) -> Output:
         for qid in range(q.read_queue_nums):
             offset = 0 if args.begin is None else await _offset_at(admin, bd, args.topic, qid, args.begin)
             end = None if args.end is None else await _offset_at(admin, bd, args.topic, qid, args.end)
-            while len(got) < args.count and (end is None or offset < end):
-                r = await admin.pull(args.topic, q.broker_name, qid, offset, max_count=32, route=route)
-                if end is None:
-                    end = r.max_offset
-                if r.status in ("OFFSET_TOO_SMALL", "NO_MATCHED_MSG") and r.next_offset > offset:
-                    offset = r.next_offset
-                    continue
-                if r.status != "FOUND":
+            async for found in pull_range(admin, args.topic, q.broker_name, qid, offset, end, route=route):
+                got += [m for m in found if tags is None or m.tags in tags]
+                if len(got) >= args.count:
                     break
-                for m in r.messages:
-                    if m.queue_offset is not None and end is not None and m.queue_offset >= end:
-                        continue
-                    if tags is None or m.tags in tags:
-                        got.append(m)
-                offset = r.next_offset
             if len(got) >= args.count:
                 break
     got = got[: args.count]

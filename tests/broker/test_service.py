@@ -1,0 +1,161 @@
+"""The broker service (broker/service.py) called directly, without HTTP: a real 3-replica group
+(``tests/broker/harness.py``) whose replicas' ``service`` is what every transport calls."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from broker.server import BrokerServer
+from broker.service import ServiceError
+from broker.service_base import ServiceBase
+from broker.store import CorruptMessage
+from dledger.node import AppendTimeoutError, BusyError, NotLeaderError
+from tests.broker.harness import BrokerCluster
+from tests.dledger.harness import wait_until
+
+
+@pytest.fixture
+async def cluster(tmp_path: Any) -> AsyncIterator[BrokerCluster]:
+    async with BrokerCluster(str(tmp_path), longPollingMaxMs=3000) as c:
+        yield c
+
+
+def _leader(cluster: BrokerCluster) -> BrokerServer:
+    leader = cluster.writable_leader()
+    assert leader is not None
+    return leader
+
+
+def _follower(cluster: BrokerCluster) -> BrokerServer:
+    return next(b for b in cluster.brokers.values() if b.node.role != "LEADER")
+
+
+async def test_send_then_pull_and_query_through_the_service(cluster: BrokerCluster) -> None:
+    svc = _leader(cluster).service
+    sent = await svc.send(
+        "S1", 1, [{"body": b"hello", "tags": "A", "keys": ["k1"], "unique_id": "U1"}], client_addr="10.0.0.9:1"
+    )
+    assert sent.status == "SEND_OK" and sent.queue_id == 1 and sent.broker_name == "RaftNode00"
+    (first,) = sent.results
+    assert first.queue_offset == 0 and first.unique_id == "U1" and not first.duplicate
+    batch = await svc.send("S1", 1, [{"body": b"b%d" % i, "tags": "B" if i % 2 else "A"} for i in range(6)])
+    assert [r.queue_offset for r in batch.results] == list(range(1, 7))
+
+    pulled = await svc.pull("S1", 1, 0, max_count=64)
+    assert pulled.status == "FOUND" and pulled.next_offset == 7 and pulled.max_offset == 7
+    assert [pm.message.body for pm in pulled.messages][:2] == [b"hello", b"b0"]
+    assert pulled.messages[0].message.born_host == "10.0.0.9:1"  # client_addr: the default born host
+    view = pulled.to_dict("RaftNode00")["messages"][0]
+    assert view["msg_id"] == first.msg_id and view["queue_offset"] == 0 and view["size"] > 0
+    tagged = await svc.pull("S1", 1, 0, tags="B")
+    assert [pm.message.body for pm in tagged.messages] == [b"b1", b"b3", b"b5"]
+
+    assert svc.message_by_id(first.msg_id).message.body == b"hello"
+    assert [pm.position for pm in svc.messages_by_key("S1", "k1")] == [first.position]
+    assert [pm.queue_offset for pm in svc.messages_by_key("S1", "U1", unique=True)] == [0]
+    assert svc.message_at_offset("S1", 1, 2).message.body == b"b1"
+    assert svc.search_offset("S1", 1, 0) == 0
+
+
+async def test_a_retried_send_is_answered_with_its_first_result(cluster: BrokerCluster) -> None:
+    svc = _leader(cluster).service
+    first = await svc.send("S2", 0, [{"body": b"x", "unique_id": "DUP1"}])
+    again = await svc.send("S2", 0, [{"body": b"x", "unique_id": "DUP1"}])
+    assert again.results[0].duplicate and again.results[0].msg_id == first.results[0].msg_id
+    assert again.to_dict()["results"][0]["duplicate"] is True and "duplicate" not in first.to_dict()["results"][0]
+    assert (await svc.pull("S2", 0, 0)).max_offset == 1  # stored once
+
+
+async def test_every_refusal_is_one_service_error(cluster: BrokerCluster) -> None:
+    leader = _leader(cluster)
+    svc = leader.service
+    with pytest.raises(ServiceError) as e:
+        await svc.send("S3", 0, [{"body": "not bytes"}])
+    assert type(e.value) is ServiceError and e.value.status == 400
+    with pytest.raises(ServiceError) as e:
+        await svc.send("S3", 99, [{"body": b"x"}])
+    assert e.value.code == "INVALID_QUEUE_ID"
+    with pytest.raises(ServiceError) as e:
+        await svc.pull("NO_SUCH_TOPIC", 0, 0)
+    assert (e.value.code, e.value.status) == ("TOPIC_NOT_EXIST", 404)
+    with pytest.raises(ServiceError) as e:
+        svc.message_by_id("RaftNode00:00000000FFFFFFFF")
+    assert e.value.code == "MESSAGE_NOT_FOUND"
+    # a follower refuses writes and names the leader to retry at
+    follower = _follower(cluster)
+    with pytest.raises(ServiceError) as e:
+        await follower.service.send("S3", 0, [{"body": b"x"}])
+    assert e.value.code == "NOT_LEADER" and e.value.status == 409
+    assert e.value.extra["leader_id"] == leader.cfg.dledger.self_id
+    assert e.value.extra["leader_addr"] == leader.cfg.address
+    assert e.value.answer()["leader_addr"] == leader.cfg.address
+
+
+async def test_a_held_pull_is_woken_by_a_send(cluster: BrokerCluster) -> None:
+    leader = _leader(cluster)
+    await leader.service.put_topic("S4", read_queue_nums=1, write_queue_nums=1)
+    follower = _follower(cluster)
+    await wait_until(lambda: follower.store.topic("S4") is not None, 10, "the follower applied the topic")
+    pull = asyncio.create_task(follower.service.pull("S4", 0, 0, suspend_ms=3000))
+    await wait_until(lambda: ("S4", 0) in follower._waiters, 10, "the follower to hold the pull")
+    await leader.service.send("S4", 0, [{"body": b"late"}])
+    answer = await pull
+    assert answer.status == "FOUND" and [pm.message.body for pm in answer.messages] == [b"late"]
+
+
+async def test_admin_offsets_and_retries(cluster: BrokerCluster) -> None:
+    svc = _leader(cluster).service
+    put = await svc.put_topic("S5", read_queue_nums=2, write_queue_nums=2)
+    assert put["read_queue_nums"] == 2 and "S5" in [tc.topic for tc in svc.topics()]
+    group = await svc.put_group("G5", retry_max_times=3)
+    assert group["retry_max_times"] == 3
+    sent = await svc.send("S5", 0, [{"body": b"a"}, {"body": b"b"}])
+    committed = await svc.commit_offsets("G5", "S5", {0: 2})
+    assert committed.updated == 1
+    got = svc.group_offsets("G5", "S5")
+    assert got.offsets == {0: 2} and got.reset_generation == 0
+    reset = await svc.reset_offsets("G5", "S5", offsets={"0": 1})
+    assert reset.offsets == {0: 1} and reset.reset_generation == 1
+    with pytest.raises(ServiceError) as e:  # a commit from before the reset is fenced
+        await svc.commit_offsets("G5", "S5", {0: 2}, reset_generation=0)
+    assert e.value.code == "OFFSET_RESET" and e.value.extra["offsets"] == {"0": 1}
+    progress = svc.group_progress("G5")
+    assert progress["total_lag"] == 1
+    back = await svc.send_back("G5", sent.results[0].position)
+    assert back.topic == "%RETRY%G5" and not back.dlq and back.reconsume_times == 1
+    dead = await svc.send_back("G5", sent.results[1].position, to_dlq=True)
+    assert dead.topic == "%DLQ%G5" and dead.dlq
+    resent = await svc.resend_dlq("G5", svc.position_of(dead.msg_id))
+    assert resent.topic == "%RETRY%G5"
+    with pytest.raises(ServiceError) as e:
+        await svc.resend_dlq("G5", sent.results[0].position)
+    assert e.value.code == "NOT_IN_DLQ"
+    assert await svc.delete_group("G5") is True
+    await svc.delete_topic("S5")
+    assert "S5" not in [tc.topic for tc in svc.topics()]
+
+
+def test_errors_from_below_are_translated_at_the_boundary() -> None:
+    server: Any = types.SimpleNamespace(
+        node=types.SimpleNamespace(leader_id="n2", settings=types.SimpleNamespace(self_id="n1")),
+        client_addr_of=lambda nid: f"addr-of-{nid}",
+    )
+    base = ServiceBase(server)
+    cases: list[tuple[BaseException, int, str]] = [
+        (NotLeaderError("n2"), 409, "NOT_LEADER"),
+        (AppendTimeoutError("slow"), 504, "SEND_TIMEOUT"),
+        (BusyError("full"), 429, "BUSY"),
+        (CorruptMessage("bad crc"), 500, "STORE_CORRUPT"),
+        (TimeoutError(), 503, "SERVICE_UNAVAILABLE"),
+    ]
+    for exc, status, code in cases:
+        mapped = base.translate(exc)
+        assert mapped is not None and (mapped.status, mapped.code) == (status, code), exc
+    not_leader = base.translate(NotLeaderError("n2"))
+    assert not_leader is not None and not_leader.extra == {"leader_addr": "addr-of-n2", "leader_id": "n2"}
+    assert base.translate(ValueError("a bug")) is None  # not ours: it stays a bug (500, logged)
