@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from broker.client.message import Message, MessageExt, SendResult, message_ext_from_dict
 from broker.client.producer import Producer
-from broker.client.route_cache import call_leader, publish_queues
+from broker.client.route_cache import call_leader
 from broker.client.transport import ClientError
 
 log = logging.getLogger(__name__)
@@ -157,8 +157,8 @@ class TransactionProducer(Producer):
             route = self.routes.cached(topic)
             if route is None:
                 continue
-            for mq in publish_queues(route):
-                topics = out.setdefault(mq.broker_name, [])
+            for bd in route.broker_datas:  # every group of the route, writable or not (halves may wait there)
+                topics = out.setdefault(bd.broker_name, [])
                 if topic not in topics and len(topics) < TOPICS_PER_POLL_MAX:
                     topics.append(topic)
         return out
