@@ -33,6 +33,9 @@ PROPERTY_OF = {
     "state_entry_interval_ms": "stateEntryIntervalMs",
     "bind_address": "bindAddress",
     "advertised_port": "brokerAdvertisedPort",
+    "remoting_listen_port": "remotingListenPort",
+    "remoting_in_flight_max": "remotingInFlightMax",
+    "remoting_advertised_port": "remotingAdvertisedPort",
 }
 # property -> (field, parse(reader)); the same bounds as parse_broker_config
 HOT_KEYS = {

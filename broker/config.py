@@ -8,6 +8,8 @@
 | registerNameServerPeriod | 30000 | ms between periodic registrations (heartbeats) |
 | autoCreateTopicEnable | true | a send to an unknown topic creates it (defaultTopicQueueNums queues) |
 | defaultTopicQueueNums | 4 | read and write queues of an auto-created topic |
+| traceTopicEnable | false | the group's leader creates msgTraceTopicName (1 queue) for message traces |
+| msgTraceTopicName | RMQ_SYS_TRACE_TOPIC | the trace topic traceTopicEnable creates |
 | maxMessageSize | 4194304 | body bytes of one message, and of a batch's bodies together |
 | longPollingMaxMs | 30000 | longest hold a pull may ask for (suspend_ms) |
 | clientExpiryMs | 40000 | a consumer silent this long leaves its group's member list |
@@ -17,6 +19,10 @@
 | stateEntryIntervalMs | 60000 | how often the leader logs its state (for followers behind retention) |
 | messageDelayLevel | 1s 5s 10s 30s 1m 2m ... 30m 1h 2h | the 18 delay levels (`DELAY=N` picks the N-th) |
 | timerMaxDelaySec | 259200 | how far ahead a deliver time may be (3 days) |
+| remotingListenPort | = listenPort + 1 | the binary protocol's port (broker/remoting.py); 0 = any free port, -1 = off |
+| remotingAdvertisedPort | = the bound remoting port | advertised to NameServers (routes' `remoting_addrs`); with a |
+|  |  | brokerAdvertisedPort (a proxy in front) the remoting port is advertised only when this is set |
+| remotingInFlightMax | 256 | requests handled at once per binary connection (reading stops at the cap) |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 | aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
@@ -39,7 +45,7 @@ import os
 from collections.abc import Mapping
 
 from broker.protocol.auth import Credentials
-from broker.protocol.names import is_decimal, is_name
+from broker.protocol.names import is_decimal, is_name, is_topic
 from broker.schedule import DEFAULT_DELAY_LEVELS, DEFAULT_TIMER_MAX_DELAY_SEC, parse_delay_levels
 from dledger.config import (
     ConfigError,
@@ -68,6 +74,9 @@ BROKER_KEYS = frozenset(
         "bindAddress",
         "brokerAdvertisedPort",
         "brokerPeerClientAddrs",
+        "remotingListenPort",
+        "remotingInFlightMax",
+        "remotingAdvertisedPort",
         "brokerId",  # RocketMQ key; in DLedger mode the role decides the id, so it is ignored
         "brokerRole",  # likewise (ASYNC_MASTER/SLAVE are meaningless with Raft)
         "aclEnable",
@@ -90,6 +99,8 @@ BROKER_KEYS = frozenset(
         "transactionTimeOut",
         "transactionCheckInterval",
         "transactionCheckMax",
+        "traceTopicEnable",
+        "msgTraceTopicName",
     }
 )
 
@@ -140,11 +151,29 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6000
     transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15
+    # The binary protocol (broker/remoting.py): -1 off, 0 any free port.
+    remoting_listen_port: int = -1
+    remoting_in_flight_max: int = 256
+    remoting_advertised_port: int | None = None  # None: the bound port (unless behind a proxy)
+    # Message trace (RocketMQ's traceTopicEnable / msgTraceTopicName): the leader creates the topic.
+    trace_topic_enable: bool = False
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
 
     @property
     def address(self) -> str:
         """The client API address this broker advertises."""
         return f"{self.dledger.http_host}:{self.advertised_port or self.dledger.listen_port}"
+
+    def remoting_address(self, bound_port: int) -> str | None:
+        """The binary protocol's address to advertise, or None (off, or behind an HTTP proxy
+        without ``remotingAdvertisedPort``: clients then keep to the proxied HTTP port)."""
+        if self.remoting_listen_port < 0 or bound_port <= 0:
+            return None
+        if self.remoting_advertised_port is not None:
+            return f"{self.dledger.http_host}:{self.remoting_advertised_port}"
+        if self.advertised_port and self.advertised_port != self.dledger.listen_port:
+            return None
+        return f"{self.dledger.http_host}:{bound_port}"
 
     @property
     def bind_host(self) -> str:
@@ -214,7 +243,23 @@ def parse_broker_config(
         transaction_timeout_ms=r.integer("transactionTimeOut", 6000, 0, 86_400_000),
         transaction_check_interval_ms=r.integer("transactionCheckInterval", 60_000, 10, 86_400_000),
         transaction_check_max=r.integer("transactionCheckMax", 15, 1, 10_000),
+        remoting_listen_port=r.integer(
+            "remotingListenPort", dl.listen_port + 1 if 0 < dl.listen_port < 65535 else 0, -1, 65535
+        ),
+        remoting_in_flight_max=r.integer("remotingInFlightMax", 256, 1, 65536),
+        remoting_advertised_port=(
+            r.integer("remotingAdvertisedPort", 0, 1, 65535) if r.optional("remotingAdvertisedPort") else None
+        ),
+        trace_topic_enable=r.boolean("traceTopicEnable", False),
+        msg_trace_topic_name=_trace_topic(r),
     )
+
+
+def _trace_topic(r: _Reader) -> str:
+    topic = r.optional("msgTraceTopicName") or "RMQ_SYS_TRACE_TOPIC"
+    if not is_topic(topic):
+        raise r.error("msgTraceTopicName", f"{topic[:140]!r} is not a valid topic name")
+    return topic
 
 
 def _delay_levels(r: _Reader) -> tuple[int, ...]:

@@ -36,6 +36,8 @@ from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
+from broker.remoting import RemotingLimits, RemotingServer
+from broker.remoting_ops import RemotingOps, remoting_error
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.service import BrokerService
@@ -132,6 +134,21 @@ class BrokerServer:
         self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
         self.api = BrokerApi(self, self.service)
         self._runner: web.AppRunner | None = None
+        # The binary protocol (broker/remoting.py): the SDK's send and pull path.
+        self.remoting = RemotingServer(
+            RemotingOps(self).dispatch,
+            security=self.security,
+            limits=RemotingLimits(
+                frame_bytes_max=self.guard.limits.client_max_size,
+                in_flight_max=cfg.remoting_in_flight_max,
+                connections_max=sec.connections_max,
+                handshake_timeout_s=sec.header_timeout_ms / 1000,
+                frame_timeout_s=sec.body_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+            ),
+            map_error=remoting_error,
+        )
+        self.remoting_address: str | None = None
         self.started_at = self.clock.monotonic()
 
     def monotonic_ms(self) -> int:
@@ -154,6 +171,13 @@ class BrokerServer:
         self._runner, _site = await start_server(
             self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
         )
+        if self.cfg.remoting_listen_port >= 0:
+            try:
+                bound = await self.remoting.start(self.cfg.bind_host, self.cfg.remoting_listen_port, ssl_ctx)
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            self.remoting_address = self.cfg.remoting_address(bound)
         self._tasks = [
             self.loop.create_task(self.security.run(), name="acl"),
             self.loop.create_task(self._watch_roles(), name="roles"),
@@ -165,9 +189,9 @@ class BrokerServer:
             self.loop.create_task(self.transactions.run(), name="transactions"),
         ]
         log.info(
-            "broker %s/%s (%s) serving %s, NameServers %s",
+            "broker %s/%s (%s) serving %s (binary: %s), NameServers %s",
             self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
-            ";".join(self.cfg.namesrv_addrs),
+            self.remoting_address or "off", ";".join(self.cfg.namesrv_addrs),
         )
 
     async def _watch_replica(self) -> None:
@@ -201,6 +225,7 @@ class BrokerServer:
         except TimeoutError:
             log.warning("unregistering timed out")
         await self.registrar.close()
+        await self.remoting.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         # The store's last snapshot runs on the tick thread after its last apply, with the log open.
@@ -255,6 +280,21 @@ class BrokerServer:
             change.term, target, (self.clock.monotonic() - started) * 1000,
         )
         self.registrar.trigger()
+        if self.cfg.trace_topic_enable:
+            await self._create_trace_topic()
+
+    async def _create_trace_topic(self) -> None:
+        """traceTopicEnable (RocketMQ): a ready leader creates msgTraceTopicName (one read and one
+        write queue) through the log when it is missing; every later leader checks again."""
+        topic = self.cfg.msg_trace_topic_name
+        if self.store.topic(topic) is not None:
+            return
+        cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+        try:
+            await self.node.append([encode_command(cmd)], timeout_s=self.send_timeout_s)
+            log.info("created the trace topic %s (traceTopicEnable)", topic)
+        except Exception as exc:  # the next leadership tries again; traced sends may auto-create it
+            log.warning("trace topic %s not created: %s", topic, exc)
 
     def client_addr_of(self, peer_id: str | None) -> str | None:
         if peer_id is None:
@@ -280,6 +320,7 @@ class BrokerServer:
             role=role,
             term=self.node.term,
             topics=tuple(topics),
+            remoting_address=self.remoting_address,
         )
 
     # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
@@ -353,6 +394,7 @@ class BrokerServer:
                 "live_followers": node["live_followers"],
                 "retention_floor": node["retention_floor"],
             },
+            "remoting": {"address": self.remoting_address, **self.remoting.stats.as_dict()},
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),

@@ -34,6 +34,10 @@ hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...
 store and validation errors are translated at this boundary (broker/service_base.py). ACL is the
 transport's job (it knows the caller); the service trusts the principal it is handed.
 
+Dependencies: ``BrokerHost`` (broker/service_base.py) lists what the service uses of the replica it
+runs in (store, node, configuration, clock, client tables, metrics, the long-poll wait);
+``BrokerServer`` is one, checked by mypy where it builds its service.
+
 Threads: every method runs on the broker's event loop (store reads are safe there, see
 docs/ARCHITECTURE.md); appends go through the node's bridge to the tick thread.
 
@@ -43,18 +47,14 @@ broker/service_query.py (pull, queries), broker/service_admin.py (topics, groups
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from broker.service_admin import AdminOps, CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
-from broker.service_base import ServiceError
+from broker.service_base import BrokerHost, ServiceError
 from broker.service_query import PullAnswer, PulledMessage, QueryOps
 from broker.service_send import MessageIn, SendAnswer, SendBackAnswer, SendResult
 from broker.service_txn import EndAnswer, TxnOps
 
-if TYPE_CHECKING:
-    from broker.server import BrokerServer
-
 __all__ = [
+    "BrokerHost",
     "BrokerService",
     "CommitAnswer",
     "EndAnswer",
@@ -74,6 +74,6 @@ __all__ = [
 class BrokerService(TxnOps, QueryOps, AdminOps):  # TxnOps extends SendOps
     """One per broker replica (``BrokerServer.service``), shared by every transport."""
 
-    def __init__(self, server: BrokerServer):
+    def __init__(self, server: BrokerHost):
         super().__init__(server)
         self._init_send()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from broker.consumers import MembershipError
 from broker.message import InvalidInput, encode_command
@@ -33,7 +33,19 @@ from dledger.node import (
 )
 
 if TYPE_CHECKING:
-    from broker.server import BrokerServer
+    import asyncio
+    import collections
+
+    from broker.config import BrokerConfig
+    from broker.consumers import ConsumerManager
+    from broker.metrics import BrokerMetrics
+    from broker.producers import ProducerTable
+    from broker.registration import Registrar
+    from broker.schedule import ScheduleService
+    from broker.store import MessageStore
+    from broker.transactions import TransactionService
+    from dledger.clock import Clock
+    from dledger.node import DLedgerNode
 
 INT64_MAX = 2**63 - 1
 
@@ -59,6 +71,38 @@ class ServiceError(InvalidInput):
         return {"code": self.code, "message": self.message, **self.extra}
 
 
+class BrokerHost(Protocol):
+    """What the service uses of the broker replica it runs in (``BrokerServer`` is one): the store
+    and the node, the configuration (``update_config`` replaces it), the clock, the tables of
+    clients, counters and metrics, and the long-poll wait. Nothing else reaches the service."""
+
+    cfg: BrokerConfig
+    clock: Clock
+    store: MessageStore
+    node: DLedgerNode
+    consumers: ConsumerManager
+    producers: ProducerTable
+    schedule: ScheduleService
+    transactions: TransactionService  # check-backs (broker/transactions.py)
+    registrar: Registrar
+    metrics: BrokerMetrics
+    counters: collections.Counter[str]
+    creating: dict[str, asyncio.Task[Any]]  # topics being auto-created: one command per topic
+    loop: asyncio.AbstractEventLoop
+    send_timeout_s: float
+    stopping: bool
+
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+
+    def wall_ms(self) -> int: ...
+    def monotonic_ms(self) -> int: ...
+    def client_addr_of(self, peer_id: str | None) -> str | None: ...
+    def first_log_position(self) -> int: ...
+    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float) -> None: ...
+    async def status(self) -> dict[str, Any]: ...
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -66,7 +110,7 @@ R = TypeVar("R")
 class ServiceBase:
     """The broker replica the service runs on, and the checks shared by its parts."""
 
-    def __init__(self, server: BrokerServer):
+    def __init__(self, server: BrokerHost):
         self.s = server
 
     # -- errors -------------------------------------------------------------------------------------

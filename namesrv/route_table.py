@@ -112,6 +112,7 @@ class LiveBroker:
     last_update_ms: int
     heartbeat_timeout_ms: int
     follower_id: int | None
+    remoting_address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,8 @@ def validate_registration(reg: BrokerRegistration) -> None:
     validate_name(reg.broker_name, "INVALID_BROKER_NAME", "broker_name")
     _check_int(reg.broker_id, 0, INT64_MAX, "INVALID_BROKER_ID", "broker_id")
     validate_address(reg.address)
+    if reg.remoting_address is not None:
+        validate_address(reg.remoting_address)
     if reg.role not in ROLES:
         raise InvalidRecordError(
             "INVALID_ROLE", f"role must be one of {', '.join(ROLES)}, got {reg.role!r:.60}"
@@ -211,8 +214,13 @@ class _Group:
     leader_term: int = -1  # term of the last accepted id-0 registration; -1: never had a leader
     topics: dict[str, TopicConfig] = field(default_factory=dict)  # from the last leader registration
 
-    def broker_data(self, name: str) -> BrokerData:
-        return BrokerData(self.cluster, name, dict(sorted(self.addrs.items())))
+    def broker_data(self, name: str, live: dict[str, LiveBroker]) -> BrokerData:
+        remoting = {}
+        for bid, addr in self.addrs.items():
+            lb = live.get(addr)
+            if lb is not None and lb.remoting_address is not None:
+                remoting[bid] = lb.remoting_address
+        return BrokerData(self.cluster, name, dict(sorted(self.addrs.items())), dict(sorted(remoting.items())))
 
 
 class RouteTable:
@@ -338,7 +346,7 @@ class RouteTable:
                 continue
             perm = tc.perm & ~PERM_WRITE if name in self._write_wiped else tc.perm
             queue_datas.append(QueueData(name, tc.read_queue_nums, tc.write_queue_nums, perm))
-            broker_datas.append(group.broker_data(name))
+            broker_datas.append(group.broker_data(name, self._live))
             order = order or tc.order
         if not queue_datas:
             return None
@@ -350,7 +358,7 @@ class RouteTable:
             clusters.setdefault(self._groups[name].cluster, []).append(name)
         return ClusterInfo(
             {c: tuple(names) for c, names in sorted(clusters.items())},
-            {name: self._groups[name].broker_data(name) for name in sorted(self._groups)},
+            {name: self._groups[name].broker_data(name, self._live) for name in sorted(self._groups)},
         )
 
     def topic_list(self) -> tuple[str, ...]:
@@ -358,7 +366,7 @@ class RouteTable:
 
     def broker_for(self, broker_name: str) -> BrokerData | None:
         group = self._groups.get(broker_name)
-        return None if group is None else group.broker_data(broker_name)
+        return None if group is None else group.broker_data(broker_name, self._live)
 
     def leader_term(self, broker_name: str) -> int | None:
         group = self._groups.get(broker_name)
@@ -486,6 +494,7 @@ class RouteTable:
                 else reg.heartbeat_timeout_ms
             ),
             follower_id=follower_id,
+            remoting_address=reg.remoting_address,
         )
 
     def _vacate(self, address: str, keep_group: str | None = None) -> None:

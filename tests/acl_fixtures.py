@@ -14,6 +14,7 @@ BROKER_G0 = Credentials("RaftNode00-broker", "broker-secret-g0")
 BROKER_G1 = Credentials("RaftNode01-broker", "broker-secret-g1")
 PRODUCER = Credentials("producer", "producer-secret-1")  # PUB on every topic, nothing else
 CONSUMER = Credentials("consumer", "consumer-secret-1")  # SUB on topics and groups
+TRACER = Credentials("tracer", "tracer-secret-01")  # a consumer's: SUB, and PUB on the trace topic
 NOBODY = Credentials("nobody", "nobody-secret-01")  # DENY everything
 STRANGER = Credentials("stranger", "not-in-the-file-1")  # not an account at all
 
@@ -28,6 +29,8 @@ def acl_doc(*extra: dict[str, Any]) -> dict[str, Any]:
              "defaultGroupPerm": "PUB"},
             {"accessKey": CONSUMER.access_key, "secretKey": CONSUMER.secret_key, "defaultTopicPerm": "SUB",
              "defaultGroupPerm": "SUB"},
+            {"accessKey": TRACER.access_key, "secretKey": TRACER.secret_key, "defaultTopicPerm": "SUB",
+             "defaultGroupPerm": "SUB", "topicPerms": ["RMQ_SYS_TRACE_TOPIC=PUB|SUB"]},
             {"accessKey": NOBODY.access_key, "secretKey": NOBODY.secret_key, "defaultTopicPerm": "DENY",
              "defaultGroupPerm": "DENY"},
             *extra,

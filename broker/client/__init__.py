@@ -9,7 +9,7 @@ blocking wrappers in ``broker.client.sync``), talking to brokers over the v1 HTT
 """
 
 from broker.client.allocate import AllocateStrategy, allocate_averagely, allocate_averagely_by_circle
-from broker.client.consumer import ConsumeContext, ConsumerStats, PullConsumer, PushConsumer, QueueStats
+from broker.client.consumer_common import ConsumeContext, ConsumerStats, QueueStats
 from broker.client.latency import FaultStrategy, LatencyFaultTolerance, not_available_ms
 from broker.client.message import (
     ConsumeFrom,
@@ -30,6 +30,8 @@ from broker.client.message import (
 from broker.client.message_selector import MessageSelector
 from broker.client.offset_store import LocalFileOffsetStore, MemoryOffsetStore, OffsetStore, RemoteOffsetStore
 from broker.client.producer import Producer
+from broker.client.pull_consumer import PullConsumer
+from broker.client.push_consumer import PushConsumer
 from broker.client.selector import HashKeySelector, QueueSelector, RandomSelector, RoundRobinSelector
 from broker.client.sync import SyncProducer, SyncPullConsumer, SyncPushConsumer
 from broker.client.transaction import (

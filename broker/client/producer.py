@@ -18,6 +18,8 @@ One send, step by step::
   Without it, the retry goes to another group and may be stored twice (consumers can tell).
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.
+- Auto-batching (``batch_max_delay_ms``, 1 ms; 0 = off; broker/client/autobatch.py): concurrent
+  single sends to one queue share one request; each caller gets its own result or error.
 - ``send_async`` / ``send_oneway`` run as tasks; at most ``async_in_flight_max`` at a time (over
   that: ``BUSY`` at once, no unbounded backlog). One-way sends make one attempt; errors are logged.
 """
@@ -33,6 +35,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from broker.client.autobatch import (
+    BATCH_MAX_BYTES_DEFAULT,
+    BATCH_MAX_COUNT_DEFAULT,
+    BATCH_MAX_DELAY_MS_DEFAULT,
+    AutoBatcher,
+    batchable,
+)
 from broker.client.latency import FaultStrategy
 from broker.client.message import (
     Message,
@@ -47,6 +56,12 @@ from broker.client.message import (
 )
 from broker.client.route_cache import RouteCache, call_leader, publish_queues
 from broker.client.selector import QueueSelector, RoundRobinSelector
+from broker.client.trace import (
+    TRACE_PRODUCER_PREFIX,
+    TRACE_TOPIC_DEFAULT,
+    TraceDispatcher,
+    send_records,
+)
 from broker.client.transport import (
     FROM_ENV,
     ClientError,
@@ -148,8 +163,14 @@ class Producer:
         unique_ids: UniqueIdGenerator | None = None,
         born_host: str | None = None,
         enable_idempotence: bool = True,
+        batch_max_delay_ms: float = BATCH_MAX_DELAY_MS_DEFAULT,
+        batch_max_count: int = BATCH_MAX_COUNT_DEFAULT,
+        batch_max_bytes: int = BATCH_MAX_BYTES_DEFAULT,
+        enable_msg_trace: bool = False,
+        trace_topic: str = TRACE_TOPIC_DEFAULT,
     ):
         assert 0 <= retry_times <= 16, "retry_times is bounded"
+        assert batch_max_delay_ms >= 0, "batch_max_delay_ms: 0 turns auto-batching off"
         assert async_in_flight_max > 0
         self.group = check_group(group)
         self.namesrv_addrs = namesrv
@@ -174,6 +195,18 @@ class Producer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._refresher: asyncio.Task[None] | None = None
         self._running = False
+        # Auto-batching (broker/client/autobatch.py): concurrent single sends to one queue share a
+        # request; batch_max_delay_ms=0 turns it off.
+        self._batcher = AutoBatcher(
+            self._send_items, max_delay_ms=batch_max_delay_ms, max_count=batch_max_count, max_bytes=batch_max_bytes
+        ) if batch_max_delay_ms > 0 else None
+        # Message trace (broker/client/trace.py): records go out through a producer of their own.
+        self.trace_topic = trace_topic
+        self.trace: TraceDispatcher | None = None
+        if enable_msg_trace:
+            inner = Producer(TRACE_PRODUCER_PREFIX + self.group, namesrv, send_timeout_s=send_timeout_s,
+                             credentials=self._credentials, tls=self._tls)
+            self.trace = TraceDispatcher(inner, trace_topic)
 
     # -- life cycle -----------------------------------------------------------------------------------
     @property
@@ -206,6 +239,8 @@ class Producer:
             fallback=self._new_topic_route,
         )
         self._refresher = asyncio.get_running_loop().create_task(self._routes.run())
+        if self.trace is not None:
+            await self.trace.start()
         self._running = True
 
     async def shutdown(self) -> None:
@@ -219,6 +254,10 @@ class Producer:
             for t in left:
                 t.cancel()
             await asyncio.gather(*left, return_exceptions=True)
+        if self._batcher is not None:
+            await self._batcher.close()
+        if self.trace is not None:
+            await self.trace.shutdown()
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
@@ -358,6 +397,7 @@ class Producer:
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
         deadline = loop.time() + timeout_s
         born_ts = time.time_ns() // 1_000_000
+        started = loop.time()
         fixed = queue
         last_broker: str | None = None
         last_exc: ClientError | None = None
@@ -379,7 +419,10 @@ class Producer:
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
-                return await self._send_to(mq, msgs, born_ts, deadline, path)
+                result = await self._send_to(mq, msgs, born_ts, deadline, path)
+                if self.trace is not None and topic != self.trace_topic and path == "/v1/send":
+                    self._trace_send(msgs, result, born_ts, loop.time() - started)
+                return result
             except ClientError as exc:
                 if self.enable_idempotence and exc.outcome_unknown and fixed is None and mq is not None:
                     fixed = mq  # where it may be stored: that group's window answers the retry
@@ -407,8 +450,20 @@ class Producer:
     async def _send_to(
         self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, path: str = "/v1/send"
     ) -> SendResult:
-        loop = asyncio.get_running_loop()
         body = send_request(mq, msgs, producer_group=self.group, born_ts=born_ts, born_host=self._born_host)
+        if path == "/v1/send" and self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
+            return await self._batcher.send(mq, body["messages"][0], deadline)
+        return send_result_from_answer(await self._send_body(mq, body, deadline, path), mq)
+
+    async def _send_items(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        """One auto-batch: the messages of several callers in one request (its answer, whole)."""
+        body = {"topic": mq.topic, "queue_id": mq.queue_id, "producer_group": self.group, "messages": items}
+        return await self._send_body(mq, body, deadline)
+
+    async def _send_body(
+        self, mq: MessageQueue, body: dict[str, Any], deadline: float, path: str = "/v1/send"
+    ) -> Any:
+        loop = asyncio.get_running_loop()
         start = loop.time()
         try:
             answer = await call_leader(
@@ -424,7 +479,7 @@ class Producer:
             self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=retriable(exc))
             raise
         self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=False)
-        return send_result_from_answer(answer, mq)
+        return answer
 
     async def _before_retry(
         self,
@@ -465,6 +520,14 @@ class Producer:
             if await self.routes.discover_leader(self._transport_checked(), route, last_broker, step_s):
                 return
             await asyncio.sleep(max(0.0, step_s - (loop.time() - started)))
+
+    def _trace_send(self, msgs: list[Message], result: SendResult, born_ts: int, cost_s: float) -> None:
+        assert self.trace is not None
+        route = self.routes.cached(result.message_queue.topic)
+        broker_name = result.message_queue.broker_name
+        store_host = (self.routes.leader_addr(route, broker_name) if route else None) or broker_name
+        self.trace.append(send_records(self.group, msgs, result, time_ms=born_ts, cost_ms=round(cost_s * 1000),
+                                       store_host=store_host, client_host=self._born_host))
 
     def _transport_checked(self) -> Transport:
         assert self._transport is not None

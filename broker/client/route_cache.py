@@ -56,6 +56,19 @@ def replica_addrs(bd: BrokerData | None) -> list[str]:
     return [] if bd is None else bd.addrs_leader_first()
 
 
+def read_order(addrs: list[str], *, from_followers: bool, spread: int) -> list[str]:
+    """The replicas a reader tries, in order. ``addrs`` is leader first (``RouteCache.replicas``).
+    Leader reads keep that order. Follower reads (RocketMQ's slave reads: committed data only, so
+    consumption does not load the leader) put one follower first — picked by ``spread`` (e.g. the
+    queue id) so the queues of a group spread over its followers — then the other followers, then
+    the leader as the fallback."""
+    if not from_followers or len(addrs) < 2:
+        return list(addrs)
+    followers = addrs[1:]
+    k = spread % len(followers)
+    return [*followers[k:], *followers[:k], addrs[0]]
+
+
 def all_addrs(routes: list[TopicRoute]) -> list[str]:
     seen: dict[str, None] = {}
     for route in routes:

@@ -16,10 +16,12 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from broker.client.consumer import ConsumerStats, Listener, PullConsumer, PushConsumer
+from broker.client.consumer_common import ConsumerStats, Listener
 from broker.client.message import Message, MessageQueue, PullResult, SendResult
 from broker.client.message_selector import Selector
 from broker.client.producer import Producer, SendCallback
+from broker.client.pull_consumer import PullConsumer
+from broker.client.push_consumer import PushConsumer
 from broker.client.selector import QueueSelector
 
 T = TypeVar("T")

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlencode
 
 import msgpack
 
+from broker.client.remoting import RemotingConnection
 from broker.protocol import route_wire
 from broker.protocol.auth import (
     Credentials,
@@ -44,6 +45,10 @@ MSGPACK = "application/x-msgpack"
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 ENV_TLS_CA_FILE: Final = "DLEDGER_TLS_CA_FILE"
 ENV_TLS: Final = "DLEDGER_TLS"
+ENV_TRANSPORT: Final = "DLEDGER_TRANSPORT"  # "http" forces HTTP for the data path (default: binary)
+PROTOCOLS: Final = ("auto", "http")
+# Routes the binary protocol serves (broker.protocol.frames.Op): the SDK's data path.
+REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2}
 IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 
@@ -218,7 +223,16 @@ class Transport:
         credentials: CredentialsArg = FROM_ENV,
         tls: TlsArg = FROM_ENV,
         idle_s: float = IDLE_S_DEFAULT,
+        protocol: str | None = None,
     ):
+        protocol = protocol or (os.environ.get(ENV_TRANSPORT) or "auto").lower()
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        # "auto": send, pull and heartbeat go over the broker's binary protocol when its route
+        # advertises a remoting address (``learn_route``), else HTTP; "http": always HTTP.
+        self.protocol = protocol
+        self._remoting_addrs: dict[str, str] = {}  # broker HTTP address -> its remoting address
+        self._remoting: dict[str, RemotingConnection] = {}
         self.timeout_s = timeout_s
         self._max_idle_per_addr = max_connections
         self._idle: dict[str, list[_Conn]] = {}
@@ -230,8 +244,34 @@ class Transport:
     def scheme(self) -> str:
         return "https" if self.ssl_context is not None else "http"
 
+    def learn_route(self, route: TopicRoute) -> None:
+        """Remember the remoting addresses a route advertises (brokers that register one)."""
+        if self.protocol == "http":
+            return
+        for bd in route.broker_datas:
+            for bid, addr in bd.broker_addrs.items():
+                raddr = bd.remoting_addrs.get(bid)
+                if raddr is not None:
+                    self._remoting_addrs[addr] = raddr
+                else:  # no longer advertised (turned off, or a broker of an older version)
+                    self._remoting_addrs.pop(addr, None)
+
+    def remoting_addr(self, addr: str) -> str | None:
+        return self._remoting_addrs.get(addr) if self.protocol != "http" else None
+
+    def _remoting_connection(self, raddr: str) -> RemotingConnection:
+        conn = self._remoting.get(raddr)
+        if conn is None:
+            conn = self._remoting[raddr] = RemotingConnection(
+                raddr, error=ClientError, credentials=self.credentials, ssl_context=self.ssl_context
+            )
+        return conn
+
     async def close(self) -> None:
         self._closed = True
+        remoting, self._remoting = self._remoting, {}
+        for rc in remoting.values():
+            await rc.close()
         for conns in self._idle.values():
             for c in conns:
                 c.close()
@@ -284,6 +324,19 @@ class Transport:
         timeout_s: float | None = None,
     ) -> Any:
         """One request; returns the decoded msgpack answer or raises ``ClientError``."""
+        op = REMOTING_OPS.get((method, path)) if not params else None
+        if op is not None and self._remoting_addrs:
+            raddr = self.remoting_addr(addr)
+            if raddr is not None:
+                conn = self._remoting_connection(raddr)
+                try:
+                    return await conn.call(op, dict(body or {}), timeout_s if timeout_s is not None else self.timeout_s)
+                except ClientError as exc:
+                    if exc.code != "CONNECT_FAILED":
+                        exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
+                        raise
+                    # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
+                    # forwards HTTP), so this call goes over HTTP.
         data = msgpack.packb(body, use_bin_type=True) if body is not None else b""
         qs = {k: str(v) for k, v in (params or {}).items() if v is not None}
         target = quote(path, safe="/%:@!$&'()*+,;=-._~") + ("?" + urlencode(qs) if qs else "")
@@ -436,7 +489,9 @@ class NamesrvClient:
 
     async def route(self, topic: str, timeout_s: float | None = None) -> TopicRoute:
         body = await self._any("GET", f"/v1/routes/{quote(topic, safe='')}", timeout_s)
-        return _decoded(route_wire.topic_route_from_dict, body, "route")
+        route = _decoded(route_wire.topic_route_from_dict, body, "route")
+        self.transport.learn_route(route)
+        return route
 
     async def clusters(self, timeout_s: float | None = None) -> ClusterInfo:
         body = await self._any("GET", "/v1/clusters", timeout_s)

@@ -237,6 +237,7 @@ def registration_to_dict(reg: BrokerRegistration) -> dict[str, Any]:
         "topics": [topic_config_to_dict(tc) for tc in reg.topics],
         "data_version": reg.data_version,
         "heartbeat_timeout_ms": reg.heartbeat_timeout_ms,
+        **({"remoting_address": reg.remoting_address} if reg.remoting_address is not None else {}),
     }
 
 
@@ -256,6 +257,7 @@ def registration_from_dict(body: Any) -> BrokerRegistration:
             ),
             data_version=f.integer("data_version", 0),
             heartbeat_timeout_ms=f.optional_integer("heartbeat_timeout_ms"),
+            remoting_address=f.optional_text("remoting_address"),
         )
 
     return _decode(body, decode)
@@ -307,6 +309,8 @@ def broker_data_to_dict(bd: BrokerData) -> dict[str, Any]:
         "cluster": bd.cluster,
         "broker_name": bd.broker_name,
         "broker_addrs": {str(bid): addr for bid, addr in sorted(bd.broker_addrs.items())},
+        **({"remoting_addrs": {str(bid): a for bid, a in sorted(bd.remoting_addrs.items())}}
+           if bd.remoting_addrs else {}),
     }
 
 
@@ -318,7 +322,13 @@ def _broker_data(f: _Fields) -> BrokerData:
         if bid is None or not isinstance(addr, str):
             raise WireError("BAD_FIELD_TYPE", f"{f.path}.broker_addrs must map broker ids to address strings")
         addrs[bid] = addr
-    return BrokerData(f.text("cluster"), f.text("broker_name"), addrs)
+    remoting: dict[int, str] = {}
+    for key, addr in f.mapping("remoting_addrs", {}).items():
+        bid = _broker_id_key(key)
+        if bid is None or not isinstance(addr, str):
+            raise WireError("BAD_FIELD_TYPE", f"{f.path}.remoting_addrs must map broker ids to address strings")
+        remoting[bid] = addr
+    return BrokerData(f.text("cluster"), f.text("broker_name"), addrs, remoting)
 
 
 def _broker_id_key(key: Any) -> int | None:

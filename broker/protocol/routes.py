@@ -62,6 +62,7 @@ class BrokerRegistration:
     data_version: int = 0
     heartbeat_timeout_ms: int | None = None
     version: int = WIRE_VERSION
+    remoting_address: str | None = None  # the broker's binary-protocol address (broker/remoting.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,8 @@ class BrokerData:
     cluster: str
     broker_name: str
     broker_addrs: dict[int, str] = field(hash=False)
+    # broker id -> binary-protocol address, for the brokers that registered one (broker/remoting.py)
+    remoting_addrs: dict[int, str] = field(default_factory=dict, hash=False)
 
     @property
     def leader_addr(self) -> str | None:

@@ -39,6 +39,14 @@ from broker.client.admin import (
     check_topic,
 )
 from broker.client.message_selector import MessageSelector
+from broker.client.trace import TRACE_TOPIC_DEFAULT
+from broker.client.trace_query import (
+    TIMELINE_HEADERS,
+    query_msg_trace,
+    timeline_json,
+    timeline_rows,
+    timeline_summary,
+)
 from broker.client.transport import (
     DEFAULT_NAMESRV,
     ClientError,
@@ -468,6 +476,12 @@ async def run_query_msg_by_id(admin: Admin, args: argparse.Namespace) -> Output:
     return Output(to_jsonable(m), message_details(m))
 
 
+async def run_query_msg_trace_by_id(admin: Admin, args: argparse.Namespace) -> Output:
+    t = await query_msg_trace(admin, args.msg_id, args.trace_topic)
+    rows = [(*row[:3], format_ts(row[3]), *row[4:]) for row in timeline_rows(t)]
+    return Output(timeline_json(t), format_kv(timeline_summary(t)) + "\n\n" + format_table(TIMELINE_HEADERS, rows))
+
+
 async def run_query_msg_by_key(admin: Admin, args: argparse.Namespace) -> Output:
     msgs = await admin.query_msg_by_key(args.topic, args.key, args.max)
     return Output({"messages": to_jsonable(msgs)}, render_message_table(msgs))
@@ -712,6 +726,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--brokerAddr", dest="broker_addr", required=True)
     p = cmd("queryMsgById", "A message by its msgId (<brokerName>:<position>)", run_query_msg_by_id)
     p.add_argument("-i", "--msgId", dest="msg_id", required=True)
+    p = cmd("queryMsgTraceById", "A message's trace: its send, then each group's consumption",
+            run_query_msg_trace_by_id)
+    p.add_argument("-i", "--msgId", dest="msg_id", required=True, help="the msgId or the unique id")
+    p.add_argument("-t", "--traceTopic", dest="trace_topic", default=TRACE_TOPIC_DEFAULT)
     p = cmd("queryMsgByKey", "Messages of a topic carrying a key, newest first", run_query_msg_by_key)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-k", "--msgKey", dest="key", required=True)

@@ -38,6 +38,7 @@ from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.protocol.auth import CredentialsError
 from broker.tools.cli import add_namesrv_argument
+from broker.tools.cpu_usage import CpuSampler, cluster_processes, parse_pids
 from broker.tools.progress import StatusLine, progress_text
 from dledger.apps.stats import LatencyHistogram
 
@@ -184,6 +185,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         s2c = summary["s2c_ms"]
         lines.append(f"S2C RT(ms): avg {s2c['avg']:.3f} | p99 {s2c['p99']:.3f} | max {s2c['max']:.3f}")
+    for name, cpu in sorted(summary.get("broker_cpu", {}).items()):
+        spent = "?" if cpu["cpu_s"] is None else f"{cpu['cpu_s']:.2f} s"
+        per = "?" if cpu["cpu_us_per_msg"] is None else f"{cpu['cpu_us_per_msg']:.1f} µs/msg"
+        lines.append(f"CPU {name} (pid {cpu['pid']}): {spent}, {per}")
     return "\n".join(lines)
 
 
@@ -279,7 +284,15 @@ async def run_produce(
     report_out = err if args.json else out
     sdk = sdk or load_sdk()
     security = await checked_security(args, err)
-    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security)
+    producer_kw: dict[str, Any] = {"batch_max_delay_ms": args.batch_delay_ms}
+    http_transport = None
+    if args.transport == "http":  # the SDK's default is the binary protocol where brokers advertise it
+        from broker.client.transport import Transport
+
+        http_transport = producer_kw["transport"] = Transport(args.timeout, protocol="http", **security)
+    cpu = _cpu_sampler(args)
+    producer = sdk.Producer("benchmark_producer", args.namesrv, send_timeout_s=args.timeout, **security,
+                            **producer_kw)
     await producer.start()
     stats = Stats()
     stop = asyncio.Event()
@@ -341,6 +354,8 @@ async def run_produce(
         if not stop.is_set():  # paced senders end at their last due time, before the deadline
             elapsed = max(elapsed, args.duration)
         await producer.shutdown()
+        if http_transport is not None:
+            await http_transport.close()
     summary = {
         "mode": "produce",
         "topic": args.topic,
@@ -357,9 +372,27 @@ async def run_produce(
         "send_failed": stats.send_failed,
         "response_failed": stats.response_failed,
         "errors": dict(stats.errors),
+        "transport": args.transport,
+        "batch_delay_ms": args.batch_delay_ms,
     }
+    if cpu is not None:
+        summary["broker_cpu"] = cpu.stop(stats.msgs)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 1 if stats.msgs == 0 and stats.errors else 0
+
+
+def _cpu_sampler(args: argparse.Namespace) -> CpuSampler | None:
+    """CPU time of the broker processes (``--cpu-dir`` / ``--cpu-pids``), started now."""
+    procs: dict[str, int] = {}
+    if getattr(args, "cpu_dir", None):
+        procs.update(cluster_processes(args.cpu_dir))
+    if getattr(args, "cpu_pids", None):
+        procs.update(parse_pids(args.cpu_pids))
+    if not procs:
+        return None
+    sampler = CpuSampler(procs)
+    sampler.start()
+    return sampler
 
 
 async def run_consume(
@@ -376,11 +409,17 @@ async def run_consume(
     sdk = sdk or load_sdk()
     stats = Stats()
 
+    # A drain's rate: messages after the first listener call over the time from it to the latest.
+    span: dict[str, float] = {}
+
     async def listener(msgs: Sequence[Any], ctx: Any) -> str:
         # async: runs on the consumer's loop, no thread-pool hop per batch
         now_ns = time.time_ns()
         for m in msgs:
             stats.record_consumed(*end_to_end_us(m, now_ns))
+        if not span:
+            span.update(first=clock(), first_msgs=stats.msgs)
+        span["last"] = clock()
         return "CONSUME_SUCCESS"
 
     security = await checked_security(args, err)
@@ -430,6 +469,10 @@ async def run_consume(
         "rt_ms": stats.total.summary_ms(),
         "s2c_ms": stats.total2.summary_ms(),
     }
+    active_s = span.get("last", 0.0) - span.get("first", 0.0)
+    if active_s > 0:  # from the first listener call to the latest: the rate while messages flowed
+        summary["active_s"] = round(active_s, 3)
+        summary["active_tps"] = round((stats.msgs - span["first_msgs"]) / active_s, 1)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 0
 
@@ -457,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|transaction")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|versus-nats|transaction")
 
     def common(p: argparse.ArgumentParser) -> None:
         add_namesrv_argument(p)
@@ -491,6 +534,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="total msgs/s, paced open-loop (default: unlimited, closed-loop)",
     )
     p.add_argument("--timeout", type=_positive(float), default=3.0, help="seconds per send (default 3)")
+    p.add_argument("--transport", choices=("binary", "http"), default="binary",
+                   help="binary: the brokers' binary protocol where routes advertise it (the SDK's default); "
+                        "http: HTTP only")
+    p.add_argument("--batch-delay-ms", dest="batch_delay_ms", type=float, default=1.0,
+                   help="the producer's auto-batching linger (default 1; 0 = off)")
+    p.add_argument("--cpu-dir", dest="cpu_dir", metavar="DIR", default=None,
+                   help="report CPU seconds per broker process of the dledger-cluster in DIR (its cluster.json)")
+    p.add_argument("--cpu-pids", dest="cpu_pids", metavar="NAME=PID,...", default=None,
+                   help="report CPU seconds of these processes")
     p = sub.add_parser("consume", help="consume with a push consumer; report TPS and end-to-end latency")
     common(p)
     p.add_argument("-g", "--group", default="benchmark_consumer")
@@ -502,6 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
+    from broker.tools.versus_bench import add_parser as add_versus
+
+    add_versus(sub, _positive)
     from broker.tools.txn_bench import add_parser as add_transaction
 
     add_transaction(sub, _positive)
@@ -526,6 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "versus-nats":
+        from broker.tools.versus_bench import run_versus
+
+        return run_versus(args)
     if args.command == "stability":
         from broker.tools.stability_bench import run_stability
 
@@ -555,6 +614,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             security_kwargs(args)
         except CredentialsError as exc:
             raise InvalidArgument("BAD_CREDENTIALS", str(exc)) from None
+        if args.command == "produce":
+            try:
+                _cpu_sampler(args)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise InvalidArgument("INVALID_CPU_PROCESSES", f"--cpu-dir/--cpu-pids: {exc}") from None
     except InvalidArgument as exc:
         print(f"mq-bench {args.command}: {exc}", file=sys.stderr)
         return 2

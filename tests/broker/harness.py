@@ -59,6 +59,7 @@ def broker_props(
         "namesrvAddr": ";".join(namesrv),
         "brokerPeerClientAddrs": ";".join(f"{nid}-{HOST}:{p}" for nid, p in zip(IDS, http_ports, strict=True)),
         "storeSnapshotIntervalMs": "200",
+        "remotingListenPort": "0",  # the binary protocol on any free port (listenPort + 1 may be taken)
     }
     props.update({k: str(v) for k, v in extra.items()})
     return props

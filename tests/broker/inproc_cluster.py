@@ -316,6 +316,7 @@ class Group:
             "aclFile": self.cluster.acl_file,
             "brokerAccessKey": account.access_key,
             "brokerSecretKey": account.secret_key,
+            "remotingListenPort": "-1",  # HTTP only (the Tap sees every request); tests turn it on
             **self.cluster.broker_props,
         }
         return parse_broker_config(props, source=f"<in-process {self.name}/{r.nid}>", env={})

@@ -242,7 +242,7 @@ async def test_one_bad_heartbeat_does_not_break_the_group_member_list(
     (broker/api.py ``heartbeat``, the ``client_id`` check) accepts any ``str`` of 1..255 chars. A JSON
     body may carry a lone surrogate (``"\\ud800"``), which Python keeps in the str; it is stored in
     the ConsumerManager and from then on every msgpack answer of ``GET /v1/groups/{group}/consumers``
-    (the one the SDK's rebalance uses, broker/client/consumer.py ``_consumer_ids``) fails in
+    (the one the SDK's rebalance uses, broker/client/consumer_common.py ``group_consumer_ids``) fails in
     ``msgpack.packb`` (UnicodeEncodeError) -> 500 INTERNAL, for every consumer of the group, until
     the bad client expires (never, if it keeps heartbeating). Rebalancing of the group stops.
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
-from broker.client import consumer as consumer_module
+from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer, queue_worker
 from broker.metadata import Metadata
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
@@ -66,7 +65,7 @@ async def test_a_topic_deleted_and_created_again_under_a_push_consumer_loses_not
     answered OFFSET_OVERFLOW and moved to the leader's max (skipping what was stored meanwhile); one
     whose offset was below the new max read on from its old offset (skipping the new queue's first
     messages); and the old offsets were committed onto the new topic."""
-    monkeypatch.setattr(consumer_module, "OVERFLOW_RESET_AFTER_S", 0.5, raising=False)  # the old give-up
+    monkeypatch.setattr(queue_worker, "OVERFLOW_RESET_AFTER_S", 0.5, raising=False)  # the old give-up
     await cluster.create_topic("T", 4)
     bodies: list[bytes] = []
 

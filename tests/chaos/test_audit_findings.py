@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
-from broker.client import ConsumeContext, Message, MessageExt, MessageQueue, Producer, PushConsumer
-from broker.client import consumer as consumer_module
+from broker.client import (
+    ConsumeContext,
+    Message,
+    MessageExt,
+    MessageQueue,
+    Producer,
+    PushConsumer,
+    queue_worker,
+)
 from broker.client.message import PullResult, PullStatus
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
@@ -38,7 +45,7 @@ async def test_an_orderly_consumer_never_delivers_an_offset_twice_in_one_session
     chaos.log 9 "offset N is past the leader's max M: moving back" warnings): after a failover, the
     replica the consumer takes for the leader (a new leader still dispatching committed entries, or
     a stale route naming a restarted old leader) holds fewer consume-queue units than the consumer
-    already read; it answers OFFSET_OVERFLOW, and ``_QueueWorker._apply`` (broker/client/consumer.py)
+    already read; it answers OFFSET_OVERFLOW, and ``QueueWorker._apply`` (broker/client/queue_worker.py)
     moves ``next_offset`` back to that replica's max *inside the same worker*: messages already
     handed to the listener come again, without a rebalance or a reset — a non-monotonic poll. An
     OFFSET_OVERFLOW for an offset the consumer reached is a replica behind, not a reset: the worker
@@ -50,7 +57,7 @@ async def test_an_orderly_consumer_never_delivers_an_offset_twice_in_one_session
     async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER) as p:
         for i in range(10):
             await p.send(Message("T", f"m{i}".encode()), queue=mq)
-    real_pull = consumer_module.pull_from
+    real_pull = queue_worker.pull_from
     lagged: list[int] = []
 
     async def pull_from(*args: Any, **kwargs: Any) -> PullResult:
@@ -60,7 +67,7 @@ async def test_an_orderly_consumer_never_delivers_an_offset_twice_in_one_session
             return PullResult(PullStatus.OFFSET_OVERFLOW, 9, 0, 9, [])
         return await real_pull(*args, **kwargs)
 
-    monkeypatch.setattr(consumer_module, "pull_from", pull_from)
+    monkeypatch.setattr(queue_worker, "pull_from", pull_from)
     seen: list[tuple[int, int]] = []  # (session: the context's place in ``contexts``, offset)
     contexts: list[ConsumeContext] = []
 
@@ -99,8 +106,8 @@ async def test_an_overflow_with_the_same_topic_epoch_is_waited_out_and_never_mov
     async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER) as p:
         for i in range(10):
             await p.send(Message("T", f"m{i}".encode()), queue=mq)
-    monkeypatch.setattr(consumer_module, "OVERFLOW_WARN_EVERY_S", 0.2)
-    real_pull = consumer_module.pull_from
+    monkeypatch.setattr(queue_worker, "OVERFLOW_WARN_EVERY_S", 0.2)
+    real_pull = queue_worker.pull_from
     overflows: list[int] = []
     epochs: list[int | None] = []
 
@@ -112,7 +119,7 @@ async def test_an_overflow_with_the_same_topic_epoch_is_waited_out_and_never_mov
         epochs.append(result.topic_epoch)
         return result
 
-    monkeypatch.setattr(consumer_module, "pull_from", pull_from)
+    monkeypatch.setattr(queue_worker, "pull_from", pull_from)
     seen: list[int] = []
     consumer = PushConsumer("cg", cluster.namesrv_addr, credentials=CONSUMER, orderly=True, consume_from="FIRST",
                             suspend_ms=200, rebalance_interval_s=60, commit_interval_s=60, heartbeat_interval_s=60)

@@ -90,3 +90,23 @@ async def test_pull_reads_from_a_follower_and_commits_follow_not_leader(make_clu
         assert g.offset("pc", "T", 0) == 3
         assert len(n0.tap.seen("/v1/offsets", "POST")) == 1
         assert len(n2.tap.seen("/v1/offsets", "POST")) == 1
+
+
+async def test_follower_reads_ask_a_follower_then_the_leader_past_the_followers_end(
+    make_cluster: ClusterFactory,
+) -> None:
+    """``read_from_followers``: a pull goes to a follower; an offset the followers have not applied
+    yet (OFFSET_OVERFLOW there) is asked of the leader, whose answer is the one returned."""
+    cluster = await make_cluster(n_groups=1, topics={"T": 1})
+    g = cluster.group("RaftNode00")
+    await g.put("T", 0, 3)
+    await g.wait_replicated()
+    leader, followers = g.replicas[0], g.replicas[1:]
+    async with PullConsumer("pcf", cluster.namesrv_addr, credentials=CONSUMER, read_from_followers=True) as pc:
+        mq = MessageQueue("T", "RaftNode00", 0)
+        res = await pc.pull(mq, 0, max_count=8)
+        assert res.status is PullStatus.FOUND and [m.queue_offset for m in res.messages] == [0, 1, 2]
+        assert leader.tap.seen("/v1/pull") == [] and sum(len(f.tap.seen("/v1/pull")) for f in followers) == 1
+        res = await pc.pull(mq, 7)  # past everyone's end: every follower, then the leader, says so
+        assert res.status is PullStatus.OFFSET_OVERFLOW
+        assert len(leader.tap.seen("/v1/pull")) == 1 and sum(len(f.tap.seen("/v1/pull")) for f in followers) == 3

@@ -28,7 +28,7 @@ from broker.client.message import (
     unique_id_info,
 )
 from broker.client.process_queue import ProcessQueue, backoff_s
-from broker.client.route_cache import publish_queues, subscribe_queues
+from broker.client.route_cache import publish_queues, read_order, subscribe_queues
 from broker.client.selector import HashKeySelector, RoundRobinSelector, select_avoiding
 from broker.client.transport import ClientError, TopicRoute
 from broker.protocol.routes import BrokerData, QueueData
@@ -363,3 +363,15 @@ def test_tags_expression() -> None:
     assert parse_tags_expression("a || b") == frozenset({"a", "b"})
     assert tags_expression(frozenset({"b", "a"})) == "a||b"
     assert tags_expression(None) == "*"
+
+
+def test_read_order_leader_first_or_a_spread_follower_first() -> None:
+    addrs = ["L", "F1", "F2"]
+    assert read_order(addrs, from_followers=False, spread=3) == ["L", "F1", "F2"]
+    assert [read_order(addrs, from_followers=True, spread=q) for q in range(3)] == [
+        ["F1", "F2", "L"],
+        ["F2", "F1", "L"],
+        ["F1", "F2", "L"],
+    ]
+    assert read_order(["L"], from_followers=True, spread=1) == ["L"]  # no follower: the leader
+    assert read_order([], from_followers=True, spread=0) == []

@@ -400,6 +400,36 @@ async def test_pulls_fall_back_to_a_follower_when_the_leader_is_down(
     assert follower_pulls
 
 
+async def test_follower_reads_keep_pulls_off_the_leader_and_deliver_everything(
+    make_cluster: ClusterFactory, consumers: Make
+) -> None:
+    """``read_from_followers`` (issue 13, item 4): every queue pulls from a follower (committed data
+    only), the queues spread over both followers, the leader serves no pull, and everything sent
+    (before and while consuming) is delivered."""
+    cluster = await make_cluster(n_groups=1, topics={"T": 4})
+    g = cluster.groups[0]
+    for q in range(4):
+        await g.put("T", q, 5)
+    got: set[str] = set()
+
+    async def listener(msgs: list[MessageExt], ctx: ConsumeContext) -> str:
+        got.update(m.unique_id for m in msgs)
+        return "CONSUME_SUCCESS"
+
+    c = consumers(cluster, read_from_followers=True)
+    c.subscribe("T")
+    c.register_listener(listener)
+    await c.start()
+    await wait_until(lambda: len(got) == 20, WAIT_S, "the first 20 from followers")
+    for q in range(4):
+        await g.put("T", q, 5)  # long polls held on followers wake as their replicas apply
+    await wait_until(lambda: len(got) == 40, WAIT_S, "all 40 from followers")
+    leader = next(r for r in g.replicas if r.broker.node.role == "LEADER")
+    assert leader.tap.seen("/v1/pull") == []
+    by_follower = {r.tap.name: len(r.tap.seen("/v1/pull")) for r in g.replicas if r is not leader}
+    assert all(n > 0 for n in by_follower.values()), by_follower
+
+
 async def test_flow_control_bounds_messages_in_flight(make_cluster: ClusterFactory, consumers: Make) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1})
     g = cluster.groups[0]

@@ -1,0 +1,166 @@
+"""Producer auto-batching (RocketMQ 5's ``autoBatch``, Kafka's ``linger.ms``): single-message sends
+to one queue that arrive within ``batch_max_delay_ms`` of each other go to the broker as one batch
+request (one append, one Raft entry), and every caller still gets its own ``SendResult`` (its own
+queue offset and message id) or its own error.
+
+    send(m1) ─┐                        ┌─▶ SendResult(m1, offset n)
+    send(m2) ─┼─ linger ≤ 1 ms ─▶ POST /v1/send [m1, m2, m3] ─▶ SendResult(m2, offset n+1)
+    send(m3) ─┘  (or count/bytes full)  └─▶ SendResult(m3, offset n+2)
+
+- A batch closes when its first message has waited ``batch_max_delay_ms``, or it holds
+  ``batch_max_count`` messages or ``batch_max_bytes`` of bodies (then it goes at once).
+- Each message keeps its own ``unique_id`` and ``born_ts``, so an idempotent retry of one caller's
+  message (broker/dedup.py) is recognised whatever batch it travelled in before.
+- The batch request is bounded by the latest caller deadline; each caller waits at most until its
+  own deadline (then ``TIMEOUT``, outcome unknown, like any send that got no answer).
+- A failed batch gives every caller its own copy of the error: callers then retry one by one (their
+  retries may be batched again).
+
+Messages that are never batched: delayed or timed ones (the broker moves them to the schedule topic
+one by one), and calls that are already batches (``send_batch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from broker.client.message import Message, MessageQueue, SendResult, send_result_from_answer
+from broker.client.transport import ClientError
+
+BATCH_MAX_DELAY_MS_DEFAULT: Final = 1.0
+BATCH_MAX_COUNT_DEFAULT: Final = 128
+BATCH_MAX_BYTES_DEFAULT: Final = 1 << 20
+
+# (queue, request items, deadline as loop time) -> the broker's send answer
+SendItems = Callable[[MessageQueue, list[dict[str, Any]], float], Awaitable[Any]]
+
+
+@dataclasses.dataclass(slots=True)
+class _Waiting:
+    item: dict[str, Any]
+    deadline: float
+    future: asyncio.Future[Any]
+
+
+class _Batch:
+    __slots__ = ("bytes", "timer", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: list[_Waiting] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def batchable(msg: Message) -> bool:
+    return not msg.delay_time_level and msg.deliver_time_ms is None
+
+
+def copy_error(exc: ClientError) -> ClientError:
+    """A caller's own copy (the producer marks ``outcome_unknown`` on it per send)."""
+    out = ClientError(exc.code, exc.message, status=exc.status, addr=exc.addr, leader_addr=exc.leader_addr)
+    out.outcome_unknown = exc.outcome_unknown
+    return out
+
+
+class AutoBatcher:
+    """One per producer; one open batch per queue. Owned by the producer's event loop."""
+
+    def __init__(
+        self,
+        send_items: SendItems,
+        *,
+        max_delay_ms: float = BATCH_MAX_DELAY_MS_DEFAULT,
+        max_count: int = BATCH_MAX_COUNT_DEFAULT,
+        max_bytes: int = BATCH_MAX_BYTES_DEFAULT,
+    ):
+        assert max_delay_ms > 0 and 1 <= max_count <= 1024 and max_bytes > 0
+        self._send_items = send_items
+        self.max_delay_s = max_delay_ms / 1000
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self._open: dict[MessageQueue, _Batch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0  # requests sent (for tests and stats)
+        self.messages = 0
+
+    async def send(self, mq: MessageQueue, item: dict[str, Any], deadline: float) -> SendResult:
+        """Send one message's request item (``send_request``'s ``messages[0]``) in a batch to ``mq``."""
+        loop = asyncio.get_running_loop()
+        size = len(item.get("body", b""))
+        batch = self._open.get(mq)
+        if batch is not None and batch.bytes + size > self.max_bytes:
+            self._flush(mq)  # this one would overflow it: send what is there, start a new one
+            batch = None
+        if batch is None:
+            batch = self._open[mq] = _Batch()
+            batch.timer = loop.call_later(self.max_delay_s, self._flush, mq)
+        waiting = _Waiting(item, deadline, loop.create_future())
+        waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
+        batch.waiting.append(waiting)
+        batch.bytes += size
+        if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
+            self._flush(mq)
+        remaining = deadline - loop.time()
+        try:
+            async with asyncio.timeout(max(remaining, 0.0)):
+                answer_index = await asyncio.shield(waiting.future)
+        except TimeoutError:
+            raise ClientError("TIMEOUT", "no answer before the send's deadline (auto-batched)") from None
+        answer, index = answer_index
+        sub = dict(answer)
+        sub["results"] = [answer["results"][index]]
+        return send_result_from_answer(sub, mq)
+
+    def _flush(self, mq: MessageQueue) -> None:
+        batch = self._open.pop(mq, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        task = asyncio.get_running_loop().create_task(self._send(mq, batch.waiting))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, mq: MessageQueue, waiting: list[_Waiting]) -> None:
+        self.batches += 1
+        self.messages += len(waiting)
+        deadline = max(w.deadline for w in waiting)
+        try:
+            answer = await self._send_items(mq, [w.item for w in waiting], deadline)
+            results = answer["results"]
+            if not isinstance(results, list) or len(results) != len(waiting):
+                raise ClientError("BAD_ANSWER", f"a batch of {len(waiting)} was answered with "
+                                  f"{len(results) if isinstance(results, list) else '?'} results")
+        except ClientError as exc:
+            for w in waiting:
+                if not w.future.done():
+                    w.future.set_exception(copy_error(exc))
+            return
+        except (KeyError, TypeError) as exc:
+            bad = ClientError("BAD_ANSWER", f"unexpected send answer: {exc!r}")
+            for w in waiting:
+                if not w.future.done():
+                    w.future.set_exception(copy_error(bad))
+            return
+        except BaseException as exc:  # cancelled (shutdown) or a bug: nobody is left hanging
+            for w in waiting:
+                if not w.future.done():
+                    w.future.set_exception(ClientError("SHUTTING_DOWN", f"the batch was abandoned: {exc!r}"[:200]))
+            raise
+        for i, w in enumerate(waiting):
+            if not w.future.done():
+                w.future.set_result((answer, i))
+
+    async def close(self) -> None:
+        for mq in list(self._open):
+            self._flush(mq)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

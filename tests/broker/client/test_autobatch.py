@@ -1,0 +1,128 @@
+"""Producer auto-batching (issue 13): concurrent single sends to one queue share one request, each
+caller gets its own result or its own error; linger 0 turns it off. Unit level (a stand-in for the
+broker); the end-to-end runs are in test_remoting_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from broker.client import ClientError, MessageQueue
+from broker.client.autobatch import AutoBatcher
+
+MQ = MessageQueue("T", "RaftNode00", 0)
+MQ2 = MessageQueue("T", "RaftNode00", 1)
+
+
+class Broker:
+    """Answers a batch like /v1/send: consecutive offsets, one result per message."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[MessageQueue, list[dict[str, Any]]]] = []
+        self.offset = 100
+        self.fail: ClientError | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        self.requests.append((mq, items))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        results = []
+        for i, it in enumerate(items):
+            results.append({"msg_id": f"RaftNode00:{self.offset + i:016X}", "unique_id": it["unique_id"],
+                            "queue_offset": self.offset + i, "position": 1000 + i})
+        self.offset += len(items)
+        return {"status": "SEND_OK", "broker_name": mq.broker_name, "queue_id": mq.queue_id, "store_ts": 5,
+                "results": results}
+
+
+def item(i: int, size: int = 10) -> dict[str, Any]:
+    return {"body": b"x" * size, "unique_id": f"U{i:031d}", "born_ts": 1, "born_host": "h"}
+
+
+def deadline(s: float = 5.0) -> float:
+    return asyncio.get_running_loop().time() + s
+
+
+async def test_concurrent_sends_share_one_request_and_get_their_own_results() -> None:
+    broker = Broker()
+    b = AutoBatcher(broker, max_delay_ms=50)
+    results = await asyncio.gather(*(b.send(MQ, item(i), deadline()) for i in range(10)))
+    assert len(broker.requests) == 1 and [it["unique_id"] for it in broker.requests[0][1]] == [
+        f"U{i:031d}" for i in range(10)]
+    for i, r in enumerate(results):
+        assert r.unique_id == f"U{i:031d}" and r.queue_offset == 100 + i and r.message_queue == MQ
+        assert len(r.items) == 1 and r.items[0].unique_id == r.unique_id
+    assert len({r.msg_id for r in results}) == 10
+
+
+async def test_queues_batch_separately_and_count_and_bytes_close_a_batch() -> None:
+    broker = Broker()
+    b = AutoBatcher(broker, max_delay_ms=10_000, max_count=4, max_bytes=100)  # only the limits close batches
+    sends = [b.send(MQ, item(i), deadline()) for i in range(8)] + [
+        b.send(MQ2, item(i, size), deadline()) for i, size in ((8, 60), (9, 60), (10, 40))]
+    results = await asyncio.wait_for(asyncio.gather(*sends), 5.0)
+    sizes = sorted((mq.queue_id, len(items)) for mq, items in broker.requests)
+    # queue 0: two full batches of 4; queue 1: 60 + 60 bytes would pass 100 (the first goes alone),
+    # then 60 + 40 reaches 100 (goes at once)
+    assert sizes == [(0, 4), (0, 4), (1, 1), (1, 2)]
+    assert [r.message_queue.queue_id for r in results] == [0] * 8 + [1] * 3
+
+
+async def test_a_failed_batch_gives_every_caller_its_own_error() -> None:
+    broker = Broker()
+    broker.fail = ClientError("SEND_TIMEOUT", "no quorum", status=504, addr="a:1")
+    b = AutoBatcher(broker, max_delay_ms=20)
+    outcomes = await asyncio.gather(*(b.send(MQ, item(i), deadline()) for i in range(3)), return_exceptions=True)
+    assert len(broker.requests) == 1
+    assert all(isinstance(e, ClientError) and e.code == "SEND_TIMEOUT" and e.outcome_unknown for e in outcomes)
+    assert len({id(e) for e in outcomes}) == 3  # copies: the producer marks each one per send
+
+
+async def test_a_caller_waits_no_longer_than_its_own_deadline() -> None:
+    broker = Broker()
+    broker.gate = asyncio.Event()
+    b = AutoBatcher(broker, max_delay_ms=1)
+    short = asyncio.create_task(b.send(MQ, item(1), deadline(0.2)))
+    long = asyncio.create_task(b.send(MQ, item(2), deadline(30.0)))
+    with pytest.raises(ClientError) as e:
+        await short
+    assert e.value.code == "TIMEOUT" and e.value.outcome_unknown
+    broker.gate.set()
+    assert (await long).unique_id == f"U{2:031d}"
+
+
+async def test_linger_zero_means_no_batcher() -> None:
+    from broker.client import Producer
+
+    assert Producer("pg", "127.0.0.1:9876", batch_max_delay_ms=0)._batcher is None
+    assert Producer("pg", "127.0.0.1:9876")._batcher is not None
+
+
+async def test_a_lost_batch_answer_is_retried_per_caller_and_stored_once(make_cluster: Any) -> None:
+    """Auto-batched sends whose answer is lost: each caller retries its own message (same unique
+    id, same queue); the broker's window stores every message once and answers each caller with
+    the offset it got the first time."""
+    import random
+
+    from broker.client import Message, Producer
+    from tests.acl_fixtures import PRODUCER
+
+    cluster = await make_cluster(n_groups=1, topics={"T": 1})
+    g = cluster.groups[0]
+    g.replicas[0].tap.lose_answer("/v1/send")
+    async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, rng=random.Random(7),
+                        batch_max_delay_ms=50) as p:
+        results = await asyncio.gather(*(p.send(Message("T", f"m{i}".encode())) for i in range(8)))
+    sends = cluster.all_requests("/v1/send")
+    assert len(sends[0].body["messages"]) == 8  # the first attempt carried all eight together
+    assert sum(len(s.body["messages"]) for s in sends) == 16  # each message retried once
+    assert sorted(r.queue_offset for r in results) == list(range(8))
+    stored = await g.messages("T", 0)
+    assert len(stored) == 8
+    for r in results:
+        assert stored[r.queue_offset]["unique_id"] == r.unique_id
