@@ -29,6 +29,7 @@ from broker.protocol.names import is_client_id
 from broker.retry_api import RetryApi
 from broker.service import BrokerService, PulledMessage, offsets_answer
 from broker.service_base import INT64_MAX
+from broker.transaction_api import TransactionApi
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
@@ -80,6 +81,7 @@ class BrokerApi:
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
         RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/retry_api.py)
+        TransactionApi(self).add_routes(r)  # transactional messages (broker/transaction_api.py)
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)

@@ -97,6 +97,9 @@ BROKER_KEYS = frozenset(
         "enablePropertyFilter",
         "duplicateWindowMessages",
         "duplicateWindowMs",
+        "transactionTimeOut",
+        "transactionCheckInterval",
+        "transactionCheckMax",
         "traceTopicEnable",
         "msgTraceTopicName",
     }
@@ -145,6 +148,10 @@ class BrokerConfig:
     # The idempotent send window (broker/dedup.py): 0 messages turns de-duplication off.
     duplicate_window_messages: int = 100_000
     duplicate_window_ms: int = 120_000
+    # Transactional messages (broker/transactions.py; RocketMQ's keys and defaults).
+    transaction_timeout_ms: int = 6000
+    transaction_check_interval_ms: int = 60_000
+    transaction_check_max: int = 15
     # The binary protocol (broker/remoting.py): -1 off, 0 any free port.
     remoting_listen_port: int = -1
     remoting_in_flight_max: int = 256
@@ -234,6 +241,9 @@ def parse_broker_config(
         enable_property_filter=r.boolean("enablePropertyFilter", True),
         duplicate_window_messages=r.integer("duplicateWindowMessages", 100_000, 0, 10_000_000),
         duplicate_window_ms=r.integer("duplicateWindowMs", 120_000, 1000, 86_400_000),
+        transaction_timeout_ms=r.integer("transactionTimeOut", 6000, 0, 86_400_000),
+        transaction_check_interval_ms=r.integer("transactionCheckInterval", 60_000, 10, 86_400_000),
+        transaction_check_max=r.integer("transactionCheckMax", 15, 1, 10_000),
         remoting_listen_port=r.integer(
             "remotingListenPort", dl.listen_port + 1 if 0 < dl.listen_port < 65535 else 0, -1, 65535
         ),

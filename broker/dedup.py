@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from broker.protocol.properties import PROP_REAL_TOPIC, SCHEDULE_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_REAL_TOPIC, SCHEDULE_TOPIC
 from dledger.clock import SYSTEM
 
 DEFAULT_MAX_MESSAGES = 100_000
@@ -46,12 +46,20 @@ def deduplicated_topic(topic: str) -> bool:
 def sent_topic(stored_topic: str, properties: Any) -> str:
     """The topic a message was sent to, which the window keys it by: a delayed message is stored in
     the schedule topic with its real topic in ``REAL_TOPIC`` (broker/schedule.py), and a producer's
-    retry names the real one. (Its delivered copy, same unique id, then answers later retries.)"""
-    if stored_topic == SCHEDULE_TOPIC and isinstance(properties, dict):
+    retry names the real one. (Its delivered copy, same unique id, then answers later retries.)
+    A transaction's half message (broker/transactions.py) is keyed apart from its real topic
+    (``TXN_HALF:<topic>``; ':' is in no topic name): a retried half lands once, and its committed
+    message does not take the half's place in the window."""
+    if stored_topic in (SCHEDULE_TOPIC, HALF_TOPIC) and isinstance(properties, dict):
         real = properties.get(PROP_REAL_TOPIC)
         if isinstance(real, str) and real:
-            return real
+            return real if stored_topic == SCHEDULE_TOPIC else half_key(real)
     return stored_topic
+
+
+def half_key(topic: str) -> str:
+    """The window's topic key of the half messages sent to ``topic``."""
+    return "TXN_HALF:" + topic
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

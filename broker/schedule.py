@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.message import InvalidInput, StoredMessage, encode_command, encode_message
 from broker.protocol.properties import (
+    BROKER_TOPICS,
     PROP_DELAY,
     PROP_DUE_MS,
     PROP_LEVEL,
@@ -121,8 +122,8 @@ class SchedulePolicy:
 
     def prepare(self, m: StoredMessage, where: str) -> StoredMessage:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
-        if m.topic == SCHEDULE_TOPIC:
-            raise InvalidInput("NO_PERMISSION", f"{where}: topic {SCHEDULE_TOPIC} is the broker's own", 403)
+        if m.topic in BROKER_TOPICS:
+            raise InvalidInput("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
         due = self.due_of(m.properties, m.store_ts, where)
         if due is None:
             return m

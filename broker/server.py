@@ -42,6 +42,7 @@ from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.service import BrokerService
 from broker.store import MessageStore
+from broker.transactions import TransactionPolicy, TransactionService
 from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError, settings_from_config
@@ -126,6 +127,10 @@ class BrokerServer:
         self.schedule = ScheduleService(  # delayed and timed messages (broker/schedule.py)
             self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
         )
+        self.transactions = TransactionService(  # half messages and check-backs (broker/transactions.py)
+            self, TransactionPolicy(cfg.transaction_timeout_ms, cfg.transaction_check_interval_ms,
+                                    cfg.transaction_check_max)
+        )
         self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
         self.api = BrokerApi(self, self.service)
         self._runner: web.AppRunner | None = None
@@ -181,6 +186,7 @@ class BrokerServer:
             self.loop.create_task(self._state_entries(), name="state-entries"),
             self.loop.create_task(self._watch_replica(), name="replica-watch"),
             self.loop.create_task(self.schedule.run(), name="schedule"),
+            self.loop.create_task(self.transactions.run(), name="transactions"),
         ]
         log.info(
             "broker %s/%s (%s) serving %s (binary: %s), NameServers %s",
@@ -396,6 +402,7 @@ class BrokerServer:
             },
             "consumer_groups": self.consumers.groups(),
             "schedule": self.schedule.status(),
+            "transactions": self.transactions.status(),
             "security": {
                 "acl": self.security.enabled,
                 "tls": self.cfg.security.tls_cert_file is not None,

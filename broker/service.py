@@ -21,6 +21,8 @@ The contract (every method validates its own arguments: a transport may pass wha
   ``search_offset(topic, queue_id, ts)`` (plain methods: they read, never wait).
 - retries: ``send_back(group, position, *, max_reconsume_times, to_dlq)``, ``resend_dlq(group,
   position)`` -> ``SendBackAnswer``.
+- transactions (broker/service_txn.py): ``send_half``, ``end_transaction`` -> ``EndAnswer``,
+  ``transaction_checks``, ``pending_halves``.
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
   ``reset_offsets``, ``group_progress``, ``heartbeat``, ``unregister``, ``group_members``,
@@ -39,8 +41,8 @@ runs in (store, node, configuration, clock, client tables, metrics, the long-pol
 Threads: every method runs on the broker's event loop (store reads are safe there, see
 docs/ARCHITECTURE.md); appends go through the node's bridge to the tick thread.
 
-Split by concern: broker/service_send.py (send, retries), broker/service_query.py (pull,
-queries), broker/service_admin.py (topics, groups, offsets, membership, the replica).
+Split by concern: broker/service_send.py (send, retries), broker/service_txn.py (transactions),
+broker/service_query.py (pull, queries), broker/service_admin.py (topics, groups, offsets, membership, the replica).
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ from __future__ import annotations
 from broker.service_admin import AdminOps, CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
 from broker.service_base import BrokerHost, ServiceError
 from broker.service_query import PullAnswer, PulledMessage, QueryOps
-from broker.service_send import MessageIn, SendAnswer, SendBackAnswer, SendOps, SendResult
+from broker.service_send import MessageIn, SendAnswer, SendBackAnswer, SendResult
+from broker.service_txn import EndAnswer, TxnOps
 
 __all__ = [
     "BrokerHost",
     "BrokerService",
     "CommitAnswer",
+    "EndAnswer",
     "GroupOffsets",
     "MessageIn",
     "PullAnswer",
@@ -67,7 +71,7 @@ __all__ = [
 ]
 
 
-class BrokerService(SendOps, QueryOps, AdminOps):
+class BrokerService(TxnOps, QueryOps, AdminOps):  # TxnOps extends SendOps
     """One per broker replica (``BrokerServer.service``), shared by every transport."""
 
     def __init__(self, server: BrokerHost):

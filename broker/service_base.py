@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from broker.registration import Registrar
     from broker.schedule import ScheduleService
     from broker.store import MessageStore
+    from broker.transactions import TransactionService
     from dledger.clock import Clock
     from dledger.node import DLedgerNode
 
@@ -82,6 +83,7 @@ class BrokerHost(Protocol):
     consumers: ConsumerManager
     producers: ProducerTable
     schedule: ScheduleService
+    transactions: TransactionService  # check-backs (broker/transactions.py)
     registrar: Registrar
     metrics: BrokerMetrics
     counters: collections.Counter[str]

@@ -59,8 +59,9 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
-from broker.protocol.properties import PROP_SCHED_POS, SCHEDULE_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, PROP_SCHED_POS, SCHEDULE_TOPIC
 from broker.schedule import ScheduleIndex
+from broker.transactions import TransactionIndex
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import atomic_write
 from dledger.log_store import StoreError
@@ -106,6 +107,7 @@ class MessageStore:
         self.cqs = ConsumeQueueStore(os.path.join(root, "consumequeue"), units_per_file=units_per_file)
         self.index = KeyIndex(os.path.join(root, "index"))
         self.schedule = ScheduleIndex(os.path.join(root, "schedule", "pending.db"))  # broker/schedule.py
+        self.txn = TransactionIndex(os.path.join(root, "transactions", "index.db"))  # broker/transactions.py
         self.metadata = Metadata()
         self._md_lock = threading.Lock()
         self._clock = clock
@@ -124,7 +126,7 @@ class MessageStore:
         self.listener: ApplyListener | None = None
         self.counters = {
             "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
-            "schedule_duplicates": 0, "expired_queues_removed": 0,
+            "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0,
         }
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
@@ -173,6 +175,11 @@ class MessageStore:
                 log.warning("schedule index does not match applied index %d: rebuilding it from the log",
                             self._applied)
             self.schedule.rebuild(self._scan_records(self._applied), self._applied)
+        if self.txn.applied_index() != self._applied:
+            if self.txn.applied_index() is not None or self._applied:
+                log.warning("transaction index does not match applied index %d: rebuilding it from the log",
+                            self._applied)
+            self.txn.rebuild(self._scan_records(self._applied), self._applied)
         rebuild_from = self.index.needs_rebuild_from()
         if rebuild_from is not None and rebuild_from < self.applied_end_position:
             self._reindex_keys(rebuild_from)
@@ -190,6 +197,7 @@ class MessageStore:
             self.cqs.close()
             self.index.close()
             self.schedule.close()
+            self.txn.close()
 
     # -- the dledger StateMachine ------------------------------------------------------------------
     def applied_index(self) -> int:
@@ -284,12 +292,17 @@ class MessageStore:
         if not self.schedule.on_message(position, len(body), topic, h[5]):
             self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
             return None
+        if not self.txn.on_message(position, len(body), topic, h[5], store_ts):
+            self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
+            return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
             cq = self.cqs.get_or_create(topic, qid)
             self._queue_cache[key] = cq
         offset = cq.append(position, len(body), tag_hash(tags), store_ts)
+        if PROP_HALF_POS in h[5]:
+            self.txn.on_dispatched(position, h[5], offset)
         self.dedup.add(
             sent_topic(topic, h[5]), uid, position=position, queue_id=qid, queue_offset=offset, store_ts=store_ts,
             index=self._entry_index,
@@ -316,6 +329,8 @@ class MessageStore:
         if str(cmd.get("op", "")).startswith("schedule."):
             self.schedule.on_command(cmd)
             return False, {}
+        if str(cmd.get("op", "")).startswith("txn."):
+            return False, self.txn.on_command(cmd)
         with self._md_lock:
             result = self.metadata.apply(cmd, position)
         if cmd.get("op") == "topic.delete" and not result.get("error"):
@@ -340,6 +355,7 @@ class MessageStore:
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
             # the pending delayed messages, so the follower skips the same second copies
             "schedule": self.schedule.rows(),
+            "transactions": self.txn.rows(),  # pending halves and resolutions (broker/transactions.py)
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -375,6 +391,7 @@ class MessageStore:
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
+        self.txn.load_rows(cmd.get("transactions") or {}, as_of)
         self.needs_state_after = None
         assert self._log is not None
         index = as_of + 1
@@ -420,6 +437,7 @@ class MessageStore:
             self._log.flush()
         pending = self.cqs.begin_flush_all()
         self.schedule.commit(self._applied)
+        self.txn.commit(self._applied)
         self._units_since_write_out = 0
         with self._md_lock:
             md = self.metadata.to_snapshot()
@@ -461,7 +479,7 @@ class MessageStore:
         self._owned()
         with self._md_lock:
             live = set(self.metadata.topics)
-        gone = sorted({t for t, _q, _cq in self.cqs.queues()} - live - {SCHEDULE_TOPIC})
+        gone = sorted({t for t, _q, _cq in self.cqs.queues()} - live - {SCHEDULE_TOPIC, HALF_TOPIC})
         removed = [(t, q) for t, q, _cq in self.cqs.queues() if t in gone]
         for topic in gone:
             for key in [k for k in self._queue_cache if k[0] == topic]:
@@ -484,6 +502,9 @@ class MessageStore:
         first_position = log_store.position_at(log_store.first_index)
         self.cqs.delete_before_position(first_position)
         self.index.delete_before_position(first_position)
+        for h in self.txn.forget_before(first_position):  # the check service discards them
+            log.error("transaction half at position %d (group %s) was removed by log retention while pending",
+                      h.position, h.group)
 
     # -- rebuilding from the log -----------------------------------------------------------------
     def _restore_dedup(self, checkpoint: dict[str, Any] | None) -> None:
@@ -552,6 +573,7 @@ class MessageStore:
         """(queue, position, record) of the messages that belong to ``wanted`` queues now: a
         ``topic.delete`` in the log drops the topic's earlier messages, as applying did."""
         deleted_at: dict[str, int] = {}
+        txn_ended_at: dict[str, int] = {}  # half position -> where a rollback or discard resolved it
         for position, body in self._scan_records(self._applied):
             if body[:1] == COMMAND_MAGIC:
                 try:
@@ -560,6 +582,10 @@ class MessageStore:
                     continue
                 if cmd.get("op") == "topic.delete":
                     deleted_at[str(cmd.get("topic"))] = position
+                ended = [cmd.get("position")] if cmd.get("op") == "txn.end" else []
+                ended += cmd.get("positions") or [] if cmd.get("op") == "txn.discard" else []
+                for p in ended:
+                    txn_ended_at.setdefault(str(p), position)
         copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
         for position, body in self._scan_messages(self._applied):
             try:
@@ -571,6 +597,11 @@ class MessageStore:
                 if sched_pos in copies:
                     continue
                 copies.add(sched_pos)
+            half_pos = h[5].get(PROP_HALF_POS) if isinstance(h[5], dict) else None
+            if half_pos is not None:  # a commit: only the first, and none after a rollback
+                if "T" + half_pos in copies or txn_ended_at.get(half_pos, position + 1) < position:
+                    continue
+                copies.add("T" + half_pos)
             key = (h[0], int(h[1]))
             if key in wanted and position > deleted_at.get(key[0], -1):
                 yield key, position, body

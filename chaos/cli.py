@@ -36,6 +36,11 @@ class UsageError(Exception):
     pass
 
 
+# With transactions in the workload the brokers check back within seconds, not RocketMQ's minute, so
+# that unknown transactions are resolved inside a run's settle time.
+TXN_BROKER_SETTINGS = {"transactionTimeOut": "2000", "transactionCheckInterval": "2000"}
+_TXN_SETTINGS_TEXT = ", ".join(f"{k}={v}" for k, v in TXN_BROKER_SETTINGS.items())
+
 def _bounded(kind: Callable[[str], Any], lo: float, hi: float) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
@@ -101,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fail-share", type=_bounded(float, 0, 1), default=0.0, metavar="F",
                      help="share of unique ids a concurrent retry group fails: half once, half always "
                           "(to its DLQ); 0 for no retry group (0)")
+    run.add_argument("--txn-share", type=_bounded(float, 0, 1), default=0.0, metavar="F",
+                     help="share of the unkeyed sends sent in transactions: a quarter each commit, rollback, "
+                          "unknown then commit on check-back, unknown then rollback (0); brokers then check "
+                          f"back fast unless --set says otherwise ({_TXN_SETTINGS_TEXT})")
     run.add_argument("--max-reconsume-times", type=_bounded(int, 0, 16), default=2,
                      help="the retry group's maxReconsumeTimes (2)")
     run.add_argument("--skew", default=f"{SKEW_DEFAULT[0]:g},{SKEW_DEFAULT[1]:g}", metavar="OFFSET_S,DRIFT_PPM",
@@ -184,9 +193,11 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         workload=WorkloadConfig(topic=args.topic, queues=args.queues, producers=args.producers, keyed=keyed,
                                 consumers=args.consumers, rate=args.rate, body_bytes=args.body_bytes,
                                 zombie_interval_s=args.zombie_interval, delayed_share=args.delayed_share,
-                                fail_share=args.fail_share, max_reconsume_times=args.max_reconsume_times),
+                                fail_share=args.fail_share, max_reconsume_times=args.max_reconsume_times,
+                                txn_share=args.txn_share),
         groups=args.groups, port_base=args.port_base, flush=args.flush, seed=seed, order=args.order,
-        fixed_node=args.fixed_node, toxic_params=toxic_params, extra=dict(kv.split("=", 1) for kv in args.set),
+        fixed_node=args.fixed_node, toxic_params=toxic_params,
+        extra={**(TXN_BROKER_SETTINGS if args.txn_share > 0 else {}), **dict(kv.split("=", 1) for kv in args.set)},
         progress_s=args.progress, audit=not args.no_audit, toxiproxy_server=args.toxiproxy_server,
         plants=tuple(args.plant), sample_interval_s=args.sample_interval, skew=_skew(args.skew),
     )

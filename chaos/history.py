@@ -19,6 +19,8 @@ leaves valid (shorter) files behind.
 
 Version 3 added optional fields (absent or null in version 2 lines, which still audit): sends
 ``delay_level``, ``deliver_ms`` and ``due_us``; receipts ``reconsume_times``, ``retry``, ``answer``.
+Version 4 added the send's optional ``txn`` (its transaction plan: ``commit``, ``rollback``,
+``check_commit``, ``check_rollback``; absent for a plain send).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
-HISTORY_VERSION = 3  # recorded in run.json; bumped with any change to the line formats
+HISTORY_VERSION = 4  # recorded in run.json; bumped with any change to the line formats
 
 Outcome = Literal["ok", "fail", "unknown"]
 
@@ -40,7 +42,7 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-_SEND_V3 = ("delay_level", "deliver_ms", "due_us")
+_SEND_V3 = ("delay_level", "deliver_ms", "due_us", "txn")  # (and version 4's txn)
 _RECEIPT_V3 = ("reconsume_times", "retry", "answer")
 
 
@@ -74,6 +76,7 @@ class SendRecord:
     # When the producer asked it delivered: store time + the level's delay, or the deliver time (not
     # before the store time); None for an undelayed send or one that was not acknowledged.
     due_us: int | None = None
+    txn: str | None = None  # the transaction plan (chaos/workload.py txn_plan); None: a plain send
 
     def to_dict(self) -> dict[str, Any]:
         assert self.outcome in ("ok", "fail", "unknown"), self.outcome

@@ -38,6 +38,17 @@ after 1 + max_reconsume_times deliveries). Its receipts go to ``retries-<consume
 DLQ is write only) into ``dlq.jsonl``. (Orderly consumers retry in place, without a retry topic:
 that is why the failing group is a separate concurrent one.)
 
+Transactions (issue 15, off by default). With ``txn_share`` F, a deterministic share F of the unkeyed
+producers' sends (by a hash of the unique id: ``txn_plan``) goes through ``send_message_in_transaction``
+with one of four plans, a quarter each: ``commit`` / ``rollback`` (the local transaction answers at
+once), ``check_commit`` / ``check_rollback`` (it answers UNKNOW; the broker's check-back gets the
+final answer from ``check_local_transaction``, which reads the plan from the unique id, as any
+producer of the group could). The send line records the plan in ``txn``; its outcome is the half's
+(``ok``: the half was acknowledged). A committed plan counts as acknowledged (it must be delivered,
+after its check-back for ``check_commit``); a rolled-back one must never be delivered. Its
+``queue_offset`` is the committed message's when the end-transaction answer named it (``commit``),
+else null (the acknowledged offset of a half is the half queue's).
+
 ``drain`` reads every queue of every group's leader from its min to its max offset, directly (not
 through a proxy).
 """
@@ -64,12 +75,14 @@ from broker.client import (
     ClientError,
     ConsumeContext,
     HashKeySelector,
+    LocalTransactionState,
     Message,
     MessageExt,
     MessageQueue,
     Producer,
     PullConsumer,
     PushConsumer,
+    TransactionProducer,
     UniqueIdGenerator,
 )
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
@@ -108,6 +121,7 @@ class WorkloadConfig:
     fail_share: float = 0.0  # share of unique ids the retry group fails (0: no retry group)
     retry_consumers: int = 1
     max_reconsume_times: int = 2  # the retry group's, so a short run reaches the DLQ
+    txn_share: float = 0.0  # share of the unkeyed sends sent in transactions (txn_plan)
 
 
 def _share(uid: str, salt: str) -> float:
@@ -134,6 +148,40 @@ def fail_plan(uid: str, share: float) -> Literal["none", "once", "always"]:
     return "always" if h < share / 2 else "once"
 
 
+TxnPlan = Literal["commit", "rollback", "check_commit", "check_rollback"]
+TXN_PLANS: tuple[TxnPlan, ...] = ("commit", "rollback", "check_commit", "check_rollback")
+TXN_COMMITTED = ("commit", "check_commit")
+
+
+def txn_plan(uid: str, share: float) -> TxnPlan | None:
+    """The transaction plan of a unique id (None: a plain send), a quarter of each kind."""
+    if share <= 0 or _share(uid, "txn") >= share:
+        return None
+    return TXN_PLANS[zlib.crc32(f"{uid}|txnkind".encode()) % len(TXN_PLANS)]
+
+
+class TxnListener:
+    """The producers' transaction listener: the plan decides, at once or when checked back."""
+
+    def __init__(self, share: float, counters: Counters):
+        self.share, self.counters = share, counters
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        if arg == "commit":
+            return LocalTransactionState.COMMIT_MESSAGE
+        if arg == "rollback":
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        plan = txn_plan(msg.unique_id, self.share)
+        self.counters.txn_checks += 1
+        if plan is None:  # not one of ours: leave it to its producer
+            return LocalTransactionState.UNKNOW
+        self.counters.txn_checked.add(msg.unique_id)
+        return LocalTransactionState.COMMIT_MESSAGE if plan in TXN_COMMITTED else LocalTransactionState.ROLLBACK_MESSAGE
+
+
 def fails(uid: str, reconsume_times: int, share: float) -> bool:
     plan = fail_plan(uid, share)
     return plan == "always" or (plan == "once" and reconsume_times == 0)
@@ -158,6 +206,9 @@ class Counters:
     retry_pending: set[str] = dataclasses.field(default_factory=set)  # failed, neither consumed nor DLQ'd yet
     retry_failed: int = 0
     retry_to_dlq: int = 0
+    txn_sent: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # by plan, ok
+    txn_checks: int = 0  # check-backs answered
+    txn_checked: set[str] = dataclasses.field(default_factory=set)  # unique ids answered on a check-back
 
     def retries_settled(self) -> bool:
         """The retry group saw every acknowledged id and every failed one was consumed or sent to the DLQ."""
@@ -166,7 +217,8 @@ class Counters:
     def snapshot(self) -> dict[str, Any]:
         return {"sends": self.sends, "ok": self.ok, "fail": self.fail, "unknown": self.unknown,
                 "receipts": self.receipts, "errors": dict(self.errors), "delayed_acked": self.delayed,
-                "retry_failed": self.retry_failed, "retry_to_dlq": self.retry_to_dlq}
+                "retry_failed": self.retry_failed, "retry_to_dlq": self.retry_to_dlq,
+                "txn_acked": dict(self.txn_sent), "txn_checks": self.txn_checks}
 
 
 def body_for(producer: str, key: str | None, seq: int, size: int) -> bytes:
@@ -178,7 +230,13 @@ class ProducerWorker:
     def __init__(self, name: str, namesrv: str, cfg: WorkloadConfig, keyed: bool, out: JsonlWriter,
                  counters: Counters, rng: random.Random):
         self.name, self.cfg, self.keyed, self.out, self.counters, self.rng = name, cfg, keyed, out, counters, rng
-        self.producer = Producer(f"chaos_{name}", namesrv, send_timeout_s=cfg.send_timeout_s)
+        if cfg.txn_share > 0:  # a TransactionProducer sends plain messages too
+            self.producer: Producer = TransactionProducer(
+                f"chaos_{name}", namesrv, TxnListener(cfg.txn_share, counters), check_topics=[cfg.topic],
+                send_timeout_s=cfg.send_timeout_s, check_wait_ms=2000,
+            )
+        else:
+            self.producer = Producer(f"chaos_{name}", namesrv, send_timeout_s=cfg.send_timeout_s)
         self.ids = UniqueIdGenerator()
         self.seq_by_key: dict[str | None, int] = collections.defaultdict(int)
         self.selector = HashKeySelector()
@@ -199,7 +257,13 @@ class ProducerWorker:
                         except TimeoutError:
                             pass
         finally:
-            await self.producer.shutdown()
+            if not isinstance(self.producer, TransactionProducer):
+                await self.producer.shutdown()
+
+    async def close(self) -> None:
+        """A transactional producer stays up after its last send until the consumers settled: brokers
+        check unknown transactions back through its long polls (no producer online, no check-back)."""
+        await self.producer.shutdown()
 
     async def send_one(self) -> None:
         key = f"{self.name}-k{self.rng.randrange(self.cfg.keys_per_producer)}" if self.keyed else None
@@ -208,19 +272,25 @@ class ProducerWorker:
         uid = self.ids.next()
         body = body_for(self.name, key, seq, self.cfg.body_bytes)
         crc = zlib.crc32(body)
-        delay = None if key is not None else delay_choice(uid, self.cfg.delayed_share)
+        plan = None if key is not None else txn_plan(uid, self.cfg.txn_share)
+        delay = None if key is not None or plan is not None else delay_choice(uid, self.cfg.delayed_share)
         level, ahead_s = delay or (0, 0)
         deliver_ms = now_us() // 1000 + ahead_s * 1000 if ahead_s else None
         msg = Message(self.cfg.topic, body, keys=(key,) if key else (),
                       properties={"producer": self.name, "seq": str(seq)}, unique_id=uid,
                       delay_time_level=level, deliver_time_ms=deliver_ms)
-        extra: dict[str, Any] = {"delay_level": level or None, "deliver_ms": deliver_ms}
+        extra: dict[str, Any] = {"delay_level": level or None, "deliver_ms": deliver_ms, "txn": plan}
         c = self.counters
         c.sends += 1
         invoke = now_us()
+        committed: dict[str, Any] | None = None
         try:
             if key is not None:
                 r = await self.producer.send(msg, selector=self.selector)
+            elif plan is not None:
+                assert isinstance(self.producer, TransactionProducer)
+                t = await self.producer.send_message_in_transaction(msg, plan)
+                r, committed = t.send_result, t.end_answer
             else:
                 r = await self.producer.send(msg)
         except ClientError as exc:
@@ -235,14 +305,25 @@ class ProducerWorker:
                              type(exc).__name__, body_crc=crc, **extra)
             c.errors[type(exc).__name__] += 1
         else:
+            where: tuple[int | None, int | None, str | None]
+            if plan is None:
+                where = (r.message_queue.queue_id, r.queue_offset, r.msg_id)
+            elif committed is not None and committed.get("state") == "COMMIT_MESSAGE" and not committed.get(
+                    "duplicate"):
+                where = (committed.get("queue_id"), committed.get("queue_offset"), committed.get("msg_id"))
+            else:  # the half's place is not the message's: the committed copy is found by unique id
+                where = (None, None, None)
             rec = SendRecord(self.name, uid, key, seq, self.cfg.topic, invoke, now_us(), "ok", None,
-                             r.message_queue.broker_name, r.message_queue.queue_id, r.queue_offset, r.msg_id,
+                             r.message_queue.broker_name, *where,
                              r.store_ts * 1000, crc, **extra, due_us=due_us(r.store_ts, level, deliver_ms))
             if delay:
                 c.delayed += 1
-            c.acked.add(uid)
-            c.acked_store_ms[uid] = r.store_ts
-            c.acked_at[uid] = time.monotonic()
+            if plan is not None:
+                c.txn_sent[plan] += 1
+            if plan is None or plan in TXN_COMMITTED:  # a rolled-back one must never arrive
+                c.acked.add(uid)
+                c.acked_store_ms[uid] = r.store_ts
+                c.acked_at[uid] = time.monotonic()
         if rec.outcome == "ok":
             c.ok += 1
         elif rec.outcome == "fail":
@@ -508,6 +589,9 @@ class Workload:
         self._tasks = []
 
     async def stop_consumers(self) -> None:
+        """After the settle: the consumers, and the transactional producers' check-back polls."""
+        for p in self.producers:
+            await p.close()
         for c in reversed(list(self.consumers.values())):
             await c.stop()
         for r in self.retry_consumers:

@@ -69,6 +69,8 @@ DEFAULT_FAIL_ON = (
     "delayed_twice",
     "retry_lost",
     "dlq_mismatch",
+    # Transactions (issue 15; empty for runs without them): committed ones are judged by lost/unseen.
+    "txn_rolled_back_delivered",
 )
 CHECKS = (
     *DEFAULT_FAIL_ON,
@@ -247,6 +249,7 @@ class Audit:
         from spark_jobs import checks_delay as D
         from spark_jobs import checks_history as H
         from spark_jobs import checks_samples as S
+        from spark_jobs import checks_txn as T
         from spark_jobs.frames import Frames, distinct_values
 
         commits = commit_table(summaries, self.run, self.warnings)
@@ -280,14 +283,17 @@ class Audit:
         delivered = fr.workload(fr.delivered)
         # A delayed send's acknowledged queue offset is the schedule queue's (API.md): the offset checks
         # judge undelayed sends only; delayed ones have checks of their own.
-        plain = fr.sends.where(F.col("due_us").isNull())
+        # Likewise a transactional send's: its half's (or its committed message's, when known).
+        plain = fr.sends.where(F.col("due_us").isNull() & F.col("txn").isNull())
+        # A rolled-back transaction's half was acknowledged, yet it must never be delivered: not "lost".
+        to_deliver = fr.sends.where(F.col("txn").isNull() | ~F.col("txn").isin(*T.ROLLED_BACK))
         dd = D.delay_deliveries(fr.sends, receipts, drain)
         max_times = self.run.max_reconsume_times
         max_times = DEFAULT_MAX_RECONSUME_TIMES if max_times is None else max_times
         outcomes = D.retry_outcomes(fr.retries, fr.dlq, max_times)
         got = self._collect(
             {
-                "lost": C.lost(fr.sends, fr.committed, fr.delivered, fr.floors, check_consumed, fr.records),
+                "lost": C.lost(to_deliver, fr.committed, fr.delivered, fr.floors, check_consumed, fr.records),
                 "duplicate_deliveries": C.duplicate_deliveries(receipts),
                 "duplicate_log_entries": C.duplicate_log_entries(fr.workload(fr.committed)),
                 "unexpected": C.unexpected(delivered, fr.sends),
@@ -305,6 +311,7 @@ class Audit:
                 "retry_lost": D.retry_lost(outcomes, fr.sends, fr.retries, fr.dlq),
                 "dlq_mismatch": D.dlq_mismatch(outcomes, max_times),
                 "dlq_duplicates": D.dlq_duplicates(outcomes),
+                "txn_rolled_back_delivered": T.rolled_back_delivered(fr.sends, delivered, fr.workload(fr.committed)),
                 "send_order": H.send_order(plain),
                 "poll_order": H.poll_order(receipts),
                 "corrupt_read": H.corrupt_read(fr.sends, delivered),
@@ -330,6 +337,7 @@ class Audit:
         done = self.timer.step("delays_and_retries")
         self.extra["delays"] = self._delays(spark, dd, fr)
         self.extra["retries"] = self._retries(fr, outcomes, max_times)
+        self.extra["transactions"] = [r.asDict() for r in T.txn_counts(fr.sends, delivered).collect()]
         done()
         done = self.timer.step("availability")
         self._availability(spark, fr)
@@ -567,6 +575,7 @@ class Audit:
             "latency": self.extra.get("latency", {}),
             "delays": self.extra.get("delays", {}),
             "retries": self.extra.get("retries", {}),
+            "transactions": self.extra.get("transactions", []),
             "warnings": self.warnings,
             "timings_s": {**self.timer.steps, "total": self.timer.total_s},
         }

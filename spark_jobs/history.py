@@ -58,6 +58,7 @@ SEND_SCHEMA = pa.schema(
         ("delay_level", _I),  # history version 3 (null before)
         ("deliver_ms", _I),
         ("due_us", _I),
+        ("txn", _S),  # history version 4 (null before): the transaction plan
     ]
 )
 RECEIPT_SCHEMA = pa.schema(

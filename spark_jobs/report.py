@@ -56,6 +56,8 @@ DEFINITIONS = {
     "dlq_mismatch": "DLQ disagreeing with the retry group's answers: failed at the last attempt but missing, "
     "in the DLQ without failing the last attempt, or after other than 1 + maxReconsumeTimes failed attempts",
     "dlq_duplicates": "message held more than once by the DLQ (a send-back sent again: the client's doing)",
+    "txn_rolled_back_delivered": "rolled-back transactional message that was read or stored in its topic "
+    "(an aborted read)",
 }
 
 

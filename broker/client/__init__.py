@@ -34,6 +34,12 @@ from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
 from broker.client.selector import HashKeySelector, QueueSelector, RandomSelector, RoundRobinSelector
 from broker.client.sync import SyncProducer, SyncPullConsumer, SyncPushConsumer
+from broker.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from broker.client.transport import ClientError
 
 CONSUME_SUCCESS = ConsumeStatus.CONSUME_SUCCESS
@@ -52,6 +58,7 @@ __all__ = [
     "HashKeySelector",
     "LatencyFaultTolerance",
     "LocalFileOffsetStore",
+    "LocalTransactionState",
     "MemoryOffsetStore",
     "Message",
     "MessageExt",
@@ -75,6 +82,9 @@ __all__ = [
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "UniqueIdGenerator",
     "allocate_averagely",
     "allocate_averagely_by_circle",

@@ -20,7 +20,17 @@ PROP_SCHED_POS: Final = "__SCHED_POS"  # on a delivered copy: the schedule recor
 PROP_LEVEL: Final = "__DELAY_LEVEL"
 SCHEDULE_PROPS: Final = (PROP_DELAY, PROP_START_DELIVER, PROP_TIMER_DELIVER_MS, PROP_TIMER_DELAY_MS,
                          PROP_TIMER_DELAY_SEC)
-RESERVED_PROPS: Final = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DUE_MS, PROP_SCHED_POS, PROP_LEVEL)
+# -- transactional messages (broker/transactions.py) ---------------------------------------------------
+HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"  # half (prepared) messages, invisible to consumers
+OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # RocketMQ's resolutions; here commands in the log
+PROP_TRAN_MSG: Final = "TRAN_MSG"  # "true" on a half and on its committed message
+PROP_PGROUP: Final = "PGROUP"  # the producer group that checks a half back
+PROP_CHECK_IMMUNITY: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # first check-back after this (per message)
+PROP_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"  # shown to the listener on a check-back
+PROP_HALF_POS: Final = "__TXN_HALF_POS"  # on a committed message: the half it commits
+
+RESERVED_PROPS: Final = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DUE_MS, PROP_SCHED_POS, PROP_LEVEL, PROP_HALF_POS)
+BROKER_TOPICS: Final = (SCHEDULE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC)  # nobody sends to or pulls these
 
 # -- consumer retries and dead-letter queues (broker/retry.py) --------------------------------------
 RETRY_PREFIX: Final = "%RETRY%"

@@ -801,6 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.mqadmin_ops import register  # (imports this module: loaded once it is complete)
 
     register(cmd)
+    from broker.tools.mqadmin_txn import register as register_txn  # queryTransactionHalf
+
+    register_txn(cmd)
     return parser
 
 

@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|versus-nats")
+    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|versus-nats|transaction")
 
     def common(p: argparse.ArgumentParser) -> None:
         add_namesrv_argument(p)
@@ -558,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.versus_bench import add_parser as add_versus
 
     add_versus(sub, _positive)
+    from broker.tools.txn_bench import add_parser as add_transaction
+
+    add_transaction(sub, _positive)
     return parser
 
 
@@ -587,6 +590,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.tools.stability_bench import run_stability
 
         return run_loop(run_stability(args))
+    if args.command == "transaction":
+        from broker.tools.txn_bench import run_transaction
+
+        return run_loop(run_transaction(args))
     if args.command == "failover":
         from broker.tools.failover_bench import run_failover
 

@@ -50,9 +50,11 @@ def send(**kw: Any) -> SendRecord:
 
 def test_send_lines_have_exactly_the_documented_fields_in_order() -> None:
     documented = documented_fields("`sends-*.jsonl`")
-    delayed = send(delay_level=2, deliver_ms=16, due_us=20_000).to_dict()  # version 3's fields, all set
-    assert list(delayed) == documented
-    assert list(send().to_dict()) == [f for f in documented if f not in ("delay_level", "deliver_ms", "due_us")]
+    # version 3's and 4's optional fields, all set (a delayed send is never transactional: only the format)
+    full = send(delay_level=2, deliver_ms=16, due_us=20_000, txn="commit").to_dict()
+    assert list(full) == documented
+    optional = ("delay_level", "deliver_ms", "due_us", "txn")
+    assert list(send().to_dict()) == [f for f in documented if f not in optional]
 
 
 def test_receipt_and_drain_lines_have_exactly_the_documented_fields() -> None:

@@ -36,7 +36,7 @@ def test_delays_and_retries_survive_kill_leader_and_pass_the_audit(tmp_path: Any
         run = json.load(f)
     assert run["audit"]["ran"] and run["audit"]["exit_code"] == 0, r.stdout[-3000:]
     assert r.returncode == 0
-    assert run["history_version"] == 3 and run["retry"]["max_reconsume_times"] == 2
+    assert run["history_version"] == 4 and run["retry"]["max_reconsume_times"] == 2
     with open(os.path.join(run_dir, "audit", "summary.json")) as f:
         summary = json.load(f)
     counts = summary["counts"]
