@@ -12,6 +12,7 @@ with its status; errors of this layer (ACL, body decoding, the edge guard) the s
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +30,13 @@ from broker.protocol.names import is_client_id
 from broker.retry_api import RetryApi
 from broker.service import BrokerService, PulledMessage, offsets_answer
 from broker.service_base import INT64_MAX
+from broker.service_requests import pull_request, send_request
 from broker.transaction_api import TransactionApi
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
 
 log = logging.getLogger("broker.api")
-
-_PULL_FIELDS = frozenset(
-    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group", "sql"}
-)
-
 
 def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
     return error(request, answer.status, answer.code, answer.message, **answer.extra)
@@ -104,39 +101,24 @@ class BrokerApi:
     async def send(self, request: web.Request) -> web.Response:
         try:
             body = await read_body(request, binary=True)
-            check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}), ("topic", "messages"))
-            topic = check_topic(body["topic"])
-            self.sec.require(request, topics={topic: Perm.PUB})
-        except (InvalidInput, AuthError) as exc:  # refusals after this point are counted by the service
+        except InvalidInput as exc:  # refusals after this point are counted by send_request / the service
             self.s.metrics.send_failed(exc.code)
             raise
-        sent = await self.svc.send(
-            topic,
-            body.get("queue_id", 0),
-            body["messages"],
-            producer_group=body.get("producer_group"),
+        sent = await send_request(
+            self.svc,
+            body,
+            require=functools.partial(self.sec.require, request),
             client_addr=request.remote or "",
+            refused=self.s.metrics.send_failed,
         )
-        return answer(request, sent.to_dict())
+        return answer(request, sent)
 
     async def pull(self, request: web.Request) -> web.Response:
         body = await read_body(request)
-        check_fields(body, _PULL_FIELDS, ("topic", "queue_id", "offset"))
-        topic = check_topic(body["topic"])
-        group = check_group(body["consumer_group"]) if body.get("consumer_group") is not None else None
-        self.sec.require(request, topics={topic: Perm.SUB}, groups={group: Perm.SUB} if group else None)
-        pulled = await self.svc.pull(
-            topic,
-            body["queue_id"],
-            body["offset"],
-            group=group,
-            max_count=body.get("max_count", 32),
-            max_bytes=body.get("max_bytes", 4 << 20),
-            tags=body.get("tags"),
-            sql=body.get("sql"),
-            suspend_ms=body.get("suspend_ms", 0),
+        pulled = await pull_request(
+            self.svc, body, require=functools.partial(self.sec.require, request), broker_name=self.s.cfg.broker_name
         )
-        return answer(request, pulled.to_dict(self.s.cfg.broker_name))
+        return answer(request, pulled)
 
     # -- queries ---------------------------------------------------------------------------------
     async def msg_by_id(self, request: web.Request) -> web.Response:

@@ -10,24 +10,19 @@ Each op takes exactly the map its HTTP route takes and answers exactly the HTTP 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from broker.acl import Perm, check
-from broker.codec import check_fields
-from broker.message import InvalidInput, check_group, check_topic
+from broker.message import InvalidInput
 from broker.protocol.auth import AuthError
 from broker.protocol.frames import Op
 from broker.remoting import Call, CallError
 from broker.service import ServiceError
+from broker.service_requests import pull_request, send_request
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
-
-SEND_FIELDS = frozenset({"topic", "queue_id", "producer_group", "messages"})
-PULL_FIELDS = frozenset(
-    {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group", "sql"}
-)
-
 
 def remoting_error(exc: BaseException) -> CallError | None:
     """The error answer for what a dispatch raised (None: unexpected)."""
@@ -65,38 +60,14 @@ class RemotingOps:
         raise CallError(400, "UNKNOWN_OP", f"op {call.op.name} is not served on this port")
 
     async def send(self, call: Call) -> dict[str, Any]:
-        body = call.body
-        try:
-            check_fields(body, SEND_FIELDS, ("topic", "messages"))
-            topic = check_topic(body["topic"])
-            self._require(call, topics={topic: Perm.PUB})
-        except (InvalidInput, AuthError) as exc:  # refusals after this point are counted by the service
-            self.s.metrics.send_failed(exc.code)
-            raise
-        sent = await self.s.service.send(
-            topic,
-            body.get("queue_id", 0),
-            body["messages"],
-            producer_group=body.get("producer_group"),
+        return await send_request(
+            self.s.service,
+            call.body,
+            require=functools.partial(self._require, call),
             client_addr=call.peer,
+            refused=self.s.metrics.send_failed,
         )
-        return sent.to_dict()
 
     async def pull(self, call: Call) -> dict[str, Any]:
-        body = call.body
-        check_fields(body, PULL_FIELDS, ("topic", "queue_id", "offset"))
-        topic = check_topic(body["topic"])
-        group = check_group(body["consumer_group"]) if body.get("consumer_group") is not None else None
-        self._require(call, topics={topic: Perm.SUB}, groups={group: Perm.SUB} if group else None)
-        pulled = await self.s.service.pull(
-            topic,
-            body["queue_id"],
-            body["offset"],
-            group=group,
-            max_count=body.get("max_count", 32),
-            max_bytes=body.get("max_bytes", 4 << 20),
-            tags=body.get("tags"),
-            sql=body.get("sql"),
-            suspend_ms=body.get("suspend_ms", 0),
-        )
-        return pulled.to_dict(self.s.cfg.broker_name)
+        require = functools.partial(self._require, call)
+        return await pull_request(self.s.service, call.body, require=require, broker_name=self.s.cfg.broker_name)

@@ -29,9 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import sqlite3
-import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +49,7 @@ from broker.protocol.properties import (
     SCHEDULE_PROPS,
     SCHEDULE_TOPIC,
 )
+from broker.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
@@ -158,39 +156,20 @@ def delivered_copy(m: StoredMessage, position: int, store_ts: int, queue_nums: i
     return dataclasses.replace(m, topic=topic, queue_id=qid, properties=props, store_ts=store_ts)
 
 
-class ScheduleIndex:
+class ScheduleIndex(SnapshotIndex):
     """The pending schedule records of one replica (sqlite; changed on the apply thread, committed with
     the store's snapshots; read by the leader's delivery loop)."""
 
     def __init__(self, path: str):
-        self.path = path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = self._connect()
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA cache_size=-4096")  # 4 MiB of pages at most: the pending set lives on disk
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS pending (position INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
-            " due_ms INTEGER NOT NULL, level INTEGER NOT NULL)"
+        super().__init__(
+            path,
+            (
+                "CREATE TABLE IF NOT EXISTS pending (position INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
+                " due_ms INTEGER NOT NULL, level INTEGER NOT NULL)",
+                "CREATE INDEX IF NOT EXISTS pending_due ON pending (due_ms, position)",
+            ),
+            ("pending",),
         )
-        db.execute("CREATE INDEX IF NOT EXISTS pending_due ON pending (due_ms, position)")
-        db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
-        db.execute("BEGIN")
-        return db
-
-    def applied_index(self) -> int | None:
-        with self._lock:
-            row = self._db.execute("SELECT v FROM meta WHERE k='applied_index'").fetchone()
-        return int(row[0]) if row else None
-
-    def reset(self) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM pending")
-            self._db.execute("DELETE FROM meta")
 
     def add(self, position: int, size: int, props: Mapping[str, str]) -> None:
         try:
@@ -284,21 +263,6 @@ class ScheduleIndex:
                 [(int(p), int(sz), int(d), int(lv)) for p, sz, d, lv in rows],
             )
         self.commit(applied_index)
-
-    def commit(self, applied_index: int) -> None:
-        """Make the changes so far one transaction, stamped with the store's applied index."""
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('applied_index', ?)", (applied_index,))
-            self._db.execute("COMMIT")
-            self._db.execute("BEGIN")
-
-    def close(self) -> None:
-        with self._lock:
-            try:
-                self._db.execute("ROLLBACK")  # what the last snapshot did not commit is re-applied
-            except sqlite3.Error:
-                pass
-            self._db.close()
 
 
 class ScheduleService:

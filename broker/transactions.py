@@ -43,9 +43,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import sqlite3
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +57,7 @@ from broker.protocol.properties import (
     PROP_REAL_TOPIC,
     PROP_TRAN_MSG,
 )
+from broker.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
     from broker.server import BrokerServer
@@ -158,38 +156,26 @@ class CheckScheduler:
 
 
 # -- the replicated index ------------------------------------------------------------------------------
-class TransactionIndex:
+class TransactionIndex(SnapshotIndex):
     """Pending halves and resolutions of one replica (sqlite; changed on the apply thread, committed
     with the store's snapshots; read by the leader's check service and the API)."""
 
     def __init__(self, path: str):
-        self.path = path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA cache_size=-4096")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS half (position INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
-            " grp TEXT NOT NULL, topic TEXT NOT NULL, store_ms INTEGER NOT NULL, immunity_ms INTEGER,"
-            " checks INTEGER NOT NULL)"
+        super().__init__(
+            path,
+            (
+                "CREATE TABLE IF NOT EXISTS half (position INTEGER PRIMARY KEY, size INTEGER NOT NULL,"
+                " grp TEXT NOT NULL, topic TEXT NOT NULL, store_ms INTEGER NOT NULL, immunity_ms INTEGER,"
+                " checks INTEGER NOT NULL)",
+                "CREATE INDEX IF NOT EXISTS half_age ON half (store_ms, position)",
+                "CREATE TABLE IF NOT EXISTS resolved (position INTEGER PRIMARY KEY, state TEXT NOT NULL,"
+                " copy_position INTEGER, queue_offset INTEGER)",
+            ),
+            ("half", "resolved"),
         )
-        self._db.execute("CREATE INDEX IF NOT EXISTS half_age ON half (store_ms, position)")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS resolved (position INTEGER PRIMARY KEY, state TEXT NOT NULL,"
-            " copy_position INTEGER, queue_offset INTEGER)"
-        )
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
-        self._db.execute("BEGIN")
         self.counters = {"halves": 0, "committed": 0, "rolled_back": 0, "discarded": 0, "second_copies": 0}
 
     # -- reads (any thread) ---------------------------------------------------------------------------
-    def applied_index(self) -> int | None:
-        with self._lock:
-            row = self._db.execute("SELECT v FROM meta WHERE k='applied_index'").fetchone()
-        return int(row[0]) if row else None
-
     def half(self, position: int) -> Half | None:
         with self._lock:
             row = self._db.execute(f"SELECT {_HALF_COLS} FROM half WHERE position = ?", (position,)).fetchone()
@@ -334,12 +320,6 @@ class TransactionIndex:
             self._db.execute("DELETE FROM resolved WHERE position < ?", (first_position,))
         return lost
 
-    def reset(self) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM half")
-            self._db.execute("DELETE FROM resolved")
-            self._db.execute("DELETE FROM meta")
-
     def rebuild(self, records: Iterable[tuple[int, bytes]], applied_index: int) -> None:
         """Derive the index from the log's records (position order)."""
         from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header
@@ -380,19 +360,6 @@ class TransactionIndex:
             )
         self.commit(applied_index)
 
-    def commit(self, applied_index: int) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('applied_index', ?)", (applied_index,))
-            self._db.execute("COMMIT")
-            self._db.execute("BEGIN")
-
-    def close(self) -> None:
-        with self._lock:
-            try:
-                self._db.execute("ROLLBACK")  # what the last snapshot did not commit is re-applied
-            except sqlite3.Error:
-                pass
-            self._db.close()
 
 
 _HALF_COLS = "position, size, grp, topic, store_ms, immunity_ms, checks"
