@@ -138,6 +138,7 @@ class BrokerCluster:
             await server.registrar.close()
             if server._runner is not None:
                 await server._runner.cleanup()
+            await server.remoting.stop()  # a dead process's listening sockets go with it
             await server.node.stop()
             server.store._syncer.shutdown(wait=True)
             server.store.cqs.close()
