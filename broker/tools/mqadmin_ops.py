@@ -31,20 +31,20 @@ from broker.client.admin import (
 from broker.client.allocate import allocate_averagely
 from broker.client.transport import ClientError
 from broker.protocol.routes import BrokerData
-from broker.tools.mqadmin import (
+from broker.tools.mqadmin_cluster import group_members
+from broker.tools.mqadmin_format import (
     Output,
     Runner,
     body_text,
     format_table,
     format_ts,
-    group_members,
     non_negative_int,
     parse_timestamp,
-    pull_range,
     render_message_table,
     render_outcomes,
     to_jsonable,
 )
+from broker.tools.mqadmin_messages import pull_range
 from dledger.clock import process_clock
 
 CLUSTER_RT_AMOUNT_MAX = 1000

@@ -17,7 +17,7 @@ from broker.client.admin import (
     check_name,
     check_topic,
 )
-from broker.tools.mqadmin import Output, Runner, format_table, format_ts, to_jsonable
+from broker.tools.mqadmin_format import Output, Runner, format_table, format_ts, to_jsonable
 
 HALVES_MAX = 1000  # the broker's bound per answer
 

@@ -27,7 +27,7 @@ from broker.schedule import (
     delivered_copy,
     parse_delay_levels,
 )
-from broker.tools.mqadmin import message_details
+from broker.tools.mqadmin_format import message_details
 from dledger.config import ConfigError
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster

@@ -30,7 +30,8 @@ from aiohttp import web
 from broker.client.admin import Admin, BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
 from broker.protocol.auth import Credentials, CredentialsError
-from broker.tools.mqadmin import body_text, format_ts, group_members, perm_text
+from broker.tools.mqadmin_cluster import group_members
+from broker.tools.mqadmin_format import body_text, format_ts, perm_text
 from broker.tools.mqadmin_ops import scrape_metrics
 
 log = logging.getLogger("broker.tools.dashboard")

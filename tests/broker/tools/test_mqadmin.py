@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from broker.tools.mqadmin import format_table, main, parse_timestamp, to_jsonable
+from broker.tools.mqadmin import main
+from broker.tools.mqadmin_format import format_table, parse_timestamp, to_jsonable
 from tests.broker.inproc_cluster import WAIT_S, Group, InProcBrokerCluster
 from tests.broker.tools.conftest import ClusterFactory, Mqadmin
 from tests.dledger.harness import wait_until
