@@ -15,7 +15,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from broker.client.admin import Admin, check_key
+from broker.client.admin import Admin
+from broker.client.admin_checks import check_key
 from broker.client.trace import (
     TRACE_TOPIC_DEFAULT,
     TraceCodecError,

@@ -23,7 +23,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from broker.client.admin import Admin, FanOutError, InvalidArgument
+from broker.client.admin import Admin
+from broker.client.admin_records import FanOutError, InvalidArgument
 from broker.client.trace import TRACE_TOPIC_DEFAULT
 from broker.client.transport import DEFAULT_NAMESRV, ClientError, add_security_arguments, security_kwargs
 from broker.protocol.auth import CredentialsError

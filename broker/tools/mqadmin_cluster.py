@@ -8,7 +8,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from broker.client.admin import Admin, answers_checked, check_group, path_part
+from broker.client.admin import Admin
+from broker.client.admin_checks import answers_checked, check_group, path_part
 from broker.client.transport import ClientError
 from broker.tools.mqadmin_format import (
     Output,

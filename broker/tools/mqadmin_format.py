@@ -13,7 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from broker.client.admin import Admin, BrokerMember, MessageView, Outcome
+from broker.client.admin import Admin
+from broker.client.admin_records import BrokerMember, MessageView, Outcome
 from broker.client.transport import TopicRoute
 from broker.protocol import route_wire
 

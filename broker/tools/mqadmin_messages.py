@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import AsyncIterator, Callable
 
-from broker.client.admin import Admin, InvalidArgument, MessageView, check_topic
+from broker.client.admin import Admin
+from broker.client.admin_checks import check_topic
+from broker.client.admin_records import InvalidArgument, MessageView
 from broker.client.message_selector import MessageSelector
 from broker.client.trace_query import (
     TIMELINE_HEADERS,

@@ -15,12 +15,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client.admin import (
-    Admin,
-    FanOutError,
-    InvalidArgument,
-    MessageView,
-    Outcome,
+from broker.client.admin import Admin
+from broker.client.admin_checks import (
     answers_checked,
     check_addr,
     check_group,
@@ -28,6 +24,7 @@ from broker.client.admin import (
     check_topic,
     path_part,
 )
+from broker.client.admin_records import FanOutError, InvalidArgument, MessageView, Outcome
 from broker.client.allocate import allocate_averagely
 from broker.client.transport import ClientError
 from broker.protocol.routes import BrokerData

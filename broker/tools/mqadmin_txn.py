@@ -8,15 +8,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from broker.client.admin import (
-    Admin,
-    InvalidArgument,
-    answers_checked,
-    check_addr,
-    check_group,
-    check_name,
-    check_topic,
-)
+from broker.client.admin import Admin
+from broker.client.admin_checks import answers_checked, check_addr, check_group, check_name, check_topic
+from broker.client.admin_records import InvalidArgument
 from broker.tools.mqadmin_format import Output, Runner, format_table, format_ts, to_jsonable
 
 HALVES_MAX = 1000  # the broker's bound per answer

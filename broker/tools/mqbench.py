@@ -34,7 +34,9 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from broker.client.admin import Admin, InvalidArgument, check_group, check_topic
+from broker.client.admin import Admin
+from broker.client.admin_checks import check_group, check_topic
+from broker.client.admin_records import InvalidArgument
 from broker.client.transport import ClientError, add_security_arguments, parse_addrs, security_kwargs
 from broker.protocol.auth import CredentialsError
 from broker.protocol.limits import MESSAGE_BYTES_MAX

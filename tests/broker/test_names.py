@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from broker.client.admin import InvalidArgument, check_name
+from broker.client.admin_checks import check_name
+from broker.client.admin_records import InvalidArgument
 from broker.client.message import Message, check_group, check_message
 from broker.client.transport import ClientError
 from broker.consume_queue import ConsumeQueueStore

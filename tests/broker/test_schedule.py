@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
-from broker.client.admin import message_from_dict
+from broker.client.admin_records import message_from_dict
 from broker.client.transport import ClientError
 from broker.config import load_broker_config
 from broker.message import InvalidInput, StoredMessage, decode_message, encode_message

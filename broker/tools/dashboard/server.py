@@ -27,7 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.client.admin import Admin, BrokerMember, InvalidArgument, MessageView
+from broker.client.admin import Admin
+from broker.client.admin_records import BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import ClientError, add_security_arguments, security_kwargs
 from broker.protocol.auth import Credentials, CredentialsError
 from broker.tools.mqadmin_cluster import group_members

@@ -10,13 +10,9 @@ import sys
 
 import pytest
 
-from broker.client.admin import (
-    Admin,
-    FanOutError,
-    InvalidArgument,
-    QueueStatus,
-    parse_msg_id,
-)
+from broker.client.admin import Admin
+from broker.client.admin_checks import parse_msg_id
+from broker.client.admin_records import FanOutError, InvalidArgument, QueueStatus
 from broker.client.transport import ClientError, Transport
 from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import InProcBrokerCluster
