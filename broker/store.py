@@ -30,6 +30,9 @@ appends one every ``stateEntryIntervalMs`` and right after installing a follower
 leader's metadata and per-queue max offsets as of an index A ≥ the anchor. The follower then takes
 that state, rebuilds its queues for the retained entries up to A (counting backwards from the max
 offsets) and re-applies A+1 .. the state entry from its own log, exactly as the leader did.
+
+Modules: this one applies and reads; ``store_state.py`` holds the state entries, ``store_rebuild.py``
+the rebuilding from the log, ``store_snapshot.py`` the snapshot file.
 """
 
 from __future__ import annotations
@@ -38,8 +41,7 @@ import concurrent.futures
 import logging
 import os
 import threading
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
@@ -59,13 +61,12 @@ from broker.message import (
     tag_hash,
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
-from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, PROP_SCHED_POS, SCHEDULE_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
 from broker.schedule import ScheduleIndex
+from broker.store_snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
+from broker.store_state import StoreStateEntries
 from broker.transactions import TransactionIndex
 from dledger.clock import SYSTEM, Clock
-from dledger.durable import atomic_write
-from dledger.log_store import StoreError
-from dledger.records import to_committed
 
 if TYPE_CHECKING:
     from dledger.log_store import LogReader
@@ -73,7 +74,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker.store")
 
-SNAPSHOT_VERSION = 1
 WRITE_OUT_EVERY_UNITS = 8192
 
 
@@ -89,7 +89,7 @@ class CorruptMessage(Exception):
     """The record's bytes do not match its CRC on this replica (damaged storage)."""
 
 
-class MessageStore:
+class MessageStore(StoreStateEntries):
     def __init__(
         self,
         root: str,
@@ -139,7 +139,7 @@ class MessageStore:
         """Recover against the node's log (before the node starts applying)."""
         self._log = log_store
         self._log_first_index = log_store.first_index
-        snap = _read_snapshot(self._snapshot_path())
+        snap = read_snapshot(self._snapshot_path())
         expected: dict[tuple[str, int], int] = {}
         if snap is not None:
             self._applied = int(snap["applied_index"])
@@ -342,78 +342,6 @@ class MessageStore:
         # Only topic changes concern the NameServers (offset commits are frequent and local).
         return "error" not in result and str(cmd.get("op", "")).startswith("topic."), result
 
-    # -- state entries (followers behind retention) ---------------------------------------------
-    def capture_state(self) -> dict[str, Any]:
-        """The ``state`` command for this replica's state now (call on the tick thread)."""
-        self._owned()
-        with self._md_lock:
-            md = self.metadata.to_snapshot()
-        return {
-            "op": "state",
-            "as_of": self._applied,
-            "metadata": md,
-            "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
-            # the pending delayed messages, so the follower skips the same second copies
-            "schedule": self.schedule.rows(),
-            "transactions": self.txn.rows(),  # pending halves and resolutions (broker/transactions.py)
-        }
-
-    def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
-        """In needs-state mode: the bodies of ``e`` still to apply ([] until a usable state)."""
-        anchor = self.needs_state_after
-        assert anchor is not None
-        for position, body in e.bodies:
-            end = position + len(body)
-            if end > self.applied_end_position:
-                self.applied_end_position = end
-        for k, (_position, body) in enumerate(e.bodies):
-            if body[:1] != COMMAND_MAGIC:
-                continue
-            try:
-                cmd = decode_command(body)
-            except (ValueError, msgpack.UnpackException):
-                continue
-            if cmd.get("op") != "state" or not anchor <= int(cmd.get("as_of", -1)) < e.index:
-                continue
-            self._load_state(cmd, e.index, touched)
-            # The rest of this entry (sends grouped with the state) comes after the state's as_of.
-            return [b for i, b in enumerate(e.bodies) if i != k]
-        return []
-
-    def _load_state(self, cmd: dict[str, Any], state_index: int, touched: set[tuple[str, int]]) -> None:
-        as_of = int(cmd["as_of"])
-        with self._md_lock:
-            self.metadata = Metadata.from_snapshot(cmd["metadata"])
-        for topic in self.cqs.topics():
-            self.cqs.delete_topic(topic)
-        self._queue_cache.clear()
-        self.dedup.begin_restore(None)  # starts again from the entries re-applied below
-        self._applied = as_of
-        self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
-        self.schedule.load_rows(cmd.get("schedule") or [], as_of)
-        self.txn.load_rows(cmd.get("transactions") or {}, as_of)
-        self.needs_state_after = None
-        assert self._log is not None
-        index = as_of + 1
-        while index < state_index:
-            raw = self._log.read_range(index, min(512, state_index - index), 8 << 20)
-            if not raw:
-                break
-            for entry in raw:
-                if entry.index >= state_index:
-                    break
-                committed = to_committed(entry, self._log)
-                self._entry_index = entry.index
-                for position, body in committed.bodies:
-                    if body[:1] in MESSAGE_MAGICS:
-                        self._dispatch(position, body, touched)
-                    elif body[:1] == COMMAND_MAGIC:
-                        self._command(position, body)
-            index = raw[-1].index + 1
-        self._entry_index = state_index
-        self.counters["state_loads"] += 1
-        log.warning("state as of index %d loaded (entry %d): this replica serves again", as_of, state_index)
-
     # -- snapshots -----------------------------------------------------------------------------
     def _snapshot_path(self) -> str:
         return os.path.join(self.root, "snapshot")
@@ -460,7 +388,7 @@ class MessageStore:
             for p in pending:
                 finish_flush(p)
             self.index.flush()
-            _write_snapshot(self._snapshot_path(), snap)
+            write_snapshot(self._snapshot_path(), snap)
             self._durable_applied = int(snap["applied_index"])  # one int store: read by the tick thread
         except Exception:
             log.exception("store snapshot failed (recovery replays from the previous one)")
@@ -506,142 +434,6 @@ class MessageStore:
             log.error("transaction half at position %d (group %s) was removed by log retention while pending",
                       h.position, h.group)
 
-    # -- rebuilding from the log -----------------------------------------------------------------
-    def _restore_dedup(self, checkpoint: dict[str, Any] | None) -> None:
-        """Re-add the messages of the snapshot's de-duplication window (from its oldest entry's log
-        index up to the snapshot's applied index): the window is what it was before the restart."""
-        start = self.dedup.begin_restore(checkpoint)
-        if start is None or self._log is None:
-            return
-        start_index, start_position = start
-        index = max(start_index, self._log.first_index)
-        last = min(self._applied, self._log.last_index)
-        batch = 512
-        while index <= last:
-            try:
-                raw = self._log.read_range(index, min(batch, last - index + 1), 8 << 20)
-            except StoreError as exc:  # a damaged entry: reads refuse it anyway; find it, skip it
-                if batch > 1:
-                    batch = 1
-                    continue
-                log.error("de-duplication window: log entry %d is unreadable (%s): skipped", index, exc)
-                index += 1
-                continue
-            batch = 512
-            if not raw:
-                break
-            for entry in raw:
-                for position, body in to_committed(entry, self._log).bodies:
-                    if body[:1] not in MESSAGE_MAGICS or position < start_position:
-                        continue
-                    try:
-                        h, _ = decode_header(body)
-                    except ValueError:
-                        continue
-                    cq = self.cqs.get(h[0], int(h[1]))
-                    offset = cq.search_by_position(position) if cq is not None else None
-                    self.dedup.add(
-                        sent_topic(h[0], h[5]), h[9], position=position, queue_id=int(h[1]),
-                        queue_offset=-1 if offset is None else offset, store_ts=int(h[8]), index=entry.index,
-                    )
-            index = raw[-1].index + 1
-        if not self.dedup.end_restore():
-            log.warning("the de-duplication window could not be rebuilt exactly (log retention passed it)")
-        log.info("de-duplication window restored: %d messages from log index %d", len(self.dedup), start_index)
-
-    def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
-        """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
-        assert self._log is not None
-        index = self._log.first_index
-        last = min(until_index, self._log.last_index)
-        while index <= last:
-            raw = self._log.read_range(index, min(512, last - index + 1), 8 << 20)
-            if not raw:
-                break
-            for entry in raw:
-                for position, body in to_committed(entry, self._log).bodies:
-                    if body[:1] in MESSAGE_MAGICS or body[:1] == COMMAND_MAGIC:
-                        yield position, body
-            index = raw[-1].index + 1
-
-    def _scan_messages(self, until_index: int) -> Iterable[tuple[int, bytes]]:
-        for position, body in self._scan_records(until_index):
-            if body[:1] in MESSAGE_MAGICS:
-                yield position, body
-
-    def _queue_members(self, wanted: set[tuple[str, int]]) -> Iterable[tuple[tuple[str, int], int, bytes]]:
-        """(queue, position, record) of the messages that belong to ``wanted`` queues now: a
-        ``topic.delete`` in the log drops the topic's earlier messages, as applying did."""
-        deleted_at: dict[str, int] = {}
-        txn_ended_at: dict[str, int] = {}  # half position -> where a rollback or discard resolved it
-        for position, body in self._scan_records(self._applied):
-            if body[:1] == COMMAND_MAGIC:
-                try:
-                    cmd = decode_command(body)
-                except (ValueError, msgpack.UnpackException):
-                    continue
-                if cmd.get("op") == "topic.delete":
-                    deleted_at[str(cmd.get("topic"))] = position
-                ended = [cmd.get("position")] if cmd.get("op") == "txn.end" else []
-                ended += cmd.get("positions") or [] if cmd.get("op") == "txn.discard" else []
-                for p in ended:
-                    txn_ended_at.setdefault(str(p), position)
-        copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
-        for position, body in self._scan_messages(self._applied):
-            try:
-                h, _ = decode_header(body)
-            except ValueError:
-                continue
-            sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
-            if sched_pos is not None:
-                if sched_pos in copies:
-                    continue
-                copies.add(sched_pos)
-            half_pos = h[5].get(PROP_HALF_POS) if isinstance(h[5], dict) else None
-            if half_pos is not None:  # a commit: only the first, and none after a rollback
-                if "T" + half_pos in copies or txn_ended_at.get(half_pos, position + 1) < position:
-                    continue
-                copies.add("T" + half_pos)
-            key = (h[0], int(h[1]))
-            if key in wanted and position > deleted_at.get(key[0], -1):
-                yield key, position, body
-
-    def _rebuild_queues(self, want_max: dict[tuple[str, int], int]) -> None:
-        """Rebuild these queues from the log up to the snapshot; ``want_max`` = max offset there."""
-        counts: dict[tuple[str, int], int] = dict.fromkeys(want_max, 0)
-        for key, _position, _body in self._queue_members(set(want_max)):
-            counts[key] += 1
-        queues: dict[tuple[str, int], ConsumeQueue] = {}
-        for key, n in counts.items():
-            if n > want_max[key]:
-                log.error(
-                    "rebuilding %s/%d: the log holds %d messages but the snapshot says %d: using the log",
-                    key[0], key[1], n, want_max[key],
-                )
-            cq = self.cqs.reset_queue(*key)
-            base = max(0, want_max[key] - n)
-            if base:
-                cq.set_base(base)
-            queues[key] = cq
-        for key, position, body in self._queue_members(set(want_max)):
-            h, _ = decode_header(body)
-            queues[key].append(position, len(body), tag_hash(h[3]), int(h[8]))
-        for cq in queues.values():
-            cq.flush()
-        self.counters["rebuilt_queues"] += len(queues)
-
-    def _reindex_keys(self, from_position: int) -> None:
-        log.warning("key index damaged or unclean: re-indexing keys from log position %d", from_position)
-        for position, body in self._scan_messages(self._applied):
-            if position < from_position:
-                continue
-            h, _ = decode_header(body)
-            for k in h[4]:
-                self.index.put(h[0], k, position, int(h[8]))
-            if h[9]:
-                self.index.put(h[0], h[9], position, int(h[8]))
-        self.index.flush()
-
     # -- reads (any thread) -------------------------------------------------------------------------
     def metadata_view(self) -> Metadata:
         """A consistent copy (cheap: metadata is small)."""
@@ -686,25 +478,3 @@ class MessageStore:
             raise
         except Exception as exc:  # out of range, removed by retention, not a record
             raise MessageNotFound(f"no message at position {position}: {exc}") from None
-
-
-# -- the snapshot file ---------------------------------------------------------------------------
-def _write_snapshot(path: str, snap: dict[str, Any]) -> None:
-    payload = msgpack.packb(snap, use_bin_type=True)
-    atomic_write(path, zlib.crc32(payload).to_bytes(4, "little") + payload)
-
-
-def _read_snapshot(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    if len(data) < 4 or zlib.crc32(data[4:]) != int.from_bytes(data[:4], "little"):
-        log.error("store snapshot %s is damaged: rebuilding consume queues from the log", path)
-        return None
-    snap = msgpack.unpackb(data[4:], raw=False, strict_map_key=False)
-    if not isinstance(snap, dict) or snap.get("version") != SNAPSHOT_VERSION:
-        log.error("store snapshot %s has an unknown version: ignored", path)
-        return None
-    return snap

@@ -28,7 +28,8 @@ from broker.client.offset_store import RemoteOffsetStore
 from broker.client.transport import ClientError, Transport
 from broker.message import COMMAND_MAGIC, decode_command, encode_command
 from broker.metadata import Metadata
-from broker.store import MessageStore, _read_snapshot
+from broker.store import MessageStore
+from broker.store_snapshot import read_snapshot
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry
@@ -147,7 +148,7 @@ def test_generation_survives_a_store_restart(tmp_path: Any) -> None:
         ms.apply(_history(log))
     finally:
         ms.close()
-    snap = _read_snapshot(os.path.join(root, "snapshot"))
+    snap = read_snapshot(os.path.join(root, "snapshot"))
     assert snap is not None and snap["applied_index"] == 3
     assert snap["metadata"]["reset_generations"] == [["g", TOPIC, 1]]
     again = _store(root, log)  # recovers from the snapshot: nothing is applied again
@@ -404,7 +405,7 @@ async def test_raw_api_refuses_a_stale_commit_with_409(cluster: BrokerCluster) -
         follower = next(nid for nid, b in cluster.brokers.items() if b is not leader)
         store_dir = cluster.config(follower).store_dir
         await cluster.stop_broker(follower)
-        snap = _read_snapshot(os.path.join(store_dir, "snapshot"))
+        snap = read_snapshot(os.path.join(store_dir, "snapshot"))
         assert snap is not None and snap["metadata"]["reset_generations"] == [["g", "RAW", 2]]
         await cluster.start_broker(follower)
 

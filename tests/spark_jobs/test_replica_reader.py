@@ -12,7 +12,7 @@ import pytest
 
 from broker.consume_queue import ConsumeQueue, ConsumeQueueStore
 from broker.message import StoredMessage, encode_command, encode_message
-from broker.store import _write_snapshot
+from broker.store_snapshot import write_snapshot
 from dledger.command_codec import body_offsets, encode_batch
 from dledger.entry_codec import HEADER_SIZE, MAGIC
 from dledger.entry_store import EntryStore
@@ -214,7 +214,7 @@ def test_store_snapshot(tmp_path: Path) -> None:
         "queues": [["T", 0, 3], ["T", 1, 5]],
         "needs_state_after": None,
     }
-    _write_snapshot(str(tmp_path / "snapshot"), snap)
+    write_snapshot(str(tmp_path / "snapshot"), snap)
     got = read_store_snapshot(str(tmp_path))
     assert got is not None
     assert (got.applied_index, got.end_position, got.queues) == (9, 4242, {("T", 0): 3, ("T", 1): 5})
