@@ -33,7 +33,7 @@ from broker.client.transport import ClientError, add_security_arguments, securit
 from broker.protocol.auth import Credentials, CredentialsError
 from broker.tools.mqadmin_cluster import group_members
 from broker.tools.mqadmin_format import body_text, format_ts, perm_text
-from broker.tools.mqadmin_ops import scrape_metrics
+from broker.tools.mqadmin_stats import scrape_metrics
 
 log = logging.getLogger("broker.tools.dashboard")
 
