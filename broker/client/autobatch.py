@@ -14,7 +14,9 @@ queue offset and message id) or its own error.
 - The batch request is bounded by the latest caller deadline; each caller waits at most until its
   own deadline (then ``TIMEOUT``, outcome unknown, like any send that got no answer).
 - A failed batch gives every caller its own copy of the error: callers then retry one by one (their
-  retries may be batched again).
+  retries may be batched again). A batch the broker refuses as MESSAGE_TOO_LARGE (its
+  ``maxMessageSize`` bounds one request's bodies) is split in halves down to single messages, and
+  later batches stay under half the refused size.
 
 Messages that are never batched: delayed or timed ones (the broker moves them to the schedule topic
 one by one), and calls that are already batches (``send_batch``).
@@ -141,6 +143,15 @@ class AutoBatcher:
                 raise ClientError("BAD_ANSWER", f"a batch of {len(waiting)} was answered with "
                                   f"{len(results) if isinstance(results, list) else '?'} results")
         except ClientError as exc:
+            if exc.code == "MESSAGE_TOO_LARGE" and len(waiting) > 1:
+                # The broker's maxMessageSize bounds a request's bodies and may be below max_bytes:
+                # each message fitted on its own, so send the halves (down to single messages) and
+                # keep later batches under what was refused.
+                refused = sum(len(w.item.get("body", b"")) for w in waiting)
+                self.max_bytes = max(1, min(self.max_bytes, refused // 2))
+                half = len(waiting) // 2
+                await asyncio.gather(self._send(mq, waiting[:half]), self._send(mq, waiting[half:]))
+                return
             for w in waiting:
                 if not w.future.done():
                     w.future.set_exception(copy_error(exc))

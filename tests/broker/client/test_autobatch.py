@@ -126,3 +126,35 @@ async def test_a_lost_batch_answer_is_retried_per_caller_and_stored_once(make_cl
     assert len(stored) == 8
     for r in results:
         assert stored[r.queue_offset]["unique_id"] == r.unique_id
+
+
+class SmallBroker(Broker):
+    """A broker whose maxMessageSize (the bodies of one request) is 4096 bytes."""
+
+    async def __call__(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        total = sum(len(it["body"]) for it in items)
+        if total > 4096:
+            self.requests.append((mq, items))
+            raise ClientError("MESSAGE_TOO_LARGE", f"batch bodies of {total} bytes exceed 4096", status=400)
+        return await super().__call__(mq, items, deadline)
+
+
+async def test_a_batch_over_the_brokers_size_limit_is_split_until_each_message_fits() -> None:
+    """Found by CI (tests/spark_jobs/test_source_retention.py, brokers at maxMessageSize=4096): 3 KB
+    sends that each fit were merged into one 8 KB batch and every caller got MESSAGE_TOO_LARGE. Now
+    the batch is split (halves, then single messages) and every caller gets its own result; a
+    message too large on its own still gets the broker's refusal, and later batches stay under the
+    size the broker refused."""
+    broker = SmallBroker()
+    b = AutoBatcher(broker, max_delay_ms=50)
+    results = await asyncio.gather(*(b.send(MQ, item(i, 3000), deadline()) for i in range(4)))
+    assert sorted(r.unique_id for r in results) == [f"U{i:031d}" for i in range(4)]
+    assert len({r.queue_offset for r in results}) == 4
+    refused = len(broker.requests) - 4
+    assert refused >= 1
+    with pytest.raises(ClientError) as info:
+        await b.send(MQ, item(9, 5000), deadline())
+    assert info.value.code == "MESSAGE_TOO_LARGE"
+    broker.requests.clear()
+    await asyncio.gather(*(b.send(MQ, item(20 + i, 3000), deadline()) for i in range(2)))
+    assert all(sum(len(it["body"]) for it in items) <= 4096 for _, items in broker.requests)
