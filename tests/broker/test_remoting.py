@@ -213,8 +213,9 @@ async def test_in_flight_cap_stops_reading_until_answers_go_out(serve: Serve) ->
     try:
         calls = [asyncio.create_task(conn.call(Op.SEND, {"n": i, "park": True}, 20.0)) for i in range(10)]
         await wait_until(lambda: len(gate.entered) == 3, 10.0, "the expected state")
-        await asyncio.sleep(0.2)  # give the broker a chance to (wrongly) start more
-        assert len(gate.entered) == 3 and server.stats.paused >= 1
+        # reading paused at the cap: the other 7 requests stay in the socket, none can start
+        await wait_until(lambda: server.stats.paused >= 1, 10.0, "reading paused at the cap")
+        assert len(gate.entered) == 3
         for i in range(10):
             await wait_until(lambda i=i: i in gate.entered, 10.0, "the expected state")
             assert len(gate.entered) - i <= 3  # never more than 3 handled at once
