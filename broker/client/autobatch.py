@@ -7,8 +7,12 @@ queue offset and message id) or its own error.
     send(m2) ─┼─ linger ≤ 1 ms ─▶ POST /v1/send [m1, m2, m3] ─▶ SendResult(m2, offset n+1)
     send(m3) ─┘  (or count/bytes full)  └─▶ SendResult(m3, offset n+2)
 
-- A batch closes when its first message has waited ``batch_max_delay_ms``, or it holds
-  ``batch_max_count`` messages or ``batch_max_bytes`` of bodies (then it goes at once).
+- A send to a queue with no batch request in flight goes at once (with whatever other sends
+  reached the queue in the same event-loop turn): a lone synchronous sender never waits for the
+  linger. While a batch to that queue is in flight, new sends gather and go when it is answered,
+  when the first of them has waited ``batch_max_delay_ms``, or when they reach
+  ``batch_max_count`` messages or ``batch_max_bytes`` of bodies, whichever comes first (Nagle's
+  rule with a bounded linger: the batch grows with the round trip, up to the limits).
 - Each message keeps its own ``unique_id`` and ``born_ts``, so an idempotent retry of one caller's
   message (broker/dedup.py) is recognised whatever batch it travelled in before.
 - The batch request is bounded by the latest caller deadline; each caller waits at most until its
@@ -54,7 +58,7 @@ class _Batch:
     def __init__(self) -> None:
         self.waiting: list[_Waiting] = []
         self.bytes = 0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -90,6 +94,7 @@ class AutoBatcher:
         self.max_count = max_count
         self.max_bytes = max_bytes
         self._open: dict[MessageQueue, _Batch] = {}
+        self._in_flight: dict[MessageQueue, int] = {}  # batch requests sent and not yet answered
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # requests sent (for tests and stats)
         self.messages = 0
@@ -104,7 +109,10 @@ class AutoBatcher:
             batch = None
         if batch is None:
             batch = self._open[mq] = _Batch()
-            batch.timer = loop.call_later(self.max_delay_s, self._flush, mq)
+            if self._in_flight.get(mq, 0):
+                batch.timer = loop.call_later(self.max_delay_s, self._flush, mq)
+            else:  # nothing in flight to this queue: go at the end of this loop turn
+                batch.timer = loop.call_soon(self._flush, mq)
         waiting = _Waiting(item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
@@ -128,9 +136,22 @@ class AutoBatcher:
             return
         if batch.timer is not None:
             batch.timer.cancel()
-        task = asyncio.get_running_loop().create_task(self._send(mq, batch.waiting))
+        self._in_flight[mq] = self._in_flight.get(mq, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._send_one(mq, batch.waiting))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _send_one(self, mq: MessageQueue, waiting: list[_Waiting]) -> None:
+        try:
+            await self._send(mq, waiting)
+        finally:
+            left = self._in_flight[mq] - 1
+            if left:
+                self._in_flight[mq] = left
+            else:
+                del self._in_flight[mq]
+            if mq in self._open:  # sends gathered while this one was in flight: they go now
+                self._flush(mq)
 
     async def _send(self, mq: MessageQueue, waiting: list[_Waiting]) -> None:
         self.batches += 1

@@ -96,6 +96,51 @@ async def test_a_caller_waits_no_longer_than_its_own_deadline() -> None:
     assert (await long).unique_id == f"U{2:031d}"
 
 
+async def test_a_lone_sender_does_not_wait_for_the_linger() -> None:
+    """Found measuring issue 13: with a fixed 1 ms linger one synchronous sender got 383 msgs/s
+    against 665 with batching off. A send to a queue with nothing in flight goes at once."""
+    broker = Broker()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    for i in range(3):
+        r = await asyncio.wait_for(b.send(MQ, item(i), deadline()), 5.0)
+        assert r.queue_offset == 100 + i
+    assert [len(items) for _, items in broker.requests] == [1, 1, 1]
+
+
+async def test_sends_gather_while_a_batch_is_in_flight_and_go_when_it_is_answered() -> None:
+    broker = Broker()
+    broker.gate = asyncio.Event()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    first = asyncio.create_task(b.send(MQ, item(0), deadline()))
+    await asyncio.wait_for(_until(lambda: len(broker.requests) == 1), 5.0)  # went at once
+    later = [asyncio.create_task(b.send(MQ, item(i), deadline())) for i in range(1, 6)]
+    other = asyncio.create_task(b.send(MQ2, item(9), deadline()))  # another queue is idle: at once
+    await asyncio.wait_for(_until(lambda: len(broker.requests) == 2), 5.0)
+    await asyncio.sleep(0.05)
+    assert [(mq.queue_id, len(items)) for mq, items in broker.requests] == [(0, 1), (1, 1)]
+    broker.gate.set()
+    results = await asyncio.wait_for(asyncio.gather(first, *later, other), 5.0)
+    assert [(mq.queue_id, len(items)) for mq, items in broker.requests] == [(0, 1), (1, 1), (0, 5)]
+    assert [r.unique_id for r in results[1:6]] == [f"U{i:031d}" for i in range(1, 6)]
+
+
+async def test_gathered_sends_go_after_the_linger_even_if_the_batch_in_flight_hangs() -> None:
+    broker = Broker()
+    broker.gate = asyncio.Event()
+    b = AutoBatcher(broker, max_delay_ms=20)
+    first = asyncio.create_task(b.send(MQ, item(0), deadline()))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(b.send(MQ, item(1), deadline()))
+    await asyncio.wait_for(_until(lambda: len(broker.requests) == 2), 5.0)
+    broker.gate.set()
+    await asyncio.gather(first, second)
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.005)
+
+
 async def test_linger_zero_means_no_batcher() -> None:
     from broker.client import Producer
 
