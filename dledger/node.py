@@ -273,7 +273,7 @@ class DLedgerNode:
         self._started.set()
         try:
             while not self._stopping.is_set():
-                self.core.tick(0.05)
+                self.core.tick(self.core.wait_s(0.05))
         except BaseException as exc:
             log.critical("tick thread died: %s", exc, exc_info=True)
             self._fatal = exc

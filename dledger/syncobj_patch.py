@@ -227,6 +227,7 @@ class DLedgerSyncObj(SyncObj):
         self.dl_max_queued_bytes = max_queued_bytes
         self.dl_batch_bytes = batch_bytes
         self.dl_rotation = 0
+        self.dl_commit_sent = 0  # the commit index the last round of appends told the followers
         self.dl_rewinds_prevented = 0
         self.dl_installs_sent = 0
         self.dl_last_install: dict[Any, float] = {}
@@ -663,6 +664,7 @@ class DLedgerSyncObj(SyncObj):
     # -- item 4: replication --------------------------------------------------------------------
     def _SyncObj__sendAppendEntries(self) -> None:
         self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self.dl_conf.appendEntriesPeriod
+        self.dl_commit_sent = int(self._SyncObj__raftCommitIndex)
         nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
         if not nodes:
             return

@@ -73,6 +73,7 @@ async def test_pull_reads_from_a_follower_and_commits_follow_not_leader(make_clu
     g = cluster.groups[0]
     n0, n2 = g.replicas[0], g.replicas[2]
     await g.put("T", 0, 3)
+    await g.wait_replicated()  # the followers learn the commit with the next append, or ~2 ms later
     mq = MessageQueue("T", g.name, 0)
     async with PullConsumer("pc", cluster.namesrv_addr, credentials=CONSUMER) as pc:
         await pc.fetch_message_queues("T")
