@@ -109,7 +109,11 @@ class PeerNode(TCPNode):
     """A peer known by its address, hashed the same way in every process (no PYTHONHASHSEED)."""
 
     def __hash__(self) -> int:
-        return zlib.crc32(self.address.encode())
+        # Hashed on every dict lookup of the Raft state (next/match index per peer): computed once.
+        h: int | None = self.__dict__.get("_dl_hash")
+        if h is None:
+            h = self.__dict__["_dl_hash"] = zlib.crc32(self.address.encode())
+        return h
 
 
 class NodeHooks(Protocol):

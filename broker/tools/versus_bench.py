@@ -13,6 +13,8 @@ sync 1             1 sender, one send at a time     1 sync publisher
 sync 32            32 senders                       32 sync publishers
 pipelined          256 senders in flight (the SDK   256 publishes in flight (publish_async)
                    coalesces them: auto-batching)
+pipelined batches  16 senders, ``send_batch`` of 64  the same figure as pipelined (the issue's
+                   messages each                    definition of our pipelined case)
 consumer           push consumer drains the topic   pull consumer drains the stream (acks)
 =================  ===============================  ===========================================
 
@@ -44,8 +46,15 @@ from broker.tools.failover_bench import cluster_command, cluster_processes
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
 DEFAULT_NATS_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), *[".."] * 3, "shared", "bench", "nats"))
-CASES = ("sync 1", "sync 32", "pipelined", "consumer")
-_PRODUCE_THREADS = {"sync 1": 1, "sync 32": 32, "pipelined": 256}
+CASES = ("sync 1", "sync 32", "pipelined", "consumer")  # what the NATS bench prints, in this order
+# our send cases: mq-bench produce arguments, and the NATS case each is compared with
+_PRODUCE_CASES: dict[str, tuple[list[str], str]] = {
+    "sync 1": (["-w", "1"], "sync 1"),
+    "sync 32": (["-w", "32"], "sync 32"),
+    "pipelined": (["-w", "256"], "pipelined"),
+    "pipelined batches": (["-w", "16", "--batch", "64"], "pipelined"),
+}
+OUR_CASES = (*_PRODUCE_CASES, "consumer")
 
 
 def _mq_bench_cmd(args: argparse.Namespace, *argv: str) -> tuple[list[str], dict[str, str]]:
@@ -133,8 +142,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {}
         rss_before = {p["name"]: _rss_kib(int(p["pid"])) for p in _brokers(args)}
         terms_before = _terms(args)
-        for case, threads in _PRODUCE_THREADS.items():
-            r = _mq_bench(args, "produce", "-w", str(threads), "-s", "1024", "--cpu-dir", args.dir)
+        for case, (argv, _theirs) in _PRODUCE_CASES.items():
+            r = _mq_bench(args, "produce", *argv, "-s", "1024", "--cpu-dir", args.dir)
             cpu = {name: c.get("cpu_us_per_msg") for name, c in (r.get("broker_cpu") or {}).items()}
             out[case] = {"msgs_per_s": r["tps"], "p99_ms": (r.get("rt_ms") or {}).get("p99"), "cpu_us_per_msg": cpu,
                          "raw": r}  # fmt: skip
@@ -178,15 +187,16 @@ def run_nats(args: argparse.Namespace) -> dict[str, Any]:
 
 def compare(ours: dict[str, Any], nats: dict[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
-    for case in CASES:
+    for case in OUR_CASES:
         mine = ours[case]["msgs_per_s"]
-        theirs = nats[case]["msgs_per_s"] if nats else None
+        nats_case = _PRODUCE_CASES[case][1] if case in _PRODUCE_CASES else case
+        theirs = nats[nats_case]["msgs_per_s"] if nats else None
         rows.append({
             "case": case,
             "ours_msgs_per_s": mine,
             "ours_p99_ms": ours[case].get("p99_ms"),
             "nats_msgs_per_s": theirs,
-            "nats_p99_ms": nats[case].get("p99_ms") if nats else None,
+            "nats_p99_ms": nats[nats_case].get("p99_ms") if nats else None,
             "ratio": round(mine / theirs, 2) if theirs else None,
         })  # fmt: skip
     return rows
@@ -206,16 +216,16 @@ def run_versus(args: argparse.Namespace) -> int:
         mixed = ours["mixed"]
         print(f"mixed      sends at {mixed['msgs_per_s']:,.0f} msgs/s (p99 {mixed['p99_ms']} ms) while a consumer "
               f"reads {mixed['consumed_per_s']:,.0f} msgs/s")
-        for case in _PRODUCE_THREADS:
+        for case in _PRODUCE_CASES:
             per = sorted(ours[case]["cpu_us_per_msg"].items())
-            print(f"CPU {case:<9} " + ", ".join(f"{n} {v} µs/msg" for n, v in per))
+            print(f"CPU {case:<17} " + ", ".join(f"{n} {v} µs/msg" for n, v in per))
         rss = ", ".join(f"{n} {v['before']} -> {v['after']}" for n, v in sorted(ours["rss_kib"].items()))
         print(f"elections during our run: {ours['elections']}; broker RSS KiB before -> after: {rss}")
         for r in rows:
             p99 = f", p99 {r['ours_p99_ms']} ms" if r["ours_p99_ms"] is not None else ""
             theirs = f"NATS {r['nats_msgs_per_s']:>9,.0f} msgs/s" if r["nats_msgs_per_s"] else "NATS -"
             ratio = f"ratio {r['ratio']:.2f}" if r["ratio"] is not None else ""
-            print(f"{r['case']:<10} ours {r['ours_msgs_per_s']:>9,.0f} msgs/s{p99} | {theirs} | {ratio}")
+            print(f"{r['case']:<17} ours {r['ours_msgs_per_s']:>9,.0f} msgs/s{p99} | {theirs} | {ratio}")
     return 0
 
 
