@@ -21,7 +21,8 @@ consumer           push consumer drains the topic   pull consumer drains the str
 Ours also get a ``mixed`` case (sends paced at ``--mixed-rate``, 1,000 msgs/s, while a consumer
 reads at the same rate: the send p99 is the figure), the CPU time per message of every broker
 process in each send case (``mq-bench produce --cpu-dir``), the leader elections during the whole
-run (the largest term change of any replica) and every broker's RSS before and after.
+run (the largest term change of any replica) and every broker's RSS at the start and after each
+case, split into anonymous memory (heap) and file-backed pages (mmapped log and queue files).
 
 It prints one line per case with both figures and the ratio ours/NATS (``--json``: one object).
 The ratio is the figure to quote: both sides ran on the same machine state within minutes. NATS
@@ -100,12 +101,17 @@ def _brokers(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [p for p in cluster_processes(args) if p["kind"] == "broker"]
 
 
-def _rss_kib(pid: int) -> int | None:
+def _rss_kib(pid: int) -> dict[str, int] | None:
+    """VmRSS and its two parts: anonymous memory (the heap: what would grow with a leak) and
+    file-backed pages (the mmapped segments, consume queues and indexes: bounded by the files
+    and reclaimable by the kernel)."""
+    fields = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
     try:
         with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, ValueError):
+            out = {fields[p[0]]: int(p[1]) for p in (line.split() for line in f) if p and p[0] in fields}
+    except (OSError, ValueError, IndexError):
         return None
+    return out if "rss" in out else None
 
 
 def _terms(args: argparse.Namespace) -> dict[str, int]:
@@ -140,20 +146,28 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         if up.returncode != 0:
             raise RuntimeError(f"the cluster did not start: {up.stderr.strip()[-400:]}")
         out: dict[str, Any] = {}
-        rss_before = {p["name"]: _rss_kib(int(p["pid"])) for p in _brokers(args)}
+        rss: dict[str, list[Any]] = {p["name"]: [("start", _rss_kib(int(p["pid"])))] for p in _brokers(args)}
+
+        def sample_rss(after: str) -> None:
+            for p in _brokers(args):
+                rss.setdefault(p["name"], []).append((after, _rss_kib(int(p["pid"]))))
+
         terms_before = _terms(args)
         for case, (argv, _theirs) in _PRODUCE_CASES.items():
             r = _mq_bench(args, "produce", *argv, "-s", "1024", "--cpu-dir", args.dir)
             cpu = {name: c.get("cpu_us_per_msg") for name, c in (r.get("broker_cpu") or {}).items()}
             out[case] = {"msgs_per_s": r["tps"], "p99_ms": (r.get("rt_ms") or {}).get("p99"), "cpu_us_per_msg": cpu,
                          "raw": r}  # fmt: skip
+            sample_rss(case)
         r = _mq_bench(args, "consume", "-g", "VersusDrain", "--from", "FIRST")
         out["consumer"] = {"msgs_per_s": r.get("active_tps", r["tps"]), "raw": r}
+        sample_rss("consumer")
         out["mixed"] = _mixed(args)
+        sample_rss("mixed")
         terms_after = _terms(args)
         out["elections"] = max((terms_after[n] - t for n, t in terms_before.items() if n in terms_after), default=None)
         out["rss_kib"] = {
-            p["name"]: {"before": rss_before.get(p["name"]), "after": _rss_kib(int(p["pid"]))} for p in _brokers(args)
+            name: [{"after": after, **(kib or {})} for after, kib in samples] for name, samples in rss.items()
         }
         return out
     finally:
@@ -219,8 +233,10 @@ def run_versus(args: argparse.Namespace) -> int:
         for case in _PRODUCE_CASES:
             per = sorted(ours[case]["cpu_us_per_msg"].items())
             print(f"CPU {case:<17} " + ", ".join(f"{n} {v} µs/msg" for n, v in per))
-        rss = ", ".join(f"{n} {v['before']} -> {v['after']}" for n, v in sorted(ours["rss_kib"].items()))
-        print(f"elections during our run: {ours['elections']}; broker RSS KiB before -> after: {rss}")
+        print(f"elections during our run: {ours['elections']}")
+        for name, samples in sorted(ours["rss_kib"].items()):
+            trail = " -> ".join(f"{x.get('anon', '?')}+{x.get('file', '?')}" for x in samples)
+            print(f"RSS KiB anon+file {name}: {trail} (start, then after each case)")
         for r in rows:
             p99 = f", p99 {r['ours_p99_ms']} ms" if r["ours_p99_ms"] is not None else ""
             theirs = f"NATS {r['nats_msgs_per_s']:>9,.0f} msgs/s" if r["nats_msgs_per_s"] else "NATS -"

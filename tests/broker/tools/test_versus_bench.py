@@ -69,3 +69,12 @@ def test_ratios_are_ours_over_theirs() -> None:
     assert [r["case"] for r in rows] == ["sync 1", "sync 32", "pipelined", "pipelined batches", "consumer"]
     assert [r["ratio"] for r in rows] == [0.5, 1.0, 2.0, 3.0, 2.0]
     assert [r["ratio"] for r in versus_bench.compare(ours, None)] == [None] * 5
+
+
+def test_rss_is_split_into_heap_and_file_backed_pages() -> None:
+    import os
+
+    kib = versus_bench._rss_kib(os.getpid())
+    assert kib is not None and kib["rss"] > 0 and kib["anon"] > 0
+    assert abs(kib["anon"] + kib["file"] - kib["rss"]) <= kib["rss"] // 10  # RssShmem is the rest
+    assert versus_bench._rss_kib(2**22 + 12345) is None  # no such process
