@@ -90,6 +90,10 @@ class BrokerServer:
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        # What the tick thread may read of the long polls (see on_applied): an immutable snapshot
+        # of the queues someone waits on, replaced by the loop; and the applies so far (tick thread).
+        self._waited: frozenset[tuple[str, int]] = frozenset()
+        self.applied_seq = 0
         self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -325,28 +329,48 @@ class BrokerServer:
 
     # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
     def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
-        self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
+        """Tick thread. Wakes the loop only if a long poll waits on a touched queue (or metadata
+        changed): a follower nobody reads from is not woken once per entry. No wake is lost: the
+        sequence number moves before the waited set is read, and a poll registers before it reads
+        the number it saw before its last look at the queue (``wait_for_queue(since=...)``)."""
+        self.applied_seq += 1
+        waited = self._waited
+        if metadata_changed or (waited and not waited.isdisjoint(touched)):
+            self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
 
     def _on_applied_loop(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
+        woke = False
         for key in touched:
             for fut in self._waiters.pop(key, ()):
+                woke = True
                 if not fut.done():
                     fut.set_result(None)
+        if woke:
+            self._waited = frozenset(self._waiters)
         if metadata_changed:
             self.registrar.trigger()
 
-    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float) -> None:
+    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None:
+        """Until an apply touches the queue, or ``timeout_s``. ``since``: ``applied_seq`` as read
+        before the caller last found the queue empty; if an apply happened since, return at once
+        (the caller looks again) — the apply may have seen no waiter and woken nobody."""
+        key = (topic, queue_id)
         fut: asyncio.Future[None] = self.loop.create_future()
-        waiters = self._waiters.setdefault((topic, queue_id), set())
+        waiters = self._waiters.setdefault(key, set())
         waiters.add(fut)
+        if key not in self._waited:
+            self._waited = frozenset(self._waiters)
         try:
+            if since is not None and self.applied_seq != since:
+                return
             await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             pass
         finally:
             waiters.discard(fut)
-            if not waiters and self._waiters.get((topic, queue_id)) is waiters:
-                del self._waiters[(topic, queue_id)]
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
+                self._waited = frozenset(self._waiters)
 
     # -- status ---------------------------------------------------------------------------------
     def first_log_position(self) -> int:

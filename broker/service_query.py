@@ -155,6 +155,7 @@ class QueryOps(ServiceBase):
         compiled = sql_filter(sql, tags, s.cfg.enable_property_filter) if sql is not None else None
         deadline = s.clock.monotonic() + suspend_ms / 1000
         while True:
+            seen = s.applied_seq  # before the look: an apply after it makes the wait return at once
             cq = s.store.cqs.get(topic, qid)
             lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
             if offset < lo:
@@ -165,7 +166,7 @@ class QueryOps(ServiceBase):
                 remaining = deadline - s.clock.monotonic()
                 if remaining <= 0 or s.stopping:
                     return self._pull_answer(topic, "NO_NEW_MSG", offset, lo, hi, [])
-                await s.wait_for_queue(topic, qid, remaining)
+                await s.wait_for_queue(topic, qid, remaining, since=seen)
                 continue
             answer = self._read_queue(topic, cq, offset, max_count, max_bytes, flt, lo, compiled)
             if answer.messages:

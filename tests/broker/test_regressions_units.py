@@ -76,7 +76,7 @@ def store(tmp_path: Any) -> Iterator[tuple[MessageStore, _Log]]:
 
 
 def _fake_server(ms: MessageStore) -> Any:
-    async def wait_for_queue(_topic: str, _qid: int, timeout_s: float) -> None:
+    async def wait_for_queue(_topic: str, _qid: int, timeout_s: float, since: int | None = None) -> None:
         await asyncio.sleep(min(timeout_s, 0.01))
 
     guard = Guard(Limits(client_max_size=1 << 20), lambda code, message: {"code": code, "message": message})
@@ -85,6 +85,7 @@ def _fake_server(ms: MessageStore) -> Any:
         guard=guard,
         security=Security(None, lambda: 0, guard),  # ACL off
         counters=collections.Counter(),
+        applied_seq=0,
         clock=SYSTEM,
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
         wait_for_queue=wait_for_queue,

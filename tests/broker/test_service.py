@@ -108,6 +108,49 @@ async def test_a_held_pull_is_woken_by_a_send(cluster: BrokerCluster) -> None:
     assert answer.status == "FOUND" and [pm.message.body for pm in answer.messages] == [b"late"]
 
 
+async def test_an_apply_nobody_waits_for_does_not_wake_the_serving_loop(cluster: BrokerCluster) -> None:
+    """Issue 13: the tick thread woke each replica's event loop once per applied entry, though on a
+    follower nobody reads from no long poll waits. Now only a waited queue (or metadata) wakes it."""
+    leader = _leader(cluster)
+    await leader.service.put_topic("S6", read_queue_nums=1, write_queue_nums=1)
+    follower = _follower(cluster)
+    await wait_until(lambda: follower.store.topic("S6") is not None, 10, "the follower applied the topic")
+    woken: list[object] = []
+    original = follower._on_applied_loop
+
+    def counting(touched: Any, metadata_changed: bool) -> None:
+        woken.append(touched)
+        original(touched, metadata_changed)
+
+    follower._on_applied_loop = counting  # type: ignore[method-assign]
+    seq = follower.applied_seq
+    for i in range(5):
+        await leader.service.send("S6", 0, [{"body": b"m%d" % i}])
+    await wait_until(lambda: follower.store.cqs.get("S6", 0) is not None
+                     and follower.store.cqs.get("S6", 0).max_offset == 5, 10, "the follower applied 5")  # fmt: skip
+    assert follower.applied_seq > seq and woken == []
+    # a held pull on that follower is still woken by the next send
+    pull = asyncio.create_task(follower.service.pull("S6", 0, 5, suspend_ms=3000))
+    await wait_until(lambda: ("S6", 0) in follower._waiters, 10, "the follower to hold the pull")
+    await leader.service.send("S6", 0, [{"body": b"late"}])
+    answer = await asyncio.wait_for(pull, 2.5)
+    assert answer.status == "FOUND" and [pm.message.body for pm in answer.messages] == [b"late"] and woken
+
+
+async def test_a_poll_that_looked_just_before_an_apply_does_not_wait_out_its_hold(cluster: BrokerCluster) -> None:
+    """The race the skipped wake-up opens: a pull finds the queue empty, an apply lands and finds
+    no waiter (wakes nobody), then the pull registers. It must look again, not sleep its hold."""
+    leader = _leader(cluster)
+    await leader.service.put_topic("S7", read_queue_nums=1, write_queue_nums=1)
+    follower = _follower(cluster)
+    await wait_until(lambda: follower.store.topic("S7") is not None, 10, "the follower applied the topic")
+    seen = follower.applied_seq  # the pull's look happens here ...
+    await leader.service.send("S7", 0, [{"body": b"x"}])
+    await wait_until(lambda: follower.applied_seq > seen, 10, "the follower applied the send")  # ... the apply ...
+    await asyncio.wait_for(follower.wait_for_queue("S7", 0, 30.0, since=seen), 2.0)  # ... returns at once
+    assert ("S7", 0) not in follower._waiters and ("S7", 0) not in follower._waited
+
+
 async def test_admin_offsets_and_retries(cluster: BrokerCluster) -> None:
     svc = _leader(cluster).service
     put = await svc.put_topic("S5", read_queue_nums=2, write_queue_nums=2)
