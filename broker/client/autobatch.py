@@ -66,6 +66,11 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(ClientError("TIMEOUT", "no answer before the send's deadline (auto-batched)"))
+
+
 def batchable(msg: Message) -> bool:
     return not msg.delay_time_level and msg.deliver_time_ms is None
 
@@ -119,13 +124,13 @@ class AutoBatcher:
         batch.bytes += size
         if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
             self._flush(mq)
-        remaining = deadline - loop.time()
+        # The caller's own deadline: one timer that fails its future (cheaper per send than an
+        # asyncio.timeout scope and a shield; the batch sets results only on futures not yet done).
+        expiry = loop.call_at(deadline, _expire, waiting.future)
         try:
-            async with asyncio.timeout(max(remaining, 0.0)):
-                answer_index = await asyncio.shield(waiting.future)
-        except TimeoutError:
-            raise ClientError("TIMEOUT", "no answer before the send's deadline (auto-batched)") from None
-        answer, index = answer_index
+            answer, index = await waiting.future
+        finally:
+            expiry.cancel()
         sub = dict(answer)
         sub["results"] = [answer["results"][index]]
         return send_result_from_answer(sub, mq)

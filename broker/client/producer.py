@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic for auto-created topics
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_PAUSE_MAX_S = 1.0
+PUBLISHABLE_TOPICS_MAX = 1024  # topics whose writable queue list a producer keeps
 DISCOVERY_STEP_S = 0.1  # how often a paused retry asks the group's replicas for the new leader
 
 # Errors after which another attempt (another group, or the same one later) may succeed.
@@ -188,6 +189,9 @@ class Producer:
             fault_kwargs["clock_ms"] = clock_ms
         self._fault = FaultStrategy(send_latency_fault_enable, **fault_kwargs)
         self._round_robin = RoundRobinSelector(rng)
+        # topic -> (the route object, its writable queues): routes are immutable and replaced on a
+        # refresh, so the queue list is computed once per route, not once per send
+        self._publishable: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
         self._ids = unique_ids or UniqueIdGenerator()
         self._born_host = born_host or local_ip()
         self._routes: RouteCache | None = None
@@ -382,6 +386,17 @@ class Producer:
         except Exception as exc:
             log.warning("one-way send of %s to %s failed: %s", msg.unique_id, topic, exc)
 
+    def _publish_queues(self, topic: str, route: TopicRoute) -> list[MessageQueue]:
+        """``publish_queues(route)``, computed once per route object (read-only: do not change it)."""
+        cached = self._publishable.get(topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]
+        mqs = publish_queues(route)
+        if len(self._publishable) >= PUBLISHABLE_TOPICS_MAX and topic not in self._publishable:
+            self._publishable.clear()  # bounded: a producer sending to very many topics recomputes
+        self._publishable[topic] = (route, mqs)
+        return mqs
+
     async def _send(
         self,
         msgs: list[Message],
@@ -410,11 +425,11 @@ class Producer:
             try:
                 route = await self.routes.get(topic, remaining_s)
                 if fixed is None:
-                    mqs = publish_queues(route)
+                    mqs = self._publish_queues(topic, route)
                     if not mqs:
                         raise ClientError("NO_ROUTE", f"no writable queue of {topic} has a leader")
                     if selector is not None:
-                        fixed = selector(mqs, msgs[0], arg)
+                        fixed = selector(list(mqs), msgs[0], arg)  # a copy: user code may change it
                     next_index = functools.partial(self._round_robin.next_index, topic)
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:

@@ -237,6 +237,16 @@ async def test_selectors_and_explicit_queue(make_cluster: ClusterFactory, produc
     assert await p.fetch_publish_queues("T") == sorted(
         MessageQueue("T", g, q) for g in ("RaftNode00", "RaftNode01") for q in range(4)
     )
+    # the writable queues are computed once per route and shared: a selector gets its own copy
+    def greedy(mqs: list[MessageQueue], _msg: Message, _arg: object) -> MessageQueue:
+        first = mqs[0]
+        mqs.clear()
+        return first
+
+    assert (await p.send(Message("T", b"g"), selector=greedy)).message_queue == MessageQueue("T", "RaftNode00", 0)
+    assert len(p._publishable["T"][1]) == 8  # the shared list is intact
+    spread = {(await p.send(Message("T", f"s{i}".encode()))).message_queue for i in range(16)}
+    assert len(spread) == 8  # round robin over every queue still
 
 
 async def test_send_async_and_oneway(make_cluster: ClusterFactory, producers: MakeProducer) -> None:
