@@ -22,8 +22,12 @@ Invariants:
   retention and ``reset`` (which continues at the next segment boundary, not at 0).
 - Segment files below ``floor_position`` are gone (recovery finishes an interrupted deletion).
 - The log segments are the truth; index records are derived and rebuilt from them on open.
-- RAM does not grow with the bytes stored: no mmap and no per-entry state; memory holds one
-  small record per segment and per index file plus the last entry's (index, term, chain_crc).
+- RAM does not grow with the bytes stored: no mmap; memory holds one small record per segment and
+  per index file, plus the most recent entries this store appended (``recent_bytes``, by default
+  16 MiB and at most ``RECENT_ENTRIES_MAX`` entries): the entries a leader replicates and applies,
+  and a follower applies, moments after writing them. Reads of those come from memory, exactly the
+  bytes and header fields that were written (a disk fault after the write shows on the next read
+  from disk: after a restart, or once the entry has left the recent window).
 - Recovery on open (``store_recovery``) cuts a torn tail of the last segment and refuses any
   other damage with CorruptStoreError naming file and offset. File helpers: ``segment_files``.
 
@@ -47,6 +51,8 @@ durable when they return.
 from __future__ import annotations
 
 import bisect
+import collections
+import itertools
 import logging
 import os
 import threading
@@ -101,6 +107,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _READ_ATTEMPTS = 4
+RECENT_BYTES_DEFAULT = 16 << 20
+RECENT_ENTRIES_MAX = 16384
 
 T = TypeVar("T")
 
@@ -114,6 +122,7 @@ class EntryStore(StoreRecovery):
         segment_bytes: int = 1 << 30,
         index_records_per_file: int = 1 << 20,
         clock: Clock = SYSTEM,
+        recent_bytes: int = RECENT_BYTES_DEFAULT,
     ):
         if segment_bytes < 2 * HEADER_SIZE:
             raise ValueError(f"segment_bytes must be at least {2 * HEADER_SIZE}")
@@ -137,6 +146,11 @@ class EntryStore(StoreRecovery):
         self._anchor: tuple[int, int, int] = (0, 0, 0)
         self._floor_position = 0
         self._last: tuple[int, int, int] = (0, 0, 0)  # index, term, chain_crc of the last entry
+        # The entries appended most recently, contiguous and ending at last_index when not empty
+        # (guarded by _lock; bodies bounded by recent_bytes, count by RECENT_ENTRIES_MAX).
+        self._recent: collections.deque[Entry] = collections.deque()
+        self._recent_body_bytes = 0
+        self.recent_bytes = max(0, recent_bytes)
         try:
             self._recover()
         except BaseException:
@@ -333,8 +347,22 @@ class EntryStore(StoreRecovery):
         seg = self._segments[k]
         return seg if position < seg.start + seg.size else None
 
+    def _recent_at(self, index: int) -> Entry | None:
+        """Caller holds the lock. Entry ``index`` if it is among the recent entries."""
+        recent = self._recent
+        if recent:
+            k = index - recent[0].index
+            if 0 <= k < len(recent):
+                return recent[k]
+        return None
+
     def read(self, index: int) -> Entry:
         """The entry at ``index``, verified; IndexOutOfRangeError outside [first_index, last_index]."""
+        with self._lock:
+            self._check_open()
+            hit = self._recent_at(index)
+            if hit is not None:
+                return hit
 
         def once() -> Entry:
             return self._entries(index, self._records(index, 1))[0]
@@ -352,6 +380,8 @@ class EntryStore(StoreRecovery):
                 )
             if first > self._last[0] or max_count <= 0:
                 return []
+            if self._recent_at(first) is not None:
+                return self._recent_range(first, max_count, max_bytes)
 
         def once() -> list[Entry]:
             out: list[Entry] = []
@@ -378,6 +408,18 @@ class EntryStore(StoreRecovery):
 
         return self._consistent(once, f"read_range({first})")
 
+    def _recent_range(self, first: int, max_count: int, max_bytes: int) -> list[Entry]:
+        """Caller holds the lock; ``first`` is among the recent entries (so is every later one)."""
+        out: list[Entry] = []
+        body_bytes = 0
+        for e in itertools.islice(self._recent, first - self._recent[0].index, None):
+            size = len(e.body)
+            if out and (len(out) >= max_count or body_bytes + size > max_bytes):
+                break
+            out.append(e)
+            body_bytes += size
+        return out
+
     def _record_or_anchor(self, index: int, what: str) -> tuple[int, int]:
         """(term, chain_crc) of ``index``, which may be the anchor."""
         with self._lock:
@@ -386,6 +428,9 @@ class EntryStore(StoreRecovery):
                 return self._anchor[1], self._anchor[2]
             if index == self._last[0]:
                 return self._last[1], self._last[2]
+            hit = self._recent_at(index)
+            if hit is not None:
+                return hit.term, hit.chain_crc
         rec = self._consistent(lambda: self._records(index, 1)[0], f"{what}({index})")
         return rec.term, rec.chain_crc
 
@@ -397,6 +442,11 @@ class EntryStore(StoreRecovery):
         return self._record_or_anchor(index, "chain_crc_at")[1]
 
     def position_at(self, index: int) -> int:
+        with self._lock:
+            self._check_open()
+            hit = self._recent_at(index)
+            if hit is not None:
+                return hit.position
         return self._consistent(lambda: self._records(index, 1)[0].position, f"position_at({index})")
 
     def read_at_position(self, position: int, size: int) -> bytes:
@@ -467,6 +517,7 @@ class EntryStore(StoreRecovery):
         parts: list[bytes] = []
         records: list[bytes] = []
         positions: list[int] = []
+        written: list[Entry] = []
         prev_chain = self._last[2]
         position = seg.start + seg.size
         head: EntryHeader | None = None
@@ -475,6 +526,7 @@ class EntryStore(StoreRecovery):
             parts += (pack_header(head), body)
             records.append(pack_index_record(position, term, head.total_size, head.chain_crc))
             positions.append(position)
+            written.append(Entry(index, term, position, body if type(body) is bytes else bytes(body), head.chain_crc))
             prev_chain = head.chain_crc
             position += head.total_size
         assert head is not None and position - seg.start <= self.segment_bytes
@@ -487,7 +539,30 @@ class EntryStore(StoreRecovery):
             seg.last_index = head.index
             self._last = (head.index, head.term, head.chain_crc)
             self._dirty_files.add(seg.file)
+            self._remember(written)
         return positions
+
+    def _remember(self, written: list[Entry]) -> None:
+        """Caller holds the lock; ``written`` follow the recent entries (or start them)."""
+        if self.recent_bytes <= 0:
+            return
+        recent = self._recent
+        recent.extend(written)
+        self._recent_body_bytes += sum(len(e.body) for e in written)
+        while recent and (self._recent_body_bytes > self.recent_bytes or len(recent) > RECENT_ENTRIES_MAX):
+            self._recent_body_bytes -= len(recent.popleft().body)
+
+    def _forget_recent_from(self, index: int) -> None:
+        """Caller holds the lock: drop recent entries >= ``index``."""
+        recent = self._recent
+        while recent and recent[-1].index >= index:
+            self._recent_body_bytes -= len(recent.pop().body)
+
+    def _forget_recent_upto(self, index: int) -> None:
+        """Caller holds the lock: drop recent entries <= ``index``."""
+        recent = self._recent
+        while recent and recent[0].index <= index:
+            self._recent_body_bytes -= len(recent.popleft().body)
 
     def _write_records(self, first: int, records: list[bytes]) -> None:
         k = 0
@@ -584,6 +659,7 @@ class EntryStore(StoreRecovery):
             doomed_index = [b for b in self._index_files if b > base]
             doomed_files = [s.file for s in doomed] + [self._index_files.pop(b) for b in doomed_index]
             self._generation += 1
+            self._forget_recent_from(from_index)
             seg.size, seg.sealed, seg.last_index = cut - seg.start, False, from_index - 1
             if seg.size == 0:
                 seg.first_index = from_index
@@ -621,6 +697,7 @@ class EntryStore(StoreRecovery):
             self._starts.clear()
             self._index_files.clear()
             self._generation += 1
+            self._forget_recent_from(0)
             self._anchor = (anchor_index, anchor_term, anchor_chain_crc)
             self._last = self._anchor
             self._floor_position = floor
@@ -671,6 +748,7 @@ class EntryStore(StoreRecovery):
             doomed_index = [b for b in self._index_files if b < last_base]
             doomed_files = [s.file for s in doomed] + [self._index_files.pop(b) for b in doomed_index]
             self._anchor = (anchor_index, rec.term, rec.chain_crc)
+            self._forget_recent_upto(anchor_index)
             self._floor_position = floor
             for f in doomed_files:
                 self._retire(f)
@@ -693,6 +771,7 @@ class EntryStore(StoreRecovery):
     def _close_all(self) -> None:
         with self._lock:
             self._closed = True
+            self._forget_recent_from(0)
             files = [s.file for s in self._segments] + list(self._index_files.values())
             self._segments.clear()
             self._starts.clear()

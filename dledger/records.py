@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from dledger import command_codec
 from dledger.log_store import Entry, LogReader
@@ -92,11 +92,13 @@ class RaftSettings:
         return dict(self.raft_addresses or self.peers)
 
 
-@dataclasses.dataclass(frozen=True)
-class BodyLocation:
-    """Where one appended body lives: its Raft entry, its place in the entry, its log position."""
+class BodyLocation(NamedTuple):
+    """Where one appended body lives: its Raft entry, its place in the entry, its log position.
 
-    index: int
+    A named tuple, not a dataclass: one is made per acknowledged message on the tick thread,
+    and a frozen dataclass costs three times as much to build."""
+
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nobody calls on it
     term: int
     slot: int
     position: int

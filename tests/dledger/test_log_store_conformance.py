@@ -1,7 +1,8 @@
 """One conformance suite for both log stores (dledger.log_store): the file store and the memory twin.
 
-Every test runs against each implementation; the differential test runs the same random script of
-operations on both and requires identical answers (positions, chain CRCs, segment layout, reads).
+Every test runs against each implementation (the file store with its recent-entries window and
+without it); the differential test runs the same random script of operations on all of them and
+requires identical answers (positions, chain CRCs, segment layout, reads).
 """
 
 from __future__ import annotations
@@ -33,38 +34,42 @@ def body(i: int, term: int = 1, size: int = 100) -> bytes:
     return (f"<{i}:{term}>".encode() * (size // 6 + 1))[:size]
 
 
+# file: every entry a test writes stays in the recent-entries window (reads come from memory);
+# file-uncached: no window (reads come from disk); file-small-window: about ten 100-byte entries.
+RECENT_BYTES = {"file": 16 << 20, "file-uncached": 0, "file-small-window": 1000}
+
+
 class Impl:
     """Makes a store and reopens it as a restart would (everything flushed survives)."""
 
     def __init__(self, kind: str, root: Path, clock: ManualClock):
         self.kind = kind
-        self.root = root
+        self.root = root / kind
         self.clock = clock
 
     def make(self, segment_bytes: int = SEG) -> Any:
-        if self.kind == "file":
-            return EntryStore(
-                str(self.root / "store"),
-                segment_bytes=segment_bytes,
-                index_records_per_file=64,
-                clock=self.clock,
-            )
+        if self.kind in RECENT_BYTES:
+            return self._open(segment_bytes)
         return MemoryLogStore(segment_bytes, clock=self.clock)
+
+    def _open(self, segment_bytes: int) -> EntryStore:
+        return EntryStore(
+            str(self.root / "store"),
+            segment_bytes=segment_bytes,
+            index_records_per_file=64,
+            clock=self.clock,
+            recent_bytes=RECENT_BYTES[self.kind],
+        )
 
     def reopen(self, store: Any) -> Any:
         store.flush()
-        if self.kind == "file":
+        if self.kind in RECENT_BYTES:
             store.close()
-            return EntryStore(
-                str(self.root / "store"),
-                segment_bytes=store.segment_bytes,
-                index_records_per_file=64,
-                clock=self.clock,
-            )
+            return self._open(store.segment_bytes)
         return store.crash_image(keep_unsynced=0)
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "file-uncached", "memory"])
 def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
     yield Impl(request.param, tmp_path, ManualClock())
 
@@ -229,17 +234,25 @@ def _script(rng: random.Random, steps: int) -> Iterator[tuple[str, int, int]]:
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_both_stores_answer_alike(tmp_path: Path, seed: int) -> None:
     clock = ManualClock()
-    file_impl, mem_impl = Impl("file", tmp_path, clock), Impl("memory", tmp_path, clock)
-    stores = [file_impl.make(), mem_impl.make()]
+    impls = [Impl(kind, tmp_path, clock) for kind in ("memory", "file-uncached", "file-small-window", "file")]
+    stores = [i.make() for i in impls]
     rng = random.Random(seed)
     term = 1
 
     def observe(s: Any) -> tuple[Any, ...]:
         segs = [(g.start_position, g.first_index, g.last_index, g.size_bytes) for g in s.segments()]
         entries = [
-            (e.index, e.term, e.position, e.chain_crc) for e in s.read_range(s.first_index, 10_000, 1 << 30)
+            (e.index, e.term, e.position, e.chain_crc, e.body)
+            for e in s.read_range(s.first_index, 10_000, 1 << 30)
         ]
-        return (s.anchor, s.last_index, s.last_term, s.last_chain_crc, s.next_position, segs, entries)
+        # Point reads and bounded ranges near the tail, where the recent-entries window answers.
+        probes: list[Any] = []
+        for index in range(max(s.first_index, s.last_index - 25), s.last_index + 1):
+            e = s.read(index)
+            probes.append((e.index, e.term, e.position, e.chain_crc, e.body))
+            probes.append((s.term_at(index), s.chain_crc_at(index), s.position_at(index)))
+            probes.append([e.index for e in s.read_range(index, 7, 350)])
+        return (s.anchor, s.last_index, s.last_term, s.last_chain_crc, s.next_position, segs, entries, probes)
 
     for op, n, size in _script(rng, 120):
         last = stores[0].last_index
@@ -263,7 +276,9 @@ def test_both_stores_answer_alike(tmp_path: Path, seed: int) -> None:
         else:
             continue
         answers = [do(s) for s in stores]
-        assert answers[0] == answers[1], (seed, op)
-        assert observe(stores[0]) == observe(stores[1]), (seed, op)
-    stores = [file_impl.reopen(stores[0]), mem_impl.reopen(stores[1])]
-    assert observe(stores[0]) == observe(stores[1])
+        assert all(a == answers[0] for a in answers), (seed, op)
+        seen = [observe(s) for s in stores]
+        assert all(o == seen[0] for o in seen), (seed, op)
+    stores = [i.reopen(s) for i, s in zip(impls, stores, strict=True)]
+    seen = [observe(s) for s in stores]
+    assert all(o == seen[0] for o in seen)
