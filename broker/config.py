@@ -36,6 +36,8 @@
 | serverIdleTimeoutMs | 60000 | an idle keep-alive connection is closed after this |
 | serverBodyTimeoutMs | 30000 | time a request body has to arrive |
 | serverBodyBytesInFlightMax | 268435456 | request bodies being read or handled, all together (503 BUSY beyond) |
+| gcYoungThreshold | 10000 | the broker process's young-generation garbage-collection threshold (Python's |
+|  |  | default is 700; see docs/PERFORMANCE.md, "Garbage collection") |
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ BROKER_KEYS = frozenset(
         "transactionCheckInterval",
         "transactionCheckMax",
         "traceTopicEnable",
+        "gcYoungThreshold",
         "msgTraceTopicName",
     }
 )
@@ -159,6 +162,7 @@ class BrokerConfig:
     # Message trace (RocketMQ's traceTopicEnable / msgTraceTopicName): the leader creates the topic.
     trace_topic_enable: bool = False
     msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
+    gc_young_threshold: int = 10_000
 
     @property
     def address(self) -> str:
@@ -253,6 +257,7 @@ def parse_broker_config(
         ),
         trace_topic_enable=r.boolean("traceTopicEnable", False),
         msg_trace_topic_name=_trace_topic(r),
+        gc_young_threshold=r.integer("gcYoungThreshold", 10_000, 100, 1_000_000),
     )
 
 

@@ -43,7 +43,7 @@ from broker.security import Security
 from broker.service import BrokerService
 from broker.store import MessageStore
 from broker.transactions import TransactionPolicy, TransactionService
-from dledger.apps.process_main import run_until_signalled, setup_logging
+from dledger.apps.process_main import run_until_signalled, set_gc_young_threshold, setup_logging
 from dledger.clock import Clock, process_clock
 from dledger.config import ConfigError, settings_from_config
 from dledger.durable import private_dir
@@ -476,6 +476,7 @@ EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see Bro
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:
+    set_gc_young_threshold(cfg.gc_young_threshold)  # the process's, so not in BrokerServer
     server = BrokerServer(cfg)
     await server.start()
     try:

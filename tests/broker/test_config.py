@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,32 @@ def test_defaults_and_overrides() -> None:
         {k: v for k, v in BASE.items() if k != "namesrvAddr"}, source="<t>", env={"NAMESRV_ADDR": "h:1"}
     )
     assert env_cfg.namesrv_addrs == ("h:1",)
+    assert parse().gc_young_threshold == 10_000 and parse(gcYoungThreshold="50000").gc_young_threshold == 50_000
+
+
+def test_the_broker_process_sets_its_gc_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    # serve() sets the young-generation threshold before the broker starts; the older ones stay.
+    import gc
+
+    from broker import server
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Stop(Exception):
+        pass
+
+    def no_start(cfg: BrokerConfig) -> None:
+        seen.append(gc.get_threshold())
+        raise Stop
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(server, "BrokerServer", no_start)
+    try:
+        with pytest.raises(Stop):
+            asyncio.run(server.serve(parse(gcYoungThreshold="12345"), asyncio.Event()))
+        assert seen == [(12345, before[1], before[2])]
+    finally:
+        gc.set_threshold(*before)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +91,7 @@ def test_defaults_and_overrides() -> None:
         ("autoCreateTopicEnable", "maybe"),
         ("longPollingMaxMs", "-1"),
         ("registerNameServerPeriod", "10"),
+        ("gcYoungThreshold", "10"),
         ("noSuchKey", "1"),
     ],
 )
