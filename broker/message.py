@@ -141,11 +141,28 @@ def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
         raise ValueError(f"undecodable message header: {exc}") from None
     if not isinstance(header, list) or len(header) < 11:
         raise ValueError("malformed message header")
-    if not all(isinstance(v, t) for v, t in zip(header, _HEADER_TYPES, strict=False)) or not all(
-        isinstance(k, str) for k in header[4]
-    ):
+    if not _header_types_ok(header):
         raise ValueError("message header fields have the wrong types")
     return header, end
+
+
+def _header_types_ok(h: list[Any]) -> bool:
+    """The fields' types (``_HEADER_TYPES``), spelled out: every replica checks every message it
+    applies, and this is a third of the cost of a loop over the pairs."""
+    return (
+        isinstance(h[0], str)
+        and isinstance(h[1], int)
+        and isinstance(h[2], int)
+        and isinstance(h[3], str)
+        and isinstance(h[4], list)
+        and isinstance(h[5], dict)
+        and isinstance(h[6], int)
+        and isinstance(h[7], str)
+        and isinstance(h[8], int)
+        and isinstance(h[9], str)
+        and isinstance(h[10], int)
+        and (not h[4] or all(isinstance(k, str) for k in h[4]))
+    )
 
 
 def decode_message(record: bytes) -> StoredMessage:

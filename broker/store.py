@@ -133,6 +133,7 @@ class MessageStore(StoreStateEntries):
         # The idempotent-send window (broker/dedup.py): every applied message, by unique id.
         self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
         self._entry_index = 0  # the log index of the entry being applied
+        self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, log_store: LogReader) -> None:
@@ -232,32 +233,35 @@ class MessageStore(StoreStateEntries):
         touched: set[tuple[str, int]] = set()
         md_changed = False
         out: list[list[Any] | None] = []
-        for e in entries:
-            bodies = e.bodies
-            self._entry_index = e.index
-            aligned = True
-            if self.needs_state_after is not None:
-                bodies = self._await_state(e, touched)
-                md_changed |= self.needs_state_after is None
-                aligned = False  # some bodies were skipped: no per-body results (nobody waits here)
-            produced: list[Any] = []
-            for position, body in bodies:
-                # Readers must be able to read a record as soon as its queue unit is visible.
-                end = position + len(body)
-                if end > self.applied_end_position:
-                    self.applied_end_position = end
-                kind = body[:1]
-                result: Any = None
-                if kind in MESSAGE_MAGICS:
-                    result = self._dispatch(position, body, touched)
-                elif kind == COMMAND_MAGIC:
-                    changed, result = self._command(position, body)
-                    md_changed |= changed
-                else:
-                    self.counters["skipped"] += 1
-                produced.append(result)
-            out.append(produced if aligned else None)
-            self._applied = e.index
+        try:
+            for e in entries:
+                bodies = e.bodies
+                self._entry_index = e.index
+                aligned = True
+                if self.needs_state_after is not None:
+                    bodies = self._await_state(e, touched)
+                    md_changed |= self.needs_state_after is None
+                    aligned = False  # some bodies were skipped: no per-body results (nobody waits here)
+                produced: list[Any] = []
+                for position, body in bodies:
+                    # Readers must be able to read a record as soon as its queue unit is visible.
+                    end = position + len(body)
+                    if end > self.applied_end_position:
+                        self.applied_end_position = end
+                    kind = body[:1]
+                    result: Any = None
+                    if kind in MESSAGE_MAGICS:
+                        result = self._dispatch(position, body, touched)
+                    elif kind == COMMAND_MAGIC:
+                        changed, result = self._command(position, body)
+                        md_changed |= changed
+                    else:
+                        self.counters["skipped"] += 1
+                    produced.append(result)
+                out.append(produced if aligned else None)
+                self._applied = e.index
+        finally:  # what was dispatched is in the window, as if added one by one
+            self._flush_dedup_adds()
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
@@ -280,6 +284,11 @@ class MessageStore(StoreStateEntries):
         self.snapshot(wait=True)
 
     # -- applying ---------------------------------------------------------------------------------
+    def _flush_dedup_adds(self) -> None:
+        if self._dedup_adds:
+            self.dedup.add_many(self._dedup_adds)
+            self._dedup_adds.clear()
+
     def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None:
         """Index one message record; its queue offset (None: undecodable, skipped)."""
         try:
@@ -303,10 +312,8 @@ class MessageStore(StoreStateEntries):
         offset = cq.append(position, len(body), tag_hash(tags), store_ts)
         if PROP_HALF_POS in h[5]:
             self.txn.on_dispatched(position, h[5], offset)
-        self.dedup.add(
-            sent_topic(topic, h[5]), uid, position=position, queue_id=qid, queue_offset=offset, store_ts=store_ts,
-            index=self._entry_index,
-        )
+        # Added to the window once the whole apply call is done (one lock for all; apply()).
+        self._dedup_adds.append((sent_topic(topic, h[5]), uid, position, qid, offset, store_ts, self._entry_index))
         self._units_since_write_out += 1
         for k in keys:
             self.index.put(topic, k, position, store_ts)

@@ -46,6 +46,8 @@ class StoreStateEntries(StoreRebuild):
 
         def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]: ...
 
+        def _flush_dedup_adds(self) -> None: ...
+
     def capture_state(self) -> dict[str, Any]:
         """The ``state`` command for this replica's state now (call on the tick thread)."""
         self._owned()
@@ -90,6 +92,7 @@ class StoreStateEntries(StoreRebuild):
         for topic in self.cqs.topics():
             self.cqs.delete_topic(topic)
         self._queue_cache.clear()
+        self._flush_dedup_adds()  # nothing dispatched before the state may land after it
         self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})

@@ -37,6 +37,37 @@ def test_bounded_by_store_time_not_by_a_clock() -> None:
     assert len(w) == 2
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["T", "U", "%RETRY%G", "RMQ_SYS_X"]),
+            st.sampled_from(["", "a", "b", "c", "d", "e", "f"]),
+            st.integers(0, 3000),
+        ),
+        max_size=60,
+    ),
+    st.lists(st.integers(1, 8), min_size=1, max_size=10),
+)
+def test_adding_a_batch_equals_adding_one_by_one(
+    msgs: list[tuple[str, str, int]], cuts: list[int]
+) -> None:
+    # The store adds a whole apply call's messages at once (add_many): same window, same answers,
+    # same checkpoint as one add per message, whatever the batch boundaries.
+    one, many = DedupWindow(max_messages=7, window_ms=1000), DedupWindow(max_messages=7, window_ms=1000)
+    adds = [(topic, uid, i * 10, 0, i, ts, i + 1) for i, (topic, uid, ts) in enumerate(msgs)]
+    for topic, uid, position, qid, offset, ts, index in adds:
+        one.add(topic, uid, position=position, queue_id=qid, queue_offset=offset, store_ts=ts, index=index)
+    k = 0
+    for n in cuts * (len(adds) // sum(cuts) + 1):
+        many.add_many(adds[k : k + n])
+        k += n
+    assert len(one) == len(many) and one.checkpoint() == many.checkpoint()
+    for topic in ("T", "U", "%RETRY%G"):
+        for uid in "abcdef":
+            assert one.lookup(topic, uid) == many.lookup(topic, uid)
+
+
 def test_latest_copy_answers_and_topics_apart() -> None:
     w = DedupWindow()
     add(w, "u", 1000, 1)

@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from broker.message import (
+    _HEADER_TYPES,
     MESSAGE_MAGIC,
     MESSAGE_MAGIC_V1,
     CorruptRecordError,
@@ -64,3 +65,26 @@ def test_an_older_unchecked_record_still_decodes() -> None:
     assert record_size(MESSAGE_MAGIC_V1, len(header), len(m.body)) == len(v1)
     with pytest.raises(CorruptRecordError):  # its body length is still checked against the header
         decode_message(v1 + b"!")
+
+
+def _record_with_header(fields: list[object], body: bytes = b"zz") -> bytes:
+    header = msgpack.packb(fields, use_bin_type=True)
+    return MESSAGE_MAGIC + struct.pack("<I", len(header)) + header + body
+
+
+@pytest.mark.parametrize("field", range(11))
+def test_every_header_field_of_the_wrong_type_is_refused(field: int) -> None:
+    # One wrong field at a time, against the types the header declares (_HEADER_TYPES): a record
+    # that decodes with, say, a list for a topic must never reach a consume queue.
+    good: list[object] = ["T", 1, 0, "a", ["k"], {"p": "v"}, 1, "h:1", 2, "0" * 32, 2]
+    decode_header(_record_with_header(good))
+    wrong = {str: 7, int: "7", list: "k", dict: ["p"]}[_HEADER_TYPES[field]]
+    bad = [*good[:field], wrong, *good[field + 1 :]]
+    with pytest.raises(ValueError, match="wrong types"):
+        decode_header(_record_with_header(bad))
+
+
+def test_a_key_that_is_not_a_string_is_refused() -> None:
+    fields: list[object] = ["T", 1, 0, "a", ["k", 3], {}, 1, "h:1", 2, "0" * 32, 2]
+    with pytest.raises(ValueError, match="wrong types"):
+        decode_header(_record_with_header(fields))
