@@ -23,12 +23,11 @@ A message's ``position`` is the log position of its record (what ``dledger`` ret
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -78,8 +77,10 @@ class InvalidInput(Exception):
         self.status = status
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StoredMessage:
+class StoredMessage(NamedTuple):
+    """One message as the log stores it. A named tuple (``_replace`` for a changed copy), not a
+    frozen dataclass: the leader makes one per message sent, at a third of the cost."""
+
     topic: str
     queue_id: int
     flag: int
@@ -330,8 +331,8 @@ def build_messages(
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidInput("INVALID_BATCH", f"messages[{i}] must be a map")
-        unknown = set(item) - _MESSAGE_FIELDS
-        if unknown:
+        if not _MESSAGE_FIELDS.issuperset(item):
+            unknown = set(item) - _MESSAGE_FIELDS
             raise InvalidInput("UNKNOWN_FIELD", f"messages[{i}] has unknown field(s) {sorted(map(str, unknown))[:5]}")
         body = check_body(item.get("body"), max_size)
         total += len(body)

@@ -78,7 +78,7 @@ def send_back(
         topic = retry_topic(group)
         props[PROP_RECONSUME_TIME] = str(before + 1)
         props[PROP_DELAY] = str(min(FIRST_RETRY_LEVEL + before, levels))
-    copy = dataclasses.replace(m, topic=topic, queue_id=0, properties=props, store_ts=store_ts)
+    copy = m._replace(topic=topic, queue_id=0, properties=props, store_ts=store_ts)
     return SendBack(topic, dlq, copy, int(props[PROP_RECONSUME_TIME]))
 
 
@@ -88,4 +88,4 @@ def resend_from_dlq(m: StoredMessage, group: str, store_ts: int) -> StoredMessag
     props = {k: v for k, v in m.properties.items() if k not in SCHEDULE_PROPS and k not in RESERVED_PROPS}
     props.pop(PROP_DLQ_ORIGIN_GROUP, None)
     props[PROP_RECONSUME_TIME] = "0"
-    return dataclasses.replace(m, topic=retry_topic(group), queue_id=0, properties=props, store_ts=store_ts)
+    return m._replace(topic=retry_topic(group), queue_id=0, properties=props, store_ts=store_ts)

@@ -122,6 +122,8 @@ class SchedulePolicy:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
         if m.topic in BROKER_TOPICS:
             raise InvalidInput("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
+        if not m.properties:  # most messages: nothing reserved, nothing delayed
+            return m
         due = self.due_of(m.properties, m.store_ts, where)
         if due is None:
             return m
@@ -136,7 +138,7 @@ class SchedulePolicy:
             }
         )
         qid = level - 1 if level else TIMER_QUEUE_ID
-        return dataclasses.replace(m, topic=SCHEDULE_TOPIC, queue_id=qid, properties=props)
+        return m._replace(topic=SCHEDULE_TOPIC, queue_id=qid, properties=props)
 
 
 def _int_prop(value: str, name: str, where: str) -> int:
@@ -153,7 +155,7 @@ def delivered_copy(m: StoredMessage, position: int, store_ts: int, queue_nums: i
     qid = int(props.pop(PROP_REAL_QID)) % max(1, queue_nums)
     props.pop(PROP_LEVEL, None)
     props[PROP_SCHED_POS] = str(position)
-    return dataclasses.replace(m, topic=topic, queue_id=qid, properties=props, store_ts=store_ts)
+    return m._replace(topic=topic, queue_id=qid, properties=props, store_ts=store_ts)
 
 
 class ScheduleIndex(SnapshotIndex):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.dedup import FirstSend, SendDeduper
 from broker.message import (
@@ -49,9 +49,9 @@ MessageIn = Mapping[str, Any]
 ``build_messages`` (a bad one refuses the whole batch)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SendResult:
-    """Where one message of a send was stored (a duplicate: where its first copy was)."""
+class SendResult(NamedTuple):
+    """Where one message of a send was stored (a duplicate: where its first copy was). A named
+    tuple: the leader makes one per message sent."""
 
     msg_id: str
     unique_id: str

@@ -97,7 +97,7 @@ def to_half(m: StoredMessage, group: str) -> StoredMessage:
     props.update(
         {PROP_REAL_TOPIC: m.topic, PROP_REAL_QID: str(m.queue_id), PROP_TRAN_MSG: "true", PROP_PGROUP: group}
     )
-    return dataclasses.replace(m, topic=HALF_TOPIC, queue_id=0, properties=props)
+    return m._replace(topic=HALF_TOPIC, queue_id=0, properties=props)
 
 
 def committed_copy(half: StoredMessage, position: int, store_ts: int, queue_nums: int) -> StoredMessage:
@@ -107,7 +107,7 @@ def committed_copy(half: StoredMessage, position: int, store_ts: int, queue_nums
     topic = props.pop(PROP_REAL_TOPIC)
     qid = int(props.pop(PROP_REAL_QID, "0")) % max(1, queue_nums)
     props[PROP_HALF_POS] = str(position)
-    return dataclasses.replace(half, topic=topic, queue_id=qid, properties=props, store_ts=store_ts)
+    return half._replace(topic=topic, queue_id=qid, properties=props, store_ts=store_ts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -548,7 +548,7 @@ class TransactionService:
 
         props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_REAL_QID)}
         props[PROP_CHECK_TIMES] = str(h.checks + 1)
-        real = dataclasses.replace(m, topic=h.topic, queue_id=int(m.properties.get(PROP_REAL_QID, "0")),
+        real = m._replace(topic=h.topic, queue_id=int(m.properties.get(PROP_REAL_QID, "0")),
                                    properties=props)
         view = message_view(real, broker_name=self.s.cfg.broker_name, position=h.position, size=h.size,
                             queue_offset=None)
