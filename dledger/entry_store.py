@@ -24,7 +24,7 @@ Invariants:
 - The log segments are the truth; index records are derived and rebuilt from them on open.
 - RAM does not grow with the bytes stored: no mmap; memory holds one small record per segment and
   per index file, plus the most recent entries this store appended (``recent_bytes``, by default
-  16 MiB and at most ``RECENT_ENTRIES_MAX`` entries): the entries a leader replicates and applies,
+  4 MiB and at most ``RECENT_ENTRIES_MAX`` entries): the entries a leader replicates and applies,
   and a follower applies, moments after writing them. Reads of those come from memory, exactly the
   bytes and header fields that were written (a disk fault after the write shows on the next read
   from disk: after a restart, or once the entry has left the recent window).
@@ -107,8 +107,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _READ_ATTEMPTS = 4
-RECENT_BYTES_DEFAULT = 16 << 20
-RECENT_ENTRIES_MAX = 16384
+RECENT_BYTES_DEFAULT = 4 << 20
+RECENT_ENTRIES_MAX = 4096
 
 T = TypeVar("T")
 
