@@ -432,6 +432,7 @@ async def run_consume(
         message_model=args.model,
         consume_from=args.from_,
         consume_batch_max=CONSUME_BATCH_MAX,
+        read_from_followers=args.read_from_followers,
         **security,
     )
     consumer.subscribe(args.topic, "*")
@@ -551,6 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", default="benchmark_consumer")
     p.add_argument("--model", choices=("CLUSTERING", "BROADCASTING"), default="CLUSTERING")
     p.add_argument("--from", dest="from_", choices=("FIRST", "LAST"), default="LAST")
+    p.add_argument("--read-from-followers", dest="read_from_followers", action="store_true",
+                   help="pull committed messages from a follower first (RocketMQ's slave read)")
     from broker.tools.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)

@@ -286,6 +286,22 @@ async def test_consume_with_a_scripted_consumer(cluster: InProcBrokerCluster) ->
     assert summary["messages"] == 7 and summary["rt_ms"]["avg"] >= 5.0 and summary["s2c_ms"]["avg"] >= 2.0
 
 
+async def test_consume_can_read_from_followers(cluster: InProcBrokerCluster) -> None:
+    made: list[dict[str, Any]] = []
+
+    def push_consumer(group: str, namesrv: str, **kw: Any) -> FakePushConsumer:
+        made.append(kw)
+        return FakePushConsumer([])
+
+    sdk = SimpleNamespace(PushConsumer=push_consumer)
+    for flag, want in (([], False), (["--read-from-followers"], True)):
+        args = build_parser().parse_args(
+            ["consume", "-n", cluster.namesrv_addr, "--duration", "0.05", "--json", *flag]
+        )
+        assert await run_consume(args, sdk=sdk, out=io.StringIO(), err=io.StringIO()) == 0
+        assert made[-1]["read_from_followers"] is want
+
+
 # -- the real SDK against the in-process cluster ------------------------------------------------
 async def test_produce_then_consume_with_the_real_sdk(
     cluster: InProcBrokerCluster, capsys: pytest.CaptureFixture[str]
