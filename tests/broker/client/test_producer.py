@@ -268,6 +268,9 @@ async def test_send_async_and_oneway(make_cluster: ClusterFactory, producers: Ma
     await wait_until(
         lambda: sum(g.max_offset("T", q) for q in range(4)) == 2, WAIT_S, "the one-way message stored"
     )
+    # Stored is not finished: the one-way send holds its in-flight slot until its answer is read, and
+    # a busy host can read it after the three sends below started (the third then met BUSY).
+    await wait_until(lambda: not p._tasks, WAIT_S, "the one-way send finished")
 
     leader = g.replicas[0]
     leader.tap.hang("/v1/send", times=3)
