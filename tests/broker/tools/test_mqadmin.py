@@ -363,8 +363,11 @@ async def test_delete_topic_on_brokers_then_every_namesrv(
     out = capsys.readouterr().out
     assert len(out.splitlines()) == 5  # header, 2 brokers, 2 NameServers
     deletes = [s.server for s in cluster.client_requests(mark) if s.method == "DELETE"]
-    assert sorted(d.split("/")[0] for d in deletes[:2]) == ["RaftNode00", "RaftNode01"]  # the brokers first
-    assert sorted(deletes[2:]) == ["namesrv0", "namesrv1"]
+    # A leader change on a busy machine (an election timeout is 300 ms) makes the tool follow a
+    # NOT_LEADER answer to the new leader: one more broker DELETE, still before the NameServers'.
+    brokers = [d for d in deletes if not d.startswith("namesrv")]
+    assert deletes[: len(brokers)] == brokers and sorted(deletes[len(brokers) :]) == ["namesrv0", "namesrv1"]
+    assert {d.split("/")[0] for d in brokers} == {"RaftNode00", "RaftNode01"}  # the brokers first
     assert all("T1" not in g.topics() for g in cluster.groups)
     assert await asyncio.to_thread(main, ["topicRoute", "-t", "T1", "-n", ns]) == 1
     assert await asyncio.to_thread(main, ["deleteTopic", "-t", "T1", "-c", CLUSTER, "-n", ns]) == 1
