@@ -310,7 +310,9 @@ def check_body(body: Any, max_size: int) -> bytes:
     return bytes(body)
 
 
-_MESSAGE_FIELDS = frozenset({"body", "tags", "keys", "properties", "unique_id", "born_ts", "born_host", "flag"})
+_MESSAGE_FIELDS = frozenset(
+    {"body", "tags", "keys", "properties", "unique_id", "born_ts", "born_host", "flag", "queue_id"}
+)
 
 
 def build_messages(
@@ -322,8 +324,11 @@ def build_messages(
     max_size: int,
     new_unique_id: Any,
     default_born_host: str,
+    queue_ids_max: int,
 ) -> list[StoredMessage]:
-    """Validate a send request's ``messages`` and make the records (one store time for the batch)."""
+    """Validate a send request's ``messages`` and make the records (one store time for the batch).
+    A message's own ``queue_id`` (below ``queue_ids_max``) overrides ``queue_id``: one request may
+    carry messages for several queues of the topic (the SDK's auto-batches)."""
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not 1 <= len(items) <= BATCH_MESSAGES_MAX:
         raise InvalidInput("INVALID_BATCH", f"messages must be a list of 1..{BATCH_MESSAGES_MAX} messages")
     out: list[StoredMessage] = []
@@ -340,10 +345,12 @@ def build_messages(
         if not isinstance(born_host, str) or len(born_host) > BORN_HOST_CHARS_MAX:
             raise InvalidInput("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {BORN_HOST_CHARS_MAX}")
         uid = item.get("unique_id")
+        qid = item.get("queue_id")
         out.append(
             StoredMessage(
                 topic=topic,
-                queue_id=queue_id,
+                queue_id=queue_id if qid is None else check_int(qid, f"messages[{i}].queue_id", 0, queue_ids_max - 1,
+                                                                 "INVALID_QUEUE_ID"),
                 flag=check_int(item.get("flag", 0), f"messages[{i}].flag", 0, 2**31 - 1),
                 tags=check_tags(item.get("tags")),
                 keys=check_keys(item.get("keys")),

@@ -58,6 +58,7 @@ class SendResult(NamedTuple):
     queue_offset: int | None
     position: int
     duplicate: bool = False
+    queue_id: int = -1  # set when a request's messages named their own queues
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -68,6 +69,8 @@ class SendResult(NamedTuple):
         }
         if self.duplicate:
             out["duplicate"] = True
+        if self.queue_id >= 0:
+            out["queue_id"] = self.queue_id
         return out
 
 
@@ -161,15 +164,22 @@ class SendOps(ServiceBase):
             max_size=s.cfg.max_message_size,
             new_unique_id=lambda: uuid.uuid4().hex.upper(),
             default_born_host=client_addr,
+            queue_ids_max=queue_nums,
         )
+        # Messages naming their own queues (an auto-batch across queues): each result says where.
+        qids = [m.queue_id for m in msgs]
+        last_qid = max(qids)
+        if last_qid == qid and min(qids) == qid:
+            qids = []
         # Delayed and timed messages go to the schedule topic until due (broker/schedule.py).
         msgs = [s.schedule.policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
             raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
-        if qid >= tc.write_queue_nums:
-            raise ServiceError(400, "INVALID_QUEUE_ID", f"queue_id {qid} >= write_queue_nums {tc.write_queue_nums}")
+        if max(qid, last_qid) >= tc.write_queue_nums:
+            bad = max(qid, last_qid)
+            raise ServiceError(400, "INVALID_QUEUE_ID", f"queue_id {bad} >= write_queue_nums {tc.write_queue_nums}")
         s.counters["send_requests"] += 1
         uids = [m.unique_id for m in msgs]
         waited_from = s.clock.monotonic()
@@ -189,7 +199,7 @@ class SendOps(ServiceBase):
         s.metrics.sent(topic, len(fresh), sum(len(records[i]) for i in fresh), s.clock.monotonic() - started)
         if producer_group is not None:
             s.producers.sent(producer_group, client_addr, topic, s.monotonic_ms())
-        return self._send_answer(msgs, firsts, fresh, locs, qid, store_ts)
+        return self._send_answer(msgs, firsts, fresh, locs, qid, store_ts, qids)
 
     def _send_answer(
         self,
@@ -199,12 +209,15 @@ class SendOps(ServiceBase):
         locs: list[Any],
         qid: int,
         store_ts: int,
+        qids: list[int],
     ) -> SendAnswer:
+        """``qids``: each message's queue when they named their own (else empty): then every result
+        carries its queue id."""
         name = self.s.cfg.broker_name
         # A retried send is answered with its first result (stored once); fresh messages as usual.
         results: list[SendResult | None] = [
             None if k is None else SendResult(make_msg_id(name, k.position), m.unique_id, k.queue_offset, k.position,
-                                              duplicate=True)
+                                              duplicate=True, queue_id=k.queue_id if qids else -1)
             for m, k in zip(msgs, firsts, strict=True)
         ]
         if not fresh:
@@ -213,7 +226,8 @@ class SendOps(ServiceBase):
             qid, store_ts = first.queue_id, first.store_ts
         for i, loc in zip(fresh, locs, strict=True):
             # loc.result: the queue offset its apply assigned (results travel with the call)
-            results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position)
+            results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position,
+                                    queue_id=qids[i] if qids else -1)
         assert all(r is not None for r in results)
         return SendAnswer(name, qid, store_ts, tuple(r for r in results if r is not None))
 

@@ -79,7 +79,7 @@ class TxnOps(SendOps):
         qid = check_int(queue_id, "queue_id", 0, queue_nums - 1, "INVALID_QUEUE_ID")
         msgs = build_messages(
             topic, qid, messages, store_ts=s.wall_ms(), max_size=s.cfg.max_message_size,
-            new_unique_id=lambda: uuid.uuid4().hex.upper(), default_born_host=client_addr,
+            new_unique_id=lambda: uuid.uuid4().hex.upper(), default_born_host=client_addr, queue_ids_max=queue_nums,
         )
         if len(msgs) != 1:
             raise ServiceError(400, "TRANSACTION_BATCH_UNSUPPORTED", "a transaction sends exactly one message")

@@ -1,15 +1,17 @@
 """Producer auto-batching (RocketMQ 5's ``autoBatch``, Kafka's ``linger.ms``): single-message sends
-to one queue that arrive within ``batch_max_delay_ms`` of each other go to the broker as one batch
-request (one append, one Raft entry), and every caller still gets its own ``SendResult`` (its own
-queue offset and message id) or its own error.
+to one broker group's queues of a topic that arrive within ``batch_max_delay_ms`` of each other go
+to the broker as one batch request (one append, one Raft entry), and every caller still gets its
+own ``SendResult`` (its own queue, queue offset and message id) or its own error. Each message keeps
+the queue its caller chose: a batch across queues names each message's queue (``queue_id`` in the
+message map), so round-robin, selectors and ordered sends are unchanged.
 
     send(m1) ─┐                        ┌─▶ SendResult(m1, offset n)
     send(m2) ─┼─ linger ≤ 1 ms ─▶ POST /v1/send [m1, m2, m3] ─▶ SendResult(m2, offset n+1)
     send(m3) ─┘  (or count/bytes full)  └─▶ SendResult(m3, offset n+2)
 
-- A send to a queue with no batch request in flight goes at once (with whatever other sends
-  reached the queue in the same event-loop turn): a lone synchronous sender never waits for the
-  linger. While a batch to that queue is in flight, new sends gather and go when it is answered,
+- A send to a group with no batch request of the topic in flight goes at once (with whatever other
+  sends reached it in the same event-loop turn): a lone synchronous sender never waits for the
+  linger. While a batch is in flight, new sends gather and go when it is answered,
   when the first of them has waited ``batch_max_delay_ms``, or when they reach
   ``batch_max_count`` messages or ``batch_max_bytes`` of bodies, whichever comes first (Nagle's
   rule with a bounded linger: the batch grows with the round trip, up to the limits).
@@ -47,6 +49,7 @@ SendItems = Callable[[MessageQueue, list[dict[str, Any]], float], Awaitable[Any]
 
 @dataclasses.dataclass(slots=True)
 class _Waiting:
+    queue_id: int
     item: dict[str, Any]
     deadline: float
     future: asyncio.Future[Any]
@@ -82,8 +85,16 @@ def copy_error(exc: ClientError) -> ClientError:
     return out
 
 
+# batches are gathered per (topic, broker group): one request reaches one group's leader
+_Key = tuple[str, str]
+
+
+def _key(mq: MessageQueue) -> _Key:
+    return mq.topic, mq.broker_name
+
+
 class AutoBatcher:
-    """One per producer; one open batch per queue. Owned by the producer's event loop."""
+    """One per producer; one open batch per topic and broker group. Owned by the producer's event loop."""
 
     def __init__(
         self,
@@ -98,8 +109,8 @@ class AutoBatcher:
         self.max_delay_s = max_delay_ms / 1000
         self.max_count = max_count
         self.max_bytes = max_bytes
-        self._open: dict[MessageQueue, _Batch] = {}
-        self._in_flight: dict[MessageQueue, int] = {}  # batch requests sent and not yet answered
+        self._open: dict[_Key, _Batch] = {}
+        self._in_flight: dict[_Key, int] = {}  # batch requests sent and not yet answered
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # requests sent (for tests and stats)
         self.messages = 0
@@ -108,22 +119,23 @@ class AutoBatcher:
         """Send one message's request item (``send_request``'s ``messages[0]``) in a batch to ``mq``."""
         loop = asyncio.get_running_loop()
         size = len(item.get("body", b""))
-        batch = self._open.get(mq)
+        key = _key(mq)
+        batch = self._open.get(key)
         if batch is not None and batch.bytes + size > self.max_bytes:
-            self._flush(mq)  # this one would overflow it: send what is there, start a new one
+            self._flush(key)  # this one would overflow it: send what is there, start a new one
             batch = None
         if batch is None:
-            batch = self._open[mq] = _Batch()
-            if self._in_flight.get(mq, 0):
-                batch.timer = loop.call_later(self.max_delay_s, self._flush, mq)
-            else:  # nothing in flight to this queue: go at the end of this loop turn
-                batch.timer = loop.call_soon(self._flush, mq)
-        waiting = _Waiting(item, deadline, loop.create_future())
+            batch = self._open[key] = _Batch()
+            if self._in_flight.get(key, 0):
+                batch.timer = loop.call_later(self.max_delay_s, self._flush, key)
+            else:  # nothing in flight to this group: go at the end of this loop turn
+                batch.timer = loop.call_soon(self._flush, key)
+        waiting = _Waiting(mq.queue_id, item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
         batch.bytes += size
         if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
-            self._flush(mq)
+            self._flush(key)
         # The caller's own deadline: one timer that fails its future (cheaper per send than an
         # asyncio.timeout scope and a shield; the batch sets results only on futures not yet done).
         expiry = loop.call_at(deadline, _expire, waiting.future)
@@ -132,38 +144,46 @@ class AutoBatcher:
         finally:
             expiry.cancel()
         sub = dict(answer)
-        sub["results"] = [answer["results"][index]]
+        result = answer["results"][index]
+        sub["results"] = [result]
+        if "queue_id" in result:  # a batch across queues: where this message went
+            sub["queue_id"] = result["queue_id"]
         return send_result_from_answer(sub, mq)
 
-    def _flush(self, mq: MessageQueue) -> None:
-        batch = self._open.pop(mq, None)
+    def _flush(self, key: _Key) -> None:
+        batch = self._open.pop(key, None)
         if batch is None:
             return
         if batch.timer is not None:
             batch.timer.cancel()
-        self._in_flight[mq] = self._in_flight.get(mq, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._send_one(mq, batch.waiting))
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._send_one(key, batch.waiting))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_one(self, mq: MessageQueue, waiting: list[_Waiting]) -> None:
+    async def _send_one(self, key: _Key, waiting: list[_Waiting]) -> None:
         try:
-            await self._send(mq, waiting)
+            await self._send(key, waiting)
         finally:
-            left = self._in_flight[mq] - 1
+            left = self._in_flight[key] - 1
             if left:
-                self._in_flight[mq] = left
+                self._in_flight[key] = left
             else:
-                del self._in_flight[mq]
-            if mq in self._open:  # sends gathered while this one was in flight: they go now
-                self._flush(mq)
+                del self._in_flight[key]
+            if key in self._open:  # sends gathered while this one was in flight: they go now
+                self._flush(key)
 
-    async def _send(self, mq: MessageQueue, waiting: list[_Waiting]) -> None:
+    async def _send(self, key: _Key, waiting: list[_Waiting]) -> None:
         self.batches += 1
         self.messages += len(waiting)
         deadline = max(w.deadline for w in waiting)
+        first = waiting[0].queue_id
+        if all(w.queue_id == first for w in waiting):
+            items = [w.item for w in waiting]
+        else:  # each message names its own queue
+            items = [{**w.item, "queue_id": w.queue_id} for w in waiting]
         try:
-            answer = await self._send_items(mq, [w.item for w in waiting], deadline)
+            answer = await self._send_items(MessageQueue(key[0], key[1], first), items, deadline)
             results = answer["results"]
             if not isinstance(results, list) or len(results) != len(waiting):
                 raise ClientError("BAD_ANSWER", f"a batch of {len(waiting)} was answered with "
@@ -176,7 +196,7 @@ class AutoBatcher:
                 refused = sum(len(w.item.get("body", b"")) for w in waiting)
                 self.max_bytes = max(1, min(self.max_bytes, refused // 2))
                 half = len(waiting) // 2
-                await asyncio.gather(self._send(mq, waiting[:half]), self._send(mq, waiting[half:]))
+                await asyncio.gather(self._send(key, waiting[:half]), self._send(key, waiting[half:]))
                 return
             for w in waiting:
                 if not w.future.done():
@@ -198,7 +218,7 @@ class AutoBatcher:
                 w.future.set_result((answer, i))
 
     async def close(self) -> None:
-        for mq in list(self._open):
-            self._flush(mq)
+        for key in list(self._open):
+            self._flush(key)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)

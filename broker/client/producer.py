@@ -19,7 +19,8 @@ One send, step by step::
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.
 - Auto-batching (``batch_max_delay_ms``, 1 ms; 0 = off; broker/client/autobatch.py): concurrent
-  single sends to one queue share one request; each caller gets its own result or error.
+  single sends to one broker group's queues of a topic share one request (each message keeps its
+  queue); each caller gets its own result or error.
 - ``send_async`` / ``send_oneway`` run as tasks; at most ``async_in_flight_max`` at a time (over
   that: ``BUSY`` at once, no unbounded backlog). One-way sends make one attempt; errors are logged.
 """
@@ -199,8 +200,8 @@ class Producer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._refresher: asyncio.Task[None] | None = None
         self._running = False
-        # Auto-batching (broker/client/autobatch.py): concurrent single sends to one queue share a
-        # request; batch_max_delay_ms=0 turns it off.
+        # Auto-batching (broker/client/autobatch.py): concurrent single sends to one group's queues
+        # share a request; batch_max_delay_ms=0 turns it off.
         self._batcher = AutoBatcher(
             self._send_items, max_delay_ms=batch_max_delay_ms, max_count=batch_max_count, max_bytes=batch_max_bytes
         ) if batch_max_delay_ms > 0 else None

@@ -71,6 +71,33 @@ async def test_a_retried_send_is_answered_with_its_first_result(cluster: BrokerC
     assert (await svc.pull("S2", 0, 0)).max_offset == 1  # stored once
 
 
+async def test_one_send_may_name_each_message_s_queue(cluster: BrokerCluster) -> None:
+    """Issue 13: the SDK's auto-batches gather concurrent sends to several queues of one group into
+    one request (one append); each message keeps its queue and each result names it."""
+    svc = _leader(cluster).service
+    await svc.put_topic("SQ", read_queue_nums=4, write_queue_nums=4)
+    await svc.send("SQ", 2, [{"body": b"before"}])
+    sent = await svc.send(
+        "SQ", 1, [{"body": b"a", "queue_id": 1}, {"body": b"b", "queue_id": 2}, {"body": b"c"},
+                  {"body": b"d", "queue_id": 2, "unique_id": "QD"}]
+    )
+    assert sent.queue_id == 1
+    assert [(r.queue_id, r.queue_offset) for r in sent.results] == [(1, 0), (2, 1), (1, 1), (2, 2)]
+    assert [r.get("queue_id") for r in sent.to_dict()["results"]] == [1, 2, 1, 2]
+    assert [pm.message.body for pm in (await svc.pull("SQ", 2, 0)).messages] == [b"before", b"b", b"d"]
+    assert [pm.message.body for pm in (await svc.pull("SQ", 1, 0)).messages] == [b"a", b"c"]
+    again = await svc.send("SQ", 0, [{"body": b"d", "queue_id": 3, "unique_id": "QD"}])  # a retry elsewhere
+    assert again.results[0].duplicate and (again.results[0].queue_id, again.results[0].queue_offset) == (2, 2)
+    # a request naming no queue per message answers as before (no queue per result)
+    assert "queue_id" not in (await svc.send("SQ", 3, [{"body": b"e"}])).to_dict()["results"][0]
+    for bad in (4, -1, "1", True):
+        with pytest.raises(ServiceError) as e:
+            await svc.send("SQ", 0, [{"body": b"x"}, {"body": b"y", "queue_id": bad}])
+        assert (e.value.code, e.value.status) == ("INVALID_QUEUE_ID", 400)
+        assert "messages[1].queue_id" in e.value.message
+    assert not (await svc.pull("SQ", 0, 0)).messages  # nothing of a refused request was stored
+
+
 async def test_every_refusal_is_one_service_error(cluster: BrokerCluster) -> None:
     leader = _leader(cluster)
     svc = leader.service

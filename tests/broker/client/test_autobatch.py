@@ -1,5 +1,6 @@
-"""Producer auto-batching (issue 13): concurrent single sends to one queue share one request, each
-caller gets its own result or its own error; linger 0 turns it off. Unit level (a stand-in for the
+"""Producer auto-batching (issue 13): concurrent single sends to one broker group's queues of a topic
+share one request, each caller gets its own result (in its own queue) or its own error; linger 0
+turns it off. Unit level (a stand-in for the
 broker); the end-to-end runs are in test_remoting_e2e.py."""
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from broker.client.autobatch import AutoBatcher
 
 MQ = MessageQueue("T", "RaftNode00", 0)
 MQ2 = MessageQueue("T", "RaftNode00", 1)
+OTHER_GROUP = MessageQueue("T", "RaftNode01", 0)
 
 
 class Broker:
-    """Answers a batch like /v1/send: consecutive offsets, one result per message."""
+    """Answers a batch like /v1/send: consecutive offsets (per queue), one result per message, which
+    names its queue when the messages named theirs."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[MessageQueue, list[dict[str, Any]]]] = []
-        self.offset = 100
+        self.offsets: dict[tuple[str, int], int] = {}
         self.fail: ClientError | None = None
         self.gate: asyncio.Event | None = None
 
@@ -33,9 +36,13 @@ class Broker:
             raise self.fail
         results = []
         for i, it in enumerate(items):
-            results.append({"msg_id": f"RaftNode00:{self.offset + i:016X}", "unique_id": it["unique_id"],
-                            "queue_offset": self.offset + i, "position": 1000 + i})
-        self.offset += len(items)
+            qid = it.get("queue_id", mq.queue_id)
+            offset = self.offsets.get((mq.broker_name, qid), 100)
+            self.offsets[mq.broker_name, qid] = offset + 1
+            results.append({"msg_id": f"{mq.broker_name}:{qid:04X}{offset:012X}", "unique_id": it["unique_id"],
+                            "queue_offset": offset, "position": 1000 + i})
+            if "queue_id" in it:
+                results[-1]["queue_id"] = qid
         return {"status": "SEND_OK", "broker_name": mq.broker_name, "queue_id": mq.queue_id, "store_ts": 5,
                 "results": results}
 
@@ -60,17 +67,35 @@ async def test_concurrent_sends_share_one_request_and_get_their_own_results() ->
     assert len({r.msg_id for r in results}) == 10
 
 
-async def test_queues_batch_separately_and_count_and_bytes_close_a_batch() -> None:
+async def test_count_and_bytes_close_a_batch() -> None:
     broker = Broker()
     b = AutoBatcher(broker, max_delay_ms=10_000, max_count=4, max_bytes=100)  # only the limits close batches
     sends = [b.send(MQ, item(i), deadline()) for i in range(8)] + [
-        b.send(MQ2, item(i, size), deadline()) for i, size in ((8, 60), (9, 60), (10, 40))]
+        b.send(MQ, item(i, size), deadline()) for i, size in ((8, 60), (9, 60), (10, 40))]
     results = await asyncio.wait_for(asyncio.gather(*sends), 5.0)
-    sizes = sorted((mq.queue_id, len(items)) for mq, items in broker.requests)
-    # queue 0: two full batches of 4; queue 1: 60 + 60 bytes would pass 100 (the first goes alone),
-    # then 60 + 40 reaches 100 (goes at once)
-    assert sizes == [(0, 4), (0, 4), (1, 1), (1, 2)]
-    assert [r.message_queue.queue_id for r in results] == [0] * 8 + [1] * 3
+    # two full batches of 4; then 60 + 60 bytes would pass 100 (the first goes alone), then 60 + 40
+    # reaches 100 (goes at once)
+    assert [len(items) for _, items in broker.requests] == [4, 4, 1, 2]
+    assert [r.queue_offset for r in results] == list(range(100, 111))
+
+
+async def test_sends_to_several_queues_of_a_group_share_a_request_and_keep_their_queues() -> None:
+    """Measured for issue 13: 32 synchronous senders over 8 queues made batches of ~4 (one batch in
+    flight per queue); a batch per group carries each message's queue."""
+    broker = Broker()
+    b = AutoBatcher(broker, max_delay_ms=50)
+    mqs = [MQ, MQ2, MQ, MQ2, MessageQueue("T", "RaftNode00", 5), OTHER_GROUP]
+    results = await asyncio.wait_for(asyncio.gather(*(b.send(mq, item(i), deadline()) for i, mq in enumerate(mqs))),
+                                     5.0)
+    assert sorted((mq.broker_name, len(items)) for mq, items in broker.requests) == [("RaftNode00", 5),
+                                                                                        ("RaftNode01", 1)]
+    (mixed,) = [items for mq, items in broker.requests if mq.broker_name == "RaftNode00"]
+    assert [it["queue_id"] for it in mixed] == [0, 1, 0, 1, 5]  # each message names its queue
+    (alone,) = [items for mq, items in broker.requests if mq.broker_name == "RaftNode01"]
+    assert "queue_id" not in alone[0]  # one queue: the request's queue_id says it
+    assert [r.message_queue for r in results] == mqs
+    assert [r.queue_offset for r in results] == [100, 100, 101, 101, 100, 100]
+    assert [r.unique_id for r in results] == [f"U{i:031d}" for i in range(6)]
 
 
 async def test_a_failed_batch_gives_every_caller_its_own_error() -> None:
@@ -113,16 +138,18 @@ async def test_sends_gather_while_a_batch_is_in_flight_and_go_when_it_is_answere
     b = AutoBatcher(broker, max_delay_ms=60_000)
     first = asyncio.create_task(b.send(MQ, item(0), deadline()))
     await asyncio.wait_for(_until(lambda: len(broker.requests) == 1), 5.0)  # went at once
-    later = [asyncio.create_task(b.send(MQ, item(i), deadline())) for i in range(1, 6)]
-    other = asyncio.create_task(b.send(MQ2, item(9), deadline()))  # another queue is idle: at once
+    later = [asyncio.create_task(b.send(MQ if i % 2 else MQ2, item(i), deadline())) for i in range(1, 6)]
+    other = asyncio.create_task(b.send(OTHER_GROUP, item(9), deadline()))  # another group is idle: at once
     await asyncio.wait_for(_until(lambda: len(broker.requests) == 2), 5.0)
     for _ in range(20):  # loop turns, no wall time: nothing else may go while the first is in flight
         await asyncio.sleep(0)
-    assert [(mq.queue_id, len(items)) for mq, items in broker.requests] == [(0, 1), (1, 1)]
+    assert [(mq.broker_name, len(items)) for mq, items in broker.requests] == [("RaftNode00", 1), ("RaftNode01", 1)]
     broker.gate.set()
     results = await asyncio.wait_for(asyncio.gather(first, *later, other), 5.0)
-    assert [(mq.queue_id, len(items)) for mq, items in broker.requests] == [(0, 1), (1, 1), (0, 5)]
+    assert [(mq.broker_name, len(items)) for mq, items in broker.requests] == [
+        ("RaftNode00", 1), ("RaftNode01", 1), ("RaftNode00", 5)]
     assert [r.unique_id for r in results[1:6]] == [f"U{i:031d}" for i in range(1, 6)]
+    assert [r.message_queue.queue_id for r in results[1:6]] == [0, 1, 0, 1, 0]
 
 
 async def test_gathered_sends_go_after_the_linger_even_if_the_batch_in_flight_hangs() -> None:

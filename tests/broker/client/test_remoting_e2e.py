@@ -56,6 +56,29 @@ async def test_routes_advertise_the_binary_port_and_the_sdk_uses_it(make_cluster
         assert binary_requests(cluster) > sends
 
 
+async def test_round_robin_sends_share_requests_across_queues(make_cluster: ClusterFactory) -> None:
+    """Issue 13: concurrent sends to the four queues of one group share requests; each message is
+    stored in the queue the producer chose and its result names that queue and offset."""
+    cluster = await make_cluster(n_groups=1, topics={"T": 4}, broker_props=BINARY)
+    g = cluster.group("RaftNode00")
+    async with Producer("pg", cluster.namesrv_addr, credentials=PRODUCER, batch_max_delay_ms=5) as p:
+        results = await asyncio.gather(*(p.send(Message("T", f"m{i}".encode())) for i in range(60)))
+        # sent together, all 60 reach the batcher in one loop turn: fewer requests than queues
+        # (per-queue batches took at least 4)
+        assert 1 <= binary_requests(cluster) < 4, binary_requests(cluster)
+    by_queue: dict[int, list[str]] = {}
+    for r in results:
+        assert r.message_queue.topic == "T" and r.message_queue.broker_name == "RaftNode00"
+        by_queue.setdefault(r.message_queue.queue_id, []).append(r.unique_id)
+    assert sorted(by_queue) == [0, 1, 2, 3] and all(len(v) == 15 for v in by_queue.values())  # round-robin
+    for qid, uids in by_queue.items():
+        stored = await g.messages("T", qid)
+        assert sorted(m["unique_id"] for m in stored) == sorted(uids)
+        for r in results:
+            if r.message_queue.queue_id == qid:
+                assert stored[r.queue_offset]["unique_id"] == r.unique_id
+
+
 async def test_acl_refusal_and_forced_http(make_cluster: ClusterFactory) -> None:
     cluster = await make_cluster(n_groups=1, topics={"T": 1}, broker_props=BINARY)
     async with Producer("pg", cluster.namesrv_addr, credentials=NOBODY, retry_times=0) as p:
