@@ -78,3 +78,24 @@ def test_rss_is_split_into_heap_and_file_backed_pages() -> None:
     assert kib is not None and kib["rss"] > 0 and kib["anon"] > 0
     assert abs(kib["anon"] + kib["file"] - kib["rss"]) <= kib["rss"] // 10  # RssShmem is the rest
     assert versus_bench._rss_kib(2**22 + 12345) is None  # no such process
+
+
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_our_cluster_runs_with_the_flush_policy_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush: str
+) -> None:
+    """``--flush async`` runs ours as NATS runs by default (acknowledged before fsync)."""
+    import subprocess
+
+    calls: list[tuple[str, ...]] = []
+
+    def cluster_command(a: argparse.Namespace, *cmd: str) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(list(cmd), 1, "", "refused by the test")
+
+    monkeypatch.setattr(versus_bench, "cluster_command", cluster_command)
+    ns = argparse.Namespace(dir=str(tmp_path), raft_port=1, http_port=2, namesrv_port=3, flush=flush)
+    with pytest.raises(RuntimeError, match="did not start"):
+        versus_bench.run_ours(ns)
+    up = calls[0]
+    assert up[0] == "up" and up[up.index("--flush") + 1] == flush
