@@ -143,12 +143,7 @@ class AutoBatcher:
             answer, index = await waiting.future
         finally:
             expiry.cancel()
-        sub = dict(answer)
-        result = answer["results"][index]
-        sub["results"] = [result]
-        if "queue_id" in result:  # a batch across queues: where this message went
-            sub["queue_id"] = result["queue_id"]
-        return send_result_from_answer(sub, mq)
+        return send_result_from_answer(answer, mq, index)  # a batch across queues: its result names its queue
 
     def _flush(self, key: _Key) -> None:
         batch = self._open.pop(key, None)

@@ -250,20 +250,34 @@ def send_request(
     return {"topic": mq.topic, "queue_id": mq.queue_id, "producer_group": producer_group, "messages": items}
 
 
-def send_result_from_answer(answer: Any, mq: MessageQueue) -> SendResult:
+_SEND_STATUS = {s.value: s for s in SendStatus}
+
+
+def send_result_from_answer(answer: Any, mq: MessageQueue, index: int | None = None) -> SendResult:
+    """The ``SendResult`` of a send answer; ``index``: only that message's (one caller of an
+    auto-batch: its queue is the one its result names, else the answer's)."""
     try:
+        raw = answer["results"]
+        queue_id = answer.get("queue_id", mq.queue_id)
+        if index is not None:
+            one = raw[index]
+            raw = (one,)
+            queue_id = one.get("queue_id", queue_id)
         results = [
             SendItem(
                 str(r["msg_id"]), str(r["unique_id"]), int(r["queue_offset"]), int(r.get("position", -1))
             )
-            for r in answer["results"]
+            for r in raw
         ]
-        stored_mq = MessageQueue(
-            mq.topic, str(answer.get("broker_name", mq.broker_name)), int(answer.get("queue_id", mq.queue_id))
-        )
+        broker = answer.get("broker_name", mq.broker_name)
+        if type(queue_id) is int and queue_id == mq.queue_id and broker == mq.broker_name:
+            stored_mq = mq  # where it was asked to go (the usual case): no new object per message
+        else:
+            stored_mq = MessageQueue(mq.topic, str(broker), int(queue_id))
+        status = answer.get("status", "SEND_OK")
         first = results[0]
         return SendResult(
-            status=SendStatus(answer.get("status", "SEND_OK")),
+            status=_SEND_STATUS.get(status) or SendStatus(status),
             msg_id=first.msg_id,
             unique_id=first.unique_id,
             message_queue=stored_mq,
@@ -271,7 +285,7 @@ def send_result_from_answer(answer: Any, mq: MessageQueue) -> SendResult:
             store_ts=int(answer.get("store_ts", 0)),
             items=tuple(results),
         )
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise ClientError("BAD_ANSWER", f"unexpected send answer: {exc!r}") from None
 
 

@@ -358,6 +358,33 @@ def test_message_validation_and_codecs() -> None:
     assert pulled.messages[0].message_queue == MessageQueue("T", "A", 0)
 
 
+def test_one_caller_s_result_of_a_batch_answer() -> None:
+    """An auto-batch answer: each caller's result is its own message's, in the queue its result
+    names (a batch across queues) or the answer's; malformed answers are BAD_ANSWER, never a crash."""
+    mq = MessageQueue("T", "A", 2)
+    answer = {
+        "status": "SEND_OK", "broker_name": "A", "queue_id": 2, "store_ts": 9,
+        "results": [{"msg_id": "A:01", "unique_id": "U1", "queue_offset": 7, "position": 1, "queue_id": 2},
+                    {"msg_id": "A:02", "unique_id": "U2", "queue_offset": 3, "position": 2, "queue_id": 0},
+                    {"msg_id": "A:03", "unique_id": "U3", "queue_offset": 8, "position": 3}],
+    }  # fmt: skip
+    first = send_result_from_answer(answer, mq, 0)
+    assert first.message_queue is mq and (first.unique_id, first.queue_offset, len(first.items)) == ("U1", 7, 1)
+    second = send_result_from_answer(answer, MessageQueue("T", "A", 0), 1)
+    assert second.message_queue == MessageQueue("T", "A", 0) and second.unique_id == "U2"
+    moved = send_result_from_answer(answer, MessageQueue("T", "A", 3), 1)  # the broker says where it went
+    assert moved.message_queue == MessageQueue("T", "A", 0)
+    assert send_result_from_answer(answer, mq, 2).message_queue is mq  # no queue in the result: the answer's
+    assert send_result_from_answer({**answer, "broker_name": "B"}, mq, 2).message_queue == MessageQueue("T", "B", 2)
+    whole = send_result_from_answer(answer, mq)
+    assert [i.unique_id for i in whole.items] == ["U1", "U2", "U3"] and whole.message_queue is mq
+    for bad in ({**answer, "status": "NOPE"}, {**answer, "status": ["x"]}, {**answer, "results": ["x", "y", "z"]},
+                {**answer, "results": []}, {**answer, "queue_id": "zz"}, {**answer, "results": None}):
+        with pytest.raises(ClientError) as e:
+            send_result_from_answer(bad, MessageQueue("T", "A", 1), 2)
+        assert e.value.code == "BAD_ANSWER"
+
+
 def test_tags_expression() -> None:
     assert parse_tags_expression("*") is None and parse_tags_expression("") is None
     assert parse_tags_expression("a || b") == frozenset({"a", "b"})
