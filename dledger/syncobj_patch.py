@@ -32,6 +32,13 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
      rose during a partition unable to rejoin).
    - before campaigning, input already received is read first: a tick thread that stalled must not
      call an election while the leader's heartbeats wait in its socket buffer.
+   - a stall is not a failure: a tick that comes more than half the minimum election timeout after
+     the previous one (``STALL_FRACTION``: the thread did not run — a garbage collection, a starved
+     or suspended process, every replica of an in-process group at once) restarts the election
+     timer, keeps the lease of a known leader for another minimum timeout (votes and pre-votes
+     refused), and gives a leader's quorum check one more ``leaderFallbackTimeout``: the node could
+     not have heard its peers, so their silence proves nothing. A peer that really failed meanwhile
+     is replaced one timeout later.
    - check-quorum: a leader that has not heard from a majority within ``leaderFallbackTimeout``
      steps down (dLegerLeaderStepDownMs).
    - the commit index is ``quorum_commit_index``: the highest index held by a majority, counting the
@@ -85,6 +92,10 @@ def check_pinned_version() -> None:
 
 
 _original_create_journal = _syncobj_mod.createJournal
+# A tick later than this fraction of the minimum election timeout after the previous one is a stall
+# of this thread (ticks wait at most 50 ms for input), not a silence of its peers.
+STALL_FRACTION = 0.5
+
 _installed = False
 
 
@@ -239,6 +250,8 @@ class DLedgerSyncObj(SyncObj):
         self.dl_last_append_at: float | None = None
         self.dl_max_append_gap_s = 0.0
         self.dl_last_leader_contact: float | None = None
+        self.dl_last_tick_at: float | None = None
+        self.dl_stall_grace_until = float("-inf")  # after a stall: lease kept / quorum check waits
         self.dl_prevote_round = 0
         self.dl_prevote_term: int | None = None
         self.dl_prevote_grants: set[Any] = set()
@@ -256,6 +269,7 @@ class DLedgerSyncObj(SyncObj):
                 "votes_ignored_in_lease",
                 "prevotes_granted",
                 "prevotes_refused",
+                "stalls",
             ),
             0,
         )
@@ -313,6 +327,9 @@ class DLedgerSyncObj(SyncObj):
                 self._poller.poll(timeToWait)
                 return
         now = dl_clock.current_monotonic()
+        last_tick, self.dl_last_tick_at = self.dl_last_tick_at, now
+        if last_tick is not None and now - last_tick > STALL_FRACTION * self.dl_conf.raftMinTimeout:
+            self._dl_after_stall(now, now - last_tick)
         if now - self._SyncObj__startTime > self._SyncObj__numOneSecondDumps:
             self._SyncObj__numOneSecondDumps += 1
             self._SyncObj__raftLog.onOneSecondTimer()
@@ -351,6 +368,8 @@ class DLedgerSyncObj(SyncObj):
         """Heard from a live leader within the minimum election timeout (or is the leader)."""
         if self.dl_state == RAFT_STATE_LEADER:
             return True
+        if self._SyncObj__raftLeader is not None and now < self.dl_stall_grace_until:
+            return True  # this node stalled: its leader's silence proves nothing yet
         contact = self.dl_last_leader_contact
         return (
             self._SyncObj__raftLeader is not None
@@ -388,6 +407,21 @@ class DLedgerSyncObj(SyncObj):
             self.dl_transport.send(node, message)
         if self._dl_majority(1):
             self._dl_start_election(transfer=False)
+
+    def _dl_after_stall(self, now: float, gap_s: float) -> None:
+        """This tick thread did not run for ``gap_s``: restart what measured the peers' silence."""
+        self.dl_counters["stalls"] += 1
+        if self.dl_state == RAFT_STATE_LEADER:
+            self.dl_stall_grace_until = now + self.dl_conf.leaderFallbackTimeout
+        else:
+            restarted = now + self._SyncObj__generateRaftTimeout()
+            if self._SyncObj__raftElectionDeadline < restarted:
+                self._SyncObj__raftElectionDeadline = restarted
+            self.dl_stall_grace_until = now + self.dl_conf.raftMinTimeout
+        log.warning(
+            "the Raft tick thread did not run for %.0f ms (%s): election timer and quorum check restarted",
+            gap_s * 1000, "leader" if self.dl_state == RAFT_STATE_LEADER else "follower",
+        )
 
     def _dl_start_election(self, transfer: bool) -> None:
         self.dl_counters["elections_started"] += 1
@@ -444,6 +478,8 @@ class DLedgerSyncObj(SyncObj):
         self._SyncObj__leaderCommitIndex = new
 
     def _dl_check_quorum(self, now: float) -> None:
+        if now < self.dl_stall_grace_until:
+            return  # this leader stalled: the followers' answers have not had time to come
         deadline = now - self.dl_conf.leaderFallbackTimeout
         responses = self._SyncObj__lastResponseTime
         heard = 1 + sum(1 for n in self._SyncObj__otherNodes if responses.get(n, deadline) > deadline)

@@ -93,6 +93,23 @@ def test_a_paused_follower_does_not_depose_the_leader(seed: int) -> None:
     assert world.leader() is leader and leader.core.term == term
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_stall_of_every_replica_at_once_elects_nobody(seed: int) -> None:
+    """Found in CI: replicas sharing one process (the in-process test groups) all stalled for longer
+    than an election timeout (a busy 2-core host, a full garbage collection) and, on resuming, a
+    follower found its timer expired and deposed the leader ("stepping down as leader: stale term"),
+    though nobody had failed. A tick thread that finds it did not run for half an election timeout
+    restarts its election timer (and a leader its quorum check) instead of blaming its peers."""
+    world = _settled_world(seed)
+    leader = world.leader()
+    assert leader is not None and leader.core is not None
+    term = leader.core.term
+    for node in world.replicas:
+        world.pause(node, 1.5)  # SIGSTOP of the whole process: every timer fires on resuming
+    world.run_for(5.0)
+    assert world.leader() is leader and leader.core.term == term
+
+
 def test_without_prevote_a_rejoining_node_would_depose_the_leader(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scenario above has teeth: with pre-vote off, the rejoining node forces an election."""
     from dledger import replica
