@@ -168,18 +168,18 @@ class SendOps(ServiceBase):
         )
         # Messages naming their own queues (an auto-batch across queues): each result says where.
         qids = [m.queue_id for m in msgs]
-        last_qid = max(qids)
-        if last_qid == qid and min(qids) == qid:
+        if all(q == qid for q in qids):
             qids = []
+        highest_qid = max(qids, default=qid)
         # Delayed and timed messages go to the schedule topic until due (broker/schedule.py).
         msgs = [s.schedule.policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
             raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
-        if max(qid, last_qid) >= tc.write_queue_nums:
-            bad = max(qid, last_qid)
-            raise ServiceError(400, "INVALID_QUEUE_ID", f"queue_id {bad} >= write_queue_nums {tc.write_queue_nums}")
+        if max(qid, highest_qid) >= tc.write_queue_nums:
+            raise ServiceError(400, "INVALID_QUEUE_ID",
+                               f"queue_id {max(qid, highest_qid)} >= write_queue_nums {tc.write_queue_nums}")
         s.counters["send_requests"] += 1
         uids = [m.unique_id for m in msgs]
         waited_from = s.clock.monotonic()

@@ -49,7 +49,7 @@ SendItems = Callable[[MessageQueue, list[dict[str, Any]], float], Awaitable[Any]
 
 @dataclasses.dataclass(slots=True)
 class _Waiting:
-    queue_id: int
+    mq: MessageQueue
     item: dict[str, Any]
     deadline: float
     future: asyncio.Future[Any]
@@ -130,7 +130,7 @@ class AutoBatcher:
                 batch.timer = loop.call_later(self.max_delay_s, self._flush, key)
             else:  # nothing in flight to this group: go at the end of this loop turn
                 batch.timer = loop.call_soon(self._flush, key)
-        waiting = _Waiting(mq.queue_id, item, deadline, loop.create_future())
+        waiting = _Waiting(mq, item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
         batch.bytes += size
@@ -172,13 +172,13 @@ class AutoBatcher:
         self.batches += 1
         self.messages += len(waiting)
         deadline = max(w.deadline for w in waiting)
-        first = waiting[0].queue_id
-        if all(w.queue_id == first for w in waiting):
+        first = waiting[0].mq
+        if all(w.mq.queue_id == first.queue_id for w in waiting):
             items = [w.item for w in waiting]
         else:  # each message names its own queue
-            items = [{**w.item, "queue_id": w.queue_id} for w in waiting]
+            items = [{**w.item, "queue_id": w.mq.queue_id} for w in waiting]
         try:
-            answer = await self._send_items(MessageQueue(key[0], key[1], first), items, deadline)
+            answer = await self._send_items(first, items, deadline)
             results = answer["results"]
             if not isinstance(results, list) or len(results) != len(waiting):
                 raise ClientError("BAD_ANSWER", f"a batch of {len(waiting)} was answered with "
