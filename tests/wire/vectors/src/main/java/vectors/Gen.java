@@ -313,6 +313,7 @@ public final class Gen {
         v.put("properties", pairs(m.getProperties()));
         MessageExt back = MessageDecoder.decode(ByteBuffer.wrap(raw), true, true, true);
         v.put("msg_id", back.getMsgId());
+        v.put("offset_msg_id", ((org.apache.rocketmq.common.message.MessageClientExt) back).getOffsetMsgId());
         v.put("decoded_body_hex", hex(back.getBody()));
         return v;
     }
