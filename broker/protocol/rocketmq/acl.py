@@ -34,7 +34,8 @@ def _java_order(name: str) -> bytes:
     return name.encode("utf-16-be", "surrogatepass")
 
 
-def signature_content(ext_fields: Mapping[str, str], body: bytes | None, *, skip: frozenset[str] = frozenset()) -> bytes:
+def signature_content(ext_fields: Mapping[str, str], body: bytes | None, *,
+                      skip: frozenset[str] = frozenset()) -> bytes:
     names = sorted((n for n in ext_fields if n != SIGNATURE and n not in skip), key=_java_order)
     text = "".join(ext_fields[n] for n in names).encode("utf-8", "replace")
     return text + body if body else text

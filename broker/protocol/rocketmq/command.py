@@ -370,7 +370,8 @@ class FrameDecoder:
         if length < 4:
             raise RemotingError("BAD_FRAME", f"frame length {length} is below the 4-byte header length")
         if length + 4 > self.bounds.frame_bytes_max:
-            raise RemotingError("FRAME_TOO_LARGE", f"a frame of {length + 4} bytes exceeds {self.bounds.frame_bytes_max}")
+            raise RemotingError("FRAME_TOO_LARGE",
+                                f"a frame of {length + 4} bytes exceeds {self.bounds.frame_bytes_max}")
         if len(buf) >= 8:
             (word,) = _U32.unpack_from(buf, 4)
             header_len = word & 0xFFFFFF

@@ -107,12 +107,11 @@ def to_ext(header: Any) -> dict[str, str]:
     return out
 
 
-_hdr = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 NAT: Final = 0  # lower bound of counts, ids and offsets that cannot be negative
 
 
 # -- send -------------------------------------------------------------------------------------------
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SendMessageRequestHeader:
     """SEND_MESSAGE (long names), SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE (``a``..``n``)."""
 
@@ -192,7 +191,7 @@ def send_header_to_ext_v2(header: SendMessageRequestHeader) -> dict[str, str]:
     return out
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SendMessageResponseHeader:
     msg_id: str
     queue_id: int
@@ -216,7 +215,7 @@ PULL_FLAG_CLASS_FILTER: Final = 0x8
 PULL_FLAG_LITE_PULL: Final = 0x10
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PullMessageRequestHeader:
     consumer_group: str
     topic: str
@@ -277,7 +276,7 @@ def pull_sys_flag(*, commit_offset: bool, suspend: bool, subscription: bool, cla
             | (PULL_FLAG_LITE_PULL if lite_pull else 0))
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PullMessageResponseHeader:
     suggest_which_broker_id: int
     next_begin_offset: int
@@ -300,7 +299,7 @@ class PullMessageResponseHeader:
 
 
 # -- clients and offsets ----------------------------------------------------------------------------
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class UnregisterClientRequestHeader:
     client_id: str
     producer_group: str | None = None
@@ -312,7 +311,7 @@ class UnregisterClientRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerGroupHeader:
     """GET_CONSUMER_LIST_BY_GROUP, NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_CONNECTION_LIST."""
 
@@ -320,7 +319,7 @@ class ConsumerGroupHeader:
     FIELDS: ClassVar = (_f("consumer_group", "consumerGroup", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QueryConsumerOffsetRequestHeader:
     consumer_group: str
     topic: str
@@ -334,7 +333,7 @@ class QueryConsumerOffsetRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateConsumerOffsetRequestHeader:
     consumer_group: str
     topic: str
@@ -348,7 +347,7 @@ class UpdateConsumerOffsetRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TopicQueueHeader:
     """GET_MAX_OFFSET (with ``committed``, 5.x), GET_MIN_OFFSET, GET_EARLIEST_MSG_STORETIME."""
 
@@ -362,7 +361,7 @@ class TopicQueueHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SearchOffsetRequestHeader:
     topic: str
     queue_id: int
@@ -376,7 +375,7 @@ class SearchOffsetRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class OffsetResponseHeader:
     """Answer of QUERY_CONSUMER_OFFSET, GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP."""
 
@@ -384,7 +383,7 @@ class OffsetResponseHeader:
     FIELDS: ClassVar = (_f("offset", "offset", "long", True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TimestampResponseHeader:
     """Answer of GET_EARLIEST_MSG_STORETIME."""
 
@@ -392,7 +391,7 @@ class TimestampResponseHeader:
     FIELDS: ClassVar = (_f("timestamp", "timestamp", "long", True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerSendMsgBackRequestHeader:
     offset: int
     group: str
@@ -413,7 +412,7 @@ class ConsumerSendMsgBackRequestHeader:
 
 
 # -- transactions -----------------------------------------------------------------------------------
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EndTransactionRequestHeader:
     producer_group: str
     tran_state_table_offset: int
@@ -435,7 +434,7 @@ class EndTransactionRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CheckTransactionStateRequestHeader:
     tran_state_table_offset: int
     commit_log_offset: int
@@ -457,7 +456,7 @@ class CheckTransactionStateRequestHeader:
 UNIQUE_MSG_QUERY_FLAG: Final = "_UNIQUE_KEY_QUERY"
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QueryMessageRequestHeader:
     topic: str
     key: str
@@ -475,7 +474,7 @@ class QueryMessageRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QueryMessageResponseHeader:
     index_last_update_timestamp: int
     index_last_update_phyoffset: int
@@ -485,7 +484,7 @@ class QueryMessageResponseHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ViewMessageRequestHeader:
     offset: int
     topic: str | None = None
@@ -493,7 +492,7 @@ class ViewMessageRequestHeader:
 
 
 # -- NameServer -------------------------------------------------------------------------------------
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetRouteInfoRequestHeader:
     topic: str
     accept_standard_json_only: bool | None = None
@@ -503,14 +502,14 @@ class GetRouteInfoRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteTopicFromNamesrvRequestHeader:
     topic: str
     cluster_name: str | None = None
     FIELDS: ClassVar = (_f("topic", "topic", required=True), _f("cluster_name", "clusterName"))
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class KVConfigRequestHeader:
     """GET_KV_CONFIG, DELETE_KV_CONFIG (namespace, key) and PUT_KV_CONFIG (with value)."""
 
@@ -524,13 +523,13 @@ class KVConfigRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetKVConfigResponseHeader:
     value: str | None = None
     FIELDS: ClassVar = (_f("value", "value"),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NamespaceHeader:
     """GET_KVLIST_BY_NAMESPACE."""
 
@@ -538,13 +537,13 @@ class NamespaceHeader:
     FIELDS: ClassVar = (_f("namespace", "namespace", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetTopicsByClusterRequestHeader:
     cluster: str
     FIELDS: ClassVar = (_f("cluster", "cluster", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerNameHeader:
     """WIPE_WRITE_PERM_OF_BROKER, ADD_WRITE_PERM_OF_BROKER."""
 
@@ -552,20 +551,20 @@ class BrokerNameHeader:
     FIELDS: ClassVar = (_f("broker_name", "brokerName", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class WipeWritePermOfBrokerResponseHeader:
     wipe_topic_count: int
     FIELDS: ClassVar = (_f("wipe_topic_count", "wipeTopicCount", "int", True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AddWritePermOfBrokerResponseHeader:
     add_topic_count: int
     FIELDS: ClassVar = (_f("add_topic_count", "addTopicCount", "int", True),)
 
 
 # -- administration ---------------------------------------------------------------------------------
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CreateTopicRequestHeader:
     topic: str
     default_topic: str
@@ -591,7 +590,7 @@ class CreateTopicRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TopicHeader:
     """DELETE_TOPIC_IN_BROKER, GET_TOPIC_STATS_INFO, QUERY_TOPIC_CONSUME_BY_WHO, GET_TOPIC_CONFIG."""
 
@@ -599,7 +598,7 @@ class TopicHeader:
     FIELDS: ClassVar = (_f("topic", "topic", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteSubscriptionGroupRequestHeader:
     group_name: str
     remove_offset: bool | None = None  # 4.9
@@ -611,26 +610,26 @@ class DeleteSubscriptionGroupRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetConsumeStatsRequestHeader:
     consumer_group: str
     topic: str | None = None
     FIELDS: ClassVar = (_f("consumer_group", "consumerGroup", required=True), _f("topic", "topic"))
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetProducerConnectionListRequestHeader:
     producer_group: str
     FIELDS: ClassVar = (_f("producer_group", "producerGroup", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetBrokerConfigResponseHeader:
     version: str
     FIELDS: ClassVar = (_f("version", "version", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ResetOffsetRequestHeader:
     """INVOKE_BROKER_TO_RESET_OFFSET (and, broker to client, RESET_CONSUMER_CLIENT_OFFSET)."""
 
@@ -650,7 +649,7 @@ class ResetOffsetRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TopicGroupHeader:
     """QUERY_CONSUME_TIME_SPAN (topic, group)."""
 
@@ -659,7 +658,7 @@ class TopicGroupHeader:
     FIELDS: ClassVar = (_f("topic", "topic", required=True), _f("group", "group", required=True))
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GroupHeader:
     """QUERY_TOPICS_BY_CONSUMER, GET_SUBSCRIPTIONGROUP_CONFIG (5.x)."""
 
@@ -667,14 +666,14 @@ class GroupHeader:
     FIELDS: ClassVar = (_f("group", "group", required=True),)
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QuerySubscriptionByConsumerRequestHeader:
     group: str
     topic: str | None = None
     FIELDS: ClassVar = (_f("group", "group", required=True), _f("topic", "topic"))
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetConsumerStatusRequestHeader:
     """INVOKE_BROKER_TO_GET_CONSUMER_STATUS, GET_CONSUMER_STATUS_FROM_CLIENT."""
 
@@ -688,7 +687,7 @@ class GetConsumerStatusRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GetConsumerRunningInfoRequestHeader:
     consumer_group: str
     client_id: str
@@ -700,7 +699,7 @@ class GetConsumerRunningInfoRequestHeader:
     )
 
 
-@_hdr
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumeMessageDirectlyRequestHeader:
     consumer_group: str
     client_id: str | None = None
