@@ -20,7 +20,6 @@ one ``SendMessageRequestHeader``; ``send_header_to_ext_v2`` writes the short for
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Literal, TypeVar
 
@@ -32,7 +31,6 @@ INT_MIN: Final = -(2**31)
 INT_MAX: Final = 2**31 - 1
 LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
-_INTEGER: Final = re.compile(r"[+-]?[0-9]{1,19}")
 _RANGES: Final = {"int": (INT_MIN, INT_MAX), "long": (LONG_MIN, LONG_MAX)}
 
 
@@ -58,7 +56,9 @@ def parse_value(field: Field, raw: str) -> Any:
         return raw
     if kind == "bool":
         return raw.lower() == "true"
-    if _INTEGER.fullmatch(raw) is None:
+    # Java's parseInt/parseLong: an optional sign, then digits only (int() alone would also take
+    # spaces, underscores and non-ASCII digits)
+    if len(raw) > 20 or not raw.isascii() or not raw.lstrip("+-").isdigit() or raw[1:2] in ("+", "-"):
         raise RemotingError("BAD_FIELD", f"{field.wire} must be an integer, got {raw[:40]!r}")
     value = int(raw)
     lo, hi = _RANGES[kind]

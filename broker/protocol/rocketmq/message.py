@@ -63,6 +63,12 @@ _I16: Final = struct.Struct(">h")
 _U8: Final = struct.Struct(">B")
 _U16: Final = struct.Struct(">H")
 _MIN_STORED: Final = _HEAD.size + 2 * _V4_HOST.size + _MID.size + _TAIL.size + 1 + 2
+# the whole fixed part in one pack, by (born host is IPv6, store host is IPv6)
+_FIXED: Final = {
+    (born6, store6): struct.Struct(">iiiiiqqiq" + ("16si" if born6 else "4si") + "q" + ("16si" if store6 else "4si")
+                                   + "iqi")
+    for born6 in (False, True) for store6 in (False, True)
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,11 +130,11 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
-def _host_struct(host: Host) -> struct.Struct:
+def _is_v6(host: Host) -> bool:
     if len(host.ip) == 4:
-        return _V4_HOST
+        return False
     if len(host.ip) == 16:
-        return _V6_HOST
+        return True
     raise ValueError(f"a host address has 4 or 16 bytes, not {len(host.ip)}")
 
 
@@ -142,25 +148,21 @@ def stored_parts(msg: StoredMessage, properties: bytes | None = None) -> list[by
         raise ValueError(f"properties of {len(properties)} bytes exceed {PROPERTIES_BYTES_MAX}")
     if len(topic) > TOPIC_BYTES_MAX:
         raise ValueError(f"a topic of {len(topic)} bytes exceeds {TOPIC_BYTES_MAX}")
-    born, store = _host_struct(msg.born_host), _host_struct(msg.store_host)
+    born6, store6 = _is_v6(msg.born_host), _is_v6(msg.store_host)
     sys_flag = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
-    sys_flag |= (BORNHOST_V6_FLAG if born is _V6_HOST else 0) | (STOREHOSTADDRESS_V6_FLAG if store is _V6_HOST else 0)
+    sys_flag |= (BORNHOST_V6_FLAG if born6 else 0) | (STOREHOSTADDRESS_V6_FLAG if store6 else 0)
     if len(topic) <= TOPIC_BYTES_MAX_V1:
         magic, topic_len = MAGIC_V1, _U8.pack(len(topic))
     else:
         magic, topic_len = MAGIC_V2, _U16.pack(len(topic))
     body = msg.body
-    size = (_HEAD.size + born.size + _MID.size + store.size + _TAIL.size + len(body) + len(topic_len) + len(topic)
-            + 2 + len(properties))
+    fixed = _FIXED[born6, store6]
+    size = fixed.size + len(body) + len(topic_len) + len(topic) + 2 + len(properties)
     crc = body_crc(body) if msg.body_crc is None else msg.body_crc
-    head = b"".join((
-        _HEAD.pack(size, magic, crc, msg.queue_id, msg.flag, msg.queue_offset, msg.commit_log_offset, sys_flag,
-                   msg.born_timestamp),
-        born.pack(msg.born_host.ip, msg.born_host.port),
-        _MID.pack(msg.store_timestamp),
-        store.pack(msg.store_host.ip, msg.store_host.port),
-        _TAIL.pack(msg.reconsume_times, msg.prepared_transaction_offset, len(body)),
-    ))
+    head = fixed.pack(
+        size, magic, crc, msg.queue_id, msg.flag, msg.queue_offset, msg.commit_log_offset, sys_flag,
+        msg.born_timestamp, msg.born_host.ip, msg.born_host.port, msg.store_timestamp, msg.store_host.ip,
+        msg.store_host.port, msg.reconsume_times, msg.prepared_transaction_offset, len(body))
     return [head, body, topic_len + topic + _I16.pack(len(properties)) + properties]
 
 
