@@ -719,6 +719,8 @@ REQUEST_HEADERS: Final[dict[int, type]] = {
     RequestCode.SEND_MESSAGE: SendMessageRequestHeader,
     RequestCode.SEND_MESSAGE_V2: SendMessageRequestHeader,
     RequestCode.SEND_BATCH_MESSAGE: SendMessageRequestHeader,
+    RequestCode.SEND_REPLY_MESSAGE: SendMessageRequestHeader,
+    RequestCode.SEND_REPLY_MESSAGE_V2: SendMessageRequestHeader,
     RequestCode.PULL_MESSAGE: PullMessageRequestHeader,
     RequestCode.LITE_PULL_MESSAGE: PullMessageRequestHeader,
     RequestCode.UNREGISTER_CLIENT: UnregisterClientRequestHeader,
