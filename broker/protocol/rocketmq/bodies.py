@@ -17,6 +17,7 @@ import datetime
 from typing import Any, ClassVar, Final, TypeVar
 
 from broker.protocol.rocketmq import fastjson
+from broker.protocol.rocketmq.errors import RemotingError
 from broker.protocol.rocketmq.jsonbean import (
     BOOL,
     DOUBLE,
@@ -453,8 +454,6 @@ def encode_properties_text(props: dict[str, str]) -> bytes:
 
 def decode_properties_text(raw: bytes, entries_max: int = 4096) -> dict[str, str]:
     """``key=value`` lines (``#`` comments and blank lines skipped); BAD_BODY beyond ``entries_max``."""
-    from broker.protocol.rocketmq.errors import RemotingError
-
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,5 +1,8 @@
 """Typed request and response headers: a command's ``extFields`` (all strings on the wire) as frozen
-dataclasses, parsed with type and range checks, and back.
+dataclasses, parsed with type and range checks, and back. This module holds the producers' and
+consumers' headers and the registry of every request code's header (``REQUEST_HEADERS``,
+``parse_request_header``); the NameServer's and mqadmin's are in ``admin_headers``, the machinery
+(``Field``, ``parse``, ``to_ext``) in ``header_fields``.
 
 Each header class lists its ``FIELDS``: the Python attribute, the wire name (RocketMQ's Java field
 name), the kind (``str``, ``int`` = Java int, ``long``, ``bool``), whether RocketMQ marks it
@@ -21,93 +24,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final
 
+from broker.protocol.rocketmq.admin_headers import (
+    BrokerNameHeader,
+    ConsumeMessageDirectlyRequestHeader,
+    CreateTopicRequestHeader,
+    DeleteSubscriptionGroupRequestHeader,
+    DeleteTopicFromNamesrvRequestHeader,
+    GetConsumerRunningInfoRequestHeader,
+    GetConsumerStatusRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetProducerConnectionListRequestHeader,
+    GetRouteInfoRequestHeader,
+    GetTopicsByClusterRequestHeader,
+    GroupHeader,
+    KVConfigRequestHeader,
+    NamespaceHeader,
+    QuerySubscriptionByConsumerRequestHeader,
+    ResetOffsetRequestHeader,
+    TopicGroupHeader,
+    TopicHeader,
+)
 from broker.protocol.rocketmq.codes import RequestCode
 from broker.protocol.rocketmq.errors import RemotingError
-
-Kind = Literal["str", "int", "long", "bool"]
-INT_MIN: Final = -(2**31)
-INT_MAX: Final = 2**31 - 1
-LONG_MIN: Final = -(2**63)
-LONG_MAX: Final = 2**63 - 1
-_RANGES: Final = {"int": (INT_MIN, INT_MAX), "long": (LONG_MIN, LONG_MAX)}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Field:
-    attr: str
-    wire: str
-    kind: Kind = "str"
-    required: bool = False
-    min: int | None = None
-    max: int | None = None
-
-
-def _f(attr: str, wire: str, kind: Kind = "str", required: bool = False, lo: int | None = None,
-       hi: int | None = None) -> Field:
-    return Field(attr, wire, kind, required, lo, hi)
-
-
-def parse_value(field: Field, raw: str) -> Any:
-    """One ext field's string as its typed value, or ``BAD_FIELD`` naming it."""
-    kind = field.kind
-    if kind == "str":
-        return raw
-    if kind == "bool":
-        return raw.lower() == "true"
-    # Java's parseInt/parseLong: an optional sign, then digits only (int() alone would also take
-    # spaces, underscores and non-ASCII digits)
-    if len(raw) > 20 or not raw.isascii() or not raw.lstrip("+-").isdigit() or raw[1:2] in ("+", "-"):
-        raise RemotingError("BAD_FIELD", f"{field.wire} must be an integer, got {raw[:40]!r}")
-    value = int(raw)
-    lo, hi = _RANGES[kind]
-    if field.min is not None:
-        lo = max(lo, field.min)
-    if field.max is not None:
-        hi = min(hi, field.max)
-    if not lo <= value <= hi:
-        raise RemotingError("BAD_FIELD", f"{field.wire} = {value} is outside {lo}..{hi}")
-    return value
-
-
-def format_value(value: Any) -> str:
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    return str(value)
-
-
-H = TypeVar("H")
-
-
-def parse(cls: type[H], ext: Mapping[str, str] | None) -> H:
-    """The header ``cls`` from a command's ext fields."""
-    fields: tuple[Field, ...] = cls.FIELDS  # type: ignore[attr-defined]
-    ext = ext or {}
-    kwargs: dict[str, Any] = {}
-    for field in fields:
-        raw = ext.get(field.wire)
-        if raw is None:
-            if field.required:
-                raise RemotingError("MISSING_FIELD", f"the header field {field.wire} is missing")
-            continue
-        kwargs[field.attr] = parse_value(field, raw)
-    return cls(**kwargs)
-
-
-def to_ext(header: Any) -> dict[str, str]:
-    """A header's ext fields (strings), absent (None) fields left out."""
-    out: dict[str, str] = {}
-    for field in header.FIELDS:
-        value = getattr(header, field.attr)
-        if value is not None:
-            out[field.wire] = format_value(value)
-    return out
-
-
-NAT: Final = 0  # lower bound of counts, ids and offsets that cannot be negative
+from broker.protocol.rocketmq.header_fields import NAT, format_value, parse_value, spec
+from broker.protocol.rocketmq.header_fields import parse as parse  # re-exported: headers.parse(cls, ext)
+from broker.protocol.rocketmq.header_fields import to_ext as to_ext
 
 
 # -- send -------------------------------------------------------------------------------------------
@@ -130,20 +73,20 @@ class SendMessageRequestHeader:
     batch: bool | None = None
     broker_name: str | None = None
     FIELDS: ClassVar = (
-        _f("producer_group", "producerGroup", required=True),
-        _f("topic", "topic", required=True),
-        _f("default_topic", "defaultTopic", required=True),
-        _f("default_topic_queue_nums", "defaultTopicQueueNums", "int", True),
-        _f("queue_id", "queueId", "int", True, -1),
-        _f("sys_flag", "sysFlag", "int", True),
-        _f("born_timestamp", "bornTimestamp", "long", True),
-        _f("flag", "flag", "int", True),
-        _f("properties", "properties"),
-        _f("reconsume_times", "reconsumeTimes", "int", lo=NAT),
-        _f("unit_mode", "unitMode", "bool"),
-        _f("max_reconsume_times", "maxReconsumeTimes", "int"),
-        _f("batch", "batch", "bool"),
-        _f("broker_name", "bname"),
+        spec("producer_group", "producerGroup", required=True),
+        spec("topic", "topic", required=True),
+        spec("default_topic", "defaultTopic", required=True),
+        spec("default_topic_queue_nums", "defaultTopicQueueNums", "int", True),
+        spec("queue_id", "queueId", "int", True, -1),
+        spec("sys_flag", "sysFlag", "int", True),
+        spec("born_timestamp", "bornTimestamp", "long", True),
+        spec("flag", "flag", "int", True),
+        spec("properties", "properties"),
+        spec("reconsume_times", "reconsumeTimes", "int", lo=NAT),
+        spec("unit_mode", "unitMode", "bool"),
+        spec("max_reconsume_times", "maxReconsumeTimes", "int"),
+        spec("batch", "batch", "bool"),
+        spec("broker_name", "bname"),
     )
 
 
@@ -199,11 +142,11 @@ class SendMessageResponseHeader:
     transaction_id: str | None = None
     batch_uniq_id: str | None = None
     FIELDS: ClassVar = (
-        _f("msg_id", "msgId", required=True),
-        _f("queue_id", "queueId", "int", True),
-        _f("queue_offset", "queueOffset", "long", True),
-        _f("transaction_id", "transactionId"),
-        _f("batch_uniq_id", "batchUniqId"),
+        spec("msg_id", "msgId", required=True),
+        spec("queue_id", "queueId", "int", True),
+        spec("queue_offset", "queueOffset", "long", True),
+        spec("transaction_id", "transactionId"),
+        spec("batch_uniq_id", "batchUniqId"),
     )
 
 
@@ -232,20 +175,20 @@ class PullMessageRequestHeader:
     request_source: int | None = None
     proxy_forward_client_id: str | None = None
     FIELDS: ClassVar = (
-        _f("consumer_group", "consumerGroup", required=True),
-        _f("topic", "topic", required=True),
-        _f("queue_id", "queueId", "int", True, NAT),
-        _f("queue_offset", "queueOffset", "long", True),
-        _f("max_msg_nums", "maxMsgNums", "int", True),
-        _f("sys_flag", "sysFlag", "int", True),
-        _f("commit_offset", "commitOffset", "long", True),
-        _f("suspend_timeout_millis", "suspendTimeoutMillis", "long", True, NAT),
-        _f("subscription", "subscription"),
-        _f("sub_version", "subVersion", "long", True),
-        _f("expression_type", "expressionType"),
-        _f("max_msg_bytes", "maxMsgBytes", "int"),
-        _f("request_source", "requestSource", "int"),
-        _f("proxy_forward_client_id", "proxyFrowardClientId"),  # sic: RocketMQ's spelling
+        spec("consumer_group", "consumerGroup", required=True),
+        spec("topic", "topic", required=True),
+        spec("queue_id", "queueId", "int", True, NAT),
+        spec("queue_offset", "queueOffset", "long", True),
+        spec("max_msg_nums", "maxMsgNums", "int", True),
+        spec("sys_flag", "sysFlag", "int", True),
+        spec("commit_offset", "commitOffset", "long", True),
+        spec("suspend_timeout_millis", "suspendTimeoutMillis", "long", True, NAT),
+        spec("subscription", "subscription"),
+        spec("sub_version", "subVersion", "long", True),
+        spec("expression_type", "expressionType"),
+        spec("max_msg_bytes", "maxMsgBytes", "int"),
+        spec("request_source", "requestSource", "int"),
+        spec("proxy_forward_client_id", "proxyFrowardClientId"),  # sic: RocketMQ's spelling
     )
 
     @property
@@ -287,14 +230,14 @@ class PullMessageResponseHeader:
     group_sys_flag: int | None = None
     forbidden_type: int | None = None
     FIELDS: ClassVar = (
-        _f("suggest_which_broker_id", "suggestWhichBrokerId", "long", True),
-        _f("next_begin_offset", "nextBeginOffset", "long", True),
-        _f("min_offset", "minOffset", "long", True),
-        _f("max_offset", "maxOffset", "long", True),
-        _f("offset_delta", "offsetDelta", "long"),
-        _f("topic_sys_flag", "topicSysFlag", "int"),
-        _f("group_sys_flag", "groupSysFlag", "int"),
-        _f("forbidden_type", "forbiddenType", "int"),
+        spec("suggest_which_broker_id", "suggestWhichBrokerId", "long", True),
+        spec("next_begin_offset", "nextBeginOffset", "long", True),
+        spec("min_offset", "minOffset", "long", True),
+        spec("max_offset", "maxOffset", "long", True),
+        spec("offset_delta", "offsetDelta", "long"),
+        spec("topic_sys_flag", "topicSysFlag", "int"),
+        spec("group_sys_flag", "groupSysFlag", "int"),
+        spec("forbidden_type", "forbiddenType", "int"),
     )
 
 
@@ -305,9 +248,9 @@ class UnregisterClientRequestHeader:
     producer_group: str | None = None
     consumer_group: str | None = None
     FIELDS: ClassVar = (
-        _f("client_id", "clientID", required=True),
-        _f("producer_group", "producerGroup"),
-        _f("consumer_group", "consumerGroup"),
+        spec("client_id", "clientID", required=True),
+        spec("producer_group", "producerGroup"),
+        spec("consumer_group", "consumerGroup"),
     )
 
 
@@ -316,7 +259,7 @@ class ConsumerGroupHeader:
     """GET_CONSUMER_LIST_BY_GROUP, NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_CONNECTION_LIST."""
 
     consumer_group: str
-    FIELDS: ClassVar = (_f("consumer_group", "consumerGroup", required=True),)
+    FIELDS: ClassVar = (spec("consumer_group", "consumerGroup", required=True),)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,10 +269,10 @@ class QueryConsumerOffsetRequestHeader:
     queue_id: int
     set_zero_if_not_found: bool | None = None
     FIELDS: ClassVar = (
-        _f("consumer_group", "consumerGroup", required=True),
-        _f("topic", "topic", required=True),
-        _f("queue_id", "queueId", "int", True, NAT),
-        _f("set_zero_if_not_found", "setZeroIfNotFound", "bool"),
+        spec("consumer_group", "consumerGroup", required=True),
+        spec("topic", "topic", required=True),
+        spec("queue_id", "queueId", "int", True, NAT),
+        spec("set_zero_if_not_found", "setZeroIfNotFound", "bool"),
     )
 
 
@@ -340,10 +283,10 @@ class UpdateConsumerOffsetRequestHeader:
     queue_id: int
     commit_offset: int
     FIELDS: ClassVar = (
-        _f("consumer_group", "consumerGroup", required=True),
-        _f("topic", "topic", required=True),
-        _f("queue_id", "queueId", "int", True, NAT),
-        _f("commit_offset", "commitOffset", "long", True),
+        spec("consumer_group", "consumerGroup", required=True),
+        spec("topic", "topic", required=True),
+        spec("queue_id", "queueId", "int", True, NAT),
+        spec("commit_offset", "commitOffset", "long", True),
     )
 
 
@@ -355,9 +298,9 @@ class TopicQueueHeader:
     queue_id: int
     committed: bool | None = None
     FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("queue_id", "queueId", "int", True, NAT),
-        _f("committed", "committed", "bool"),
+        spec("topic", "topic", required=True),
+        spec("queue_id", "queueId", "int", True, NAT),
+        spec("committed", "committed", "bool"),
     )
 
 
@@ -368,10 +311,10 @@ class SearchOffsetRequestHeader:
     timestamp: int
     boundary_type: str | None = None  # 5.x: "lower" (default) or "upper"
     FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("queue_id", "queueId", "int", True, NAT),
-        _f("timestamp", "timestamp", "long", True),
-        _f("boundary_type", "boundaryType"),
+        spec("topic", "topic", required=True),
+        spec("queue_id", "queueId", "int", True, NAT),
+        spec("timestamp", "timestamp", "long", True),
+        spec("boundary_type", "boundaryType"),
     )
 
 
@@ -380,7 +323,7 @@ class OffsetResponseHeader:
     """Answer of QUERY_CONSUMER_OFFSET, GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP."""
 
     offset: int
-    FIELDS: ClassVar = (_f("offset", "offset", "long", True),)
+    FIELDS: ClassVar = (spec("offset", "offset", "long", True),)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,7 +331,7 @@ class TimestampResponseHeader:
     """Answer of GET_EARLIEST_MSG_STORETIME."""
 
     timestamp: int
-    FIELDS: ClassVar = (_f("timestamp", "timestamp", "long", True),)
+    FIELDS: ClassVar = (spec("timestamp", "timestamp", "long", True),)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -401,13 +344,13 @@ class ConsumerSendMsgBackRequestHeader:
     unit_mode: bool | None = None
     max_reconsume_times: int | None = None
     FIELDS: ClassVar = (
-        _f("offset", "offset", "long", True),
-        _f("group", "group", required=True),
-        _f("delay_level", "delayLevel", "int", True),
-        _f("origin_msg_id", "originMsgId"),
-        _f("origin_topic", "originTopic"),
-        _f("unit_mode", "unitMode", "bool"),
-        _f("max_reconsume_times", "maxReconsumeTimes", "int"),
+        spec("offset", "offset", "long", True),
+        spec("group", "group", required=True),
+        spec("delay_level", "delayLevel", "int", True),
+        spec("origin_msg_id", "originMsgId"),
+        spec("origin_topic", "originTopic"),
+        spec("unit_mode", "unitMode", "bool"),
+        spec("max_reconsume_times", "maxReconsumeTimes", "int"),
     )
 
 
@@ -423,14 +366,14 @@ class EndTransactionRequestHeader:
     from_transaction_check: bool | None = None
     transaction_id: str | None = None
     FIELDS: ClassVar = (
-        _f("topic", "topic"),
-        _f("producer_group", "producerGroup", required=True),
-        _f("tran_state_table_offset", "tranStateTableOffset", "long", True),
-        _f("commit_log_offset", "commitLogOffset", "long", True),
-        _f("commit_or_rollback", "commitOrRollback", "int", True),
-        _f("from_transaction_check", "fromTransactionCheck", "bool"),
-        _f("msg_id", "msgId", required=True),
-        _f("transaction_id", "transactionId"),
+        spec("topic", "topic"),
+        spec("producer_group", "producerGroup", required=True),
+        spec("tran_state_table_offset", "tranStateTableOffset", "long", True),
+        spec("commit_log_offset", "commitLogOffset", "long", True),
+        spec("commit_or_rollback", "commitOrRollback", "int", True),
+        spec("from_transaction_check", "fromTransactionCheck", "bool"),
+        spec("msg_id", "msgId", required=True),
+        spec("transaction_id", "transactionId"),
     )
 
 
@@ -443,12 +386,12 @@ class CheckTransactionStateRequestHeader:
     transaction_id: str | None = None
     offset_msg_id: str | None = None
     FIELDS: ClassVar = (
-        _f("topic", "topic"),
-        _f("tran_state_table_offset", "tranStateTableOffset", "long", True),
-        _f("commit_log_offset", "commitLogOffset", "long", True),
-        _f("msg_id", "msgId"),
-        _f("transaction_id", "transactionId"),
-        _f("offset_msg_id", "offsetMsgId"),
+        spec("topic", "topic"),
+        spec("tran_state_table_offset", "tranStateTableOffset", "long", True),
+        spec("commit_log_offset", "commitLogOffset", "long", True),
+        spec("msg_id", "msgId"),
+        spec("transaction_id", "transactionId"),
+        spec("offset_msg_id", "offsetMsgId"),
     )
 
 
@@ -465,12 +408,12 @@ class QueryMessageRequestHeader:
     end_timestamp: int
     unique_key_query: bool | None = None  # the extra ext field _UNIQUE_KEY_QUERY
     FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("key", "key", required=True),
-        _f("max_num", "maxNum", "int", True),
-        _f("begin_timestamp", "beginTimestamp", "long", True),
-        _f("end_timestamp", "endTimestamp", "long", True),
-        _f("unique_key_query", UNIQUE_MSG_QUERY_FLAG, "bool"),
+        spec("topic", "topic", required=True),
+        spec("key", "key", required=True),
+        spec("max_num", "maxNum", "int", True),
+        spec("begin_timestamp", "beginTimestamp", "long", True),
+        spec("end_timestamp", "endTimestamp", "long", True),
+        spec("unique_key_query", UNIQUE_MSG_QUERY_FLAG, "bool"),
     )
 
 
@@ -479,8 +422,8 @@ class QueryMessageResponseHeader:
     index_last_update_timestamp: int
     index_last_update_phyoffset: int
     FIELDS: ClassVar = (
-        _f("index_last_update_timestamp", "indexLastUpdateTimestamp", "long", True),
-        _f("index_last_update_phyoffset", "indexLastUpdatePhyoffset", "long", True),
+        spec("index_last_update_timestamp", "indexLastUpdateTimestamp", "long", True),
+        spec("index_last_update_phyoffset", "indexLastUpdatePhyoffset", "long", True),
     )
 
 
@@ -488,231 +431,7 @@ class QueryMessageResponseHeader:
 class ViewMessageRequestHeader:
     offset: int
     topic: str | None = None
-    FIELDS: ClassVar = (_f("topic", "topic"), _f("offset", "offset", "long", True))
-
-
-# -- NameServer -------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetRouteInfoRequestHeader:
-    topic: str
-    accept_standard_json_only: bool | None = None
-    FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("accept_standard_json_only", "acceptStandardJsonOnly", "bool"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteTopicFromNamesrvRequestHeader:
-    topic: str
-    cluster_name: str | None = None
-    FIELDS: ClassVar = (_f("topic", "topic", required=True), _f("cluster_name", "clusterName"))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class KVConfigRequestHeader:
-    """GET_KV_CONFIG, DELETE_KV_CONFIG (namespace, key) and PUT_KV_CONFIG (with value)."""
-
-    namespace: str
-    key: str
-    value: str | None = None
-    FIELDS: ClassVar = (
-        _f("namespace", "namespace", required=True),
-        _f("key", "key", required=True),
-        _f("value", "value"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetKVConfigResponseHeader:
-    value: str | None = None
-    FIELDS: ClassVar = (_f("value", "value"),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class NamespaceHeader:
-    """GET_KVLIST_BY_NAMESPACE."""
-
-    namespace: str
-    FIELDS: ClassVar = (_f("namespace", "namespace", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetTopicsByClusterRequestHeader:
-    cluster: str
-    FIELDS: ClassVar = (_f("cluster", "cluster", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class BrokerNameHeader:
-    """WIPE_WRITE_PERM_OF_BROKER, ADD_WRITE_PERM_OF_BROKER."""
-
-    broker_name: str
-    FIELDS: ClassVar = (_f("broker_name", "brokerName", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WipeWritePermOfBrokerResponseHeader:
-    wipe_topic_count: int
-    FIELDS: ClassVar = (_f("wipe_topic_count", "wipeTopicCount", "int", True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class AddWritePermOfBrokerResponseHeader:
-    add_topic_count: int
-    FIELDS: ClassVar = (_f("add_topic_count", "addTopicCount", "int", True),)
-
-
-# -- administration ---------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class CreateTopicRequestHeader:
-    topic: str
-    default_topic: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_filter_type: str
-    order: bool
-    topic_sys_flag: int | None = None
-    attributes: str | None = None
-    force: bool | None = None
-    FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("default_topic", "defaultTopic", required=True),
-        _f("read_queue_nums", "readQueueNums", "int", True, NAT),
-        _f("write_queue_nums", "writeQueueNums", "int", True, NAT),
-        _f("perm", "perm", "int", True, NAT),
-        _f("topic_filter_type", "topicFilterType", required=True),
-        _f("topic_sys_flag", "topicSysFlag", "int"),
-        _f("order", "order", "bool", True),
-        _f("attributes", "attributes"),
-        _f("force", "force", "bool"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class TopicHeader:
-    """DELETE_TOPIC_IN_BROKER, GET_TOPIC_STATS_INFO, QUERY_TOPIC_CONSUME_BY_WHO, GET_TOPIC_CONFIG."""
-
-    topic: str
-    FIELDS: ClassVar = (_f("topic", "topic", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteSubscriptionGroupRequestHeader:
-    group_name: str
-    remove_offset: bool | None = None  # 4.9
-    clean_offset: bool | None = None  # 5.x
-    FIELDS: ClassVar = (
-        _f("group_name", "groupName", required=True),
-        _f("remove_offset", "removeOffset", "bool"),
-        _f("clean_offset", "cleanOffset", "bool"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetConsumeStatsRequestHeader:
-    consumer_group: str
-    topic: str | None = None
-    FIELDS: ClassVar = (_f("consumer_group", "consumerGroup", required=True), _f("topic", "topic"))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetProducerConnectionListRequestHeader:
-    producer_group: str
-    FIELDS: ClassVar = (_f("producer_group", "producerGroup", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetBrokerConfigResponseHeader:
-    version: str
-    FIELDS: ClassVar = (_f("version", "version", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ResetOffsetRequestHeader:
-    """INVOKE_BROKER_TO_RESET_OFFSET (and, broker to client, RESET_CONSUMER_CLIENT_OFFSET)."""
-
-    topic: str
-    group: str
-    timestamp: int
-    is_force: bool
-    queue_id: int | None = None  # 5.x: -1 = every queue
-    offset: int | None = None  # 5.x
-    FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("group", "group", required=True),
-        _f("queue_id", "queueId", "int", lo=-1),
-        _f("offset", "offset", "long"),
-        _f("timestamp", "timestamp", "long", True),
-        _f("is_force", "isForce", "bool", True),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class TopicGroupHeader:
-    """QUERY_CONSUME_TIME_SPAN (topic, group)."""
-
-    topic: str
-    group: str
-    FIELDS: ClassVar = (_f("topic", "topic", required=True), _f("group", "group", required=True))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GroupHeader:
-    """QUERY_TOPICS_BY_CONSUMER, GET_SUBSCRIPTIONGROUP_CONFIG (5.x)."""
-
-    group: str
-    FIELDS: ClassVar = (_f("group", "group", required=True),)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class QuerySubscriptionByConsumerRequestHeader:
-    group: str
-    topic: str | None = None
-    FIELDS: ClassVar = (_f("group", "group", required=True), _f("topic", "topic"))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetConsumerStatusRequestHeader:
-    """INVOKE_BROKER_TO_GET_CONSUMER_STATUS, GET_CONSUMER_STATUS_FROM_CLIENT."""
-
-    topic: str
-    group: str
-    client_addr: str | None = None
-    FIELDS: ClassVar = (
-        _f("topic", "topic", required=True),
-        _f("group", "group", required=True),
-        _f("client_addr", "clientAddr"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GetConsumerRunningInfoRequestHeader:
-    consumer_group: str
-    client_id: str
-    jstack_enable: bool | None = None
-    FIELDS: ClassVar = (
-        _f("consumer_group", "consumerGroup", required=True),
-        _f("client_id", "clientId", required=True),
-        _f("jstack_enable", "jstackEnable", "bool"),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumeMessageDirectlyRequestHeader:
-    consumer_group: str
-    client_id: str | None = None
-    msg_id: str | None = None
-    broker_name: str | None = None
-    topic: str | None = None
-    FIELDS: ClassVar = (
-        _f("consumer_group", "consumerGroup", required=True),
-        _f("client_id", "clientId"),
-        _f("msg_id", "msgId"),
-        _f("broker_name", "brokerName"),
-        _f("topic", "topic"),
-    )
+    FIELDS: ClassVar = (spec("topic", "topic"), spec("offset", "offset", "long", True))
 
 
 REQUEST_HEADERS: Final[dict[int, type]] = {
