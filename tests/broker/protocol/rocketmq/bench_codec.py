@@ -5,7 +5,8 @@
 Cases: a SEND_MESSAGE_V2 request as the Java client sends it (JSON header, 1 KiB body) and in the
 ROCKETMQ encoding, through ``FrameDecoder`` + the send header + its properties; a PULL answer of
 32 x 1 KiB messages encoded (stored layout + response header); the same answer decoded; a
-SEND_BATCH_MESSAGE body of 32 x 1 KiB decoded. Best of ``--rounds`` runs, microseconds of CPU time
+SEND_BATCH_MESSAGE body of 32 x 1 KiB decoded; a client's HEART_BEAT body decoded and a route
+answer (TopicRouteData) encoded (the 4.9.8 vectors' texts). Best of ``--rounds`` runs, microseconds of CPU time
 (``time.process_time``) per item: on a shared, loaded machine wall-clock figures mostly measure
 the other jobs.
 """
@@ -16,7 +17,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from broker.protocol.rocketmq import command, headers, message, properties
+from broker.protocol.rocketmq import bodies, command, headers, message, properties
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode, SerializeType
 
 BODY = bytes(range(256)) * 4  # 1 KiB
@@ -94,6 +95,13 @@ def main() -> None:
     cases.append(("  the same, per message", lambda: encode_pull(msgs, SerializeType.JSON), 32, "message"))
     cases.append(("PULL answer body decode, 32 x 1 KiB", lambda: message.decode_stored_many(pull_body), 32, "message"))
     cases.append(("SEND_BATCH_MESSAGE body decode, 32 x 1 KiB", lambda: message.decode_batch(batch), 32, "message"))
+    from tests.broker.protocol.rocketmq.vectors import load
+
+    heartbeat = load()["bodies"]["heartbeat"].encode()
+    route = bodies.decode(bodies.TopicRouteData, load()["bodies"]["topic_route"].encode())
+    cases.append((f"HEART_BEAT body decode ({len(heartbeat)} B, 3 subscriptions)",
+                  lambda: bodies.decode(bodies.HeartbeatData, heartbeat), 1, "body"))
+    cases.append(("TopicRouteData encode (1 broker group, 3 replicas)", lambda: bodies.encode(route), 1, "body"))
     print(f"best of {args.rounds} rounds, CPU time")
     for name, fn, per, unit in cases:
         print(f"{name:<72} {best_us(fn, per, args.rounds):8.2f} us/{unit}")
