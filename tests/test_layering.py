@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import collections
 import os
+import sys
 from collections.abc import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +36,9 @@ ALLOWED_FILES: dict[str, str] = {
     "chaos/plants.py": "planted defects patch pysyncobj, the node and the store on purpose",
     "dledger/sim/plants.py": "planted defects patch the replica core on purpose",
 }
+# broker.protocol.rocketmq (RocketMQ's remoting wire) is a pure codec every side shares: the standard
+# library and the rest of the wire contract only (no msgpack, no server module).
+ROCKETMQ_WIRE_MAY_IMPORT = ("broker.protocol",)
 # dledger.apps are processes, the top layer: they may use the broker's HTTP edge (one error
 # middleware, bounded parameters). The dledger library itself imports nothing above it.
 DLEDGER_APPS_MAY_IMPORT = ("broker.http_edge",)
@@ -145,6 +149,42 @@ def test_the_dledger_library_imports_nothing_above_it() -> None:
                 if _project(target) and not target.startswith("dledger") and target not in allowed:
                     found.append(f"{rel}:{node.lineno}: imports {target}")
     assert not found, "dledger/ imports a package above it:\n" + "\n".join(found)
+
+
+def _imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                yield node.lineno, "." * node.level + (node.module or "")
+            elif node.module:
+                yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def rocketmq_wire_violations(sources: list[tuple[str, str, ast.Module]]) -> list[str]:
+    found: list[str] = []
+    for rel, module, tree in sources:
+        if not module.startswith("broker.protocol.rocketmq"):
+            continue
+        for lineno, target in _imports(tree):
+            top = target.split(".")[0]
+            if target == "__future__" or (top in sys.stdlib_module_names and top != "msgpack"):
+                continue
+            if any(target == ok or target.startswith(ok + ".") for ok in ROCKETMQ_WIRE_MAY_IMPORT):
+                continue
+            found.append(f"{rel}:{lineno}: imports {target}")
+    return found
+
+
+def test_the_rocketmq_wire_imports_only_the_standard_library_and_the_wire_contract() -> None:
+    found = rocketmq_wire_violations(list(_sources()))
+    assert not found, "broker/protocol/rocketmq imports outside the standard library and broker.protocol:\n" + \
+        "\n".join(found)
+    planted = ("broker/protocol/rocketmq/x.py", "broker.protocol.rocketmq.x",
+               ast.parse("import msgpack\nfrom broker.service import X\nimport struct\nfrom . import y\n"))
+    assert [line.split(":")[1] for line in rocketmq_wire_violations([planted])] == ["1", "2", "4"]
 
 
 def test_the_checker_finds_a_reach_into_another_package() -> None:
