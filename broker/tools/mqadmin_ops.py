@@ -17,6 +17,7 @@ from broker.client.admin_checks import (
     check_addr,
     check_group,
     check_name,
+    check_stored_group,
     check_topic,
     path_part,
 )
@@ -48,7 +49,7 @@ Command = Callable[[str, str, Runner], argparse.ArgumentParser]
 # -- subscription groups and consumers --------------------------------------------------------------
 @answers_checked
 async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
-    group = check_group(args.group)
+    group = check_stored_group(args.group)  # an older release's 121..255-char group can be removed
     path = f"/v1/groups/{path_part(group)}"
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
