@@ -82,6 +82,7 @@ class BrokerApi:
         export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)
+        r.add_get("/v1/admin/refused", self.refused_records)
         r.add_post("/v1/admin/config", self.config_update)
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
@@ -196,7 +197,7 @@ class BrokerApi:
         return answer(request, self.svc.get_topic(check_topic(request.match_info["topic"])).to_dict())
 
     async def topic_delete(self, request: web.Request) -> web.Response:
-        topic = check_topic(request.match_info["topic"])
+        topic = request.match_info["topic"]  # checked by the service (a stored older name too)
         self.sec.require(request, admin=True)
         await self.svc.delete_topic(topic)
         return answer(request, {"topic": topic, "deleted": True})
@@ -227,7 +228,7 @@ class BrokerApi:
         return answer(request, {"groups": [g.to_dict() for g in self.svc.groups()]})
 
     async def group_delete(self, request: web.Request) -> web.Response:
-        group = check_group(request.match_info["group"])
+        group = request.match_info["group"]  # checked by the service (a stored older name too)
         self.sec.require(request, admin=True)
         return answer(request, {"group": group, "deleted": await self.svc.delete_group(group)})
 
@@ -361,6 +362,11 @@ class BrokerApi:
         self.sec.require(request, admin=True)
         removed = await self.svc.clean_expired_queues()
         return answer(request, {"removed": [{"topic": t, "queue_id": q} for t, q in removed]})
+
+    async def refused_records(self, request: web.Request) -> web.Response:
+        """The records this replica's apply refused (admin): ``mqadmin refusedRecords``."""
+        self.sec.require(request, admin=True)
+        return answer(request, self.svc.refused_records())
 
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)

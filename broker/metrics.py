@@ -108,6 +108,7 @@ class Snapshot:
     progress: dict[tuple[str, str], list[tuple[int, int, int | None, int]]]
     producer_tps: dict[str, float]
     consumer_tps: dict[tuple[str, str], float]
+    refused_records: int = 0  # records this replica's apply refused (broker/record_rules.py)
 
 
 class BrokerMetrics:
@@ -236,6 +237,7 @@ class BrokerMetrics:
             progress=progress,
             producer_tps=self.producer_rate.rates(),
             consumer_tps=self.consumer_rate.rates(),
+            refused_records=s.store.refusals.total,
         )
 
 
@@ -297,6 +299,12 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=keys)
             c.add_metric(vals, float(counters.get(key, 0)))
             yield c
+        refused = CounterMetricFamily(
+            "dledger_broker_refused_records", "Committed records this replica refused to apply (every replica alike)",
+            labels=keys,
+        )
+        refused.add_metric(vals, float(snap.refused_records))
+        yield refused
         stepdowns = CounterMetricFamily("dledger_stepdowns", "Leader step-downs (lost quorum, stale term)", labels=keys)
         stepdowns.add_metric(
             vals, float(counters.get("stepdowns_check_quorum", 0) + counters.get("stepdowns_stale_term", 0))

@@ -38,7 +38,7 @@ class RetryApi:
         body = await read_body(request)
         check_fields(body, frozenset({"group", "msg_id", "position", "max_reconsume_times", "dlq"}), ("group",))
         group = check_group(body["group"])
-        self.api.sec.require(request, groups={group: Perm.SUB})
+        self.api.sec.require(request, groups={group: Perm.SUB})  # and SUB on the message's topic: below
         self.svc.require_writable()
         position = self._position(body)
         to_dlq = body.get("dlq", False)
@@ -47,7 +47,11 @@ class RetryApi:
         max_times = None
         if body.get("max_reconsume_times") is not None:
             max_times = check_int(body["max_reconsume_times"], "max_reconsume_times", 0, 1000)
-        sb = await self.svc.send_back(group, position, max_reconsume_times=max_times, to_dlq=to_dlq)
+        sb = await self.svc.send_back(
+            group, position, max_reconsume_times=max_times, to_dlq=to_dlq,
+            # the stored message's topic: the caller must be allowed to read it (issue 23, finding 2)
+            may_read=lambda topic: self.api.sec.require(request, topics={topic: Perm.SUB}),
+        )
         return answer(
             request,
             {"topic": sb.topic, "dlq": sb.dlq, "reconsume_times": sb.reconsume_times, "msg_id": sb.msg_id},

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.message import InvalidInput, StoredMessage, encode_command, encode_message
+from broker.protocol.names import is_decimal, is_topic
 from broker.protocol.properties import (
     BROKER_TOPICS,
     PROP_DELAY,
@@ -143,9 +144,21 @@ class SchedulePolicy:
 
 def _int_prop(value: str, name: str, where: str) -> int:
     text = value.strip()
-    if not text.lstrip("-").isdigit() or len(text) > 19:
+    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses (a 500 once).
+    if not is_decimal(text.removeprefix("-")) or len(text) > 19:
         raise InvalidInput("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}")
     return int(text)
+
+
+def delivery_refusal(props: Mapping[str, str]) -> str | None:
+    """Why a schedule record's delivered copy could not be applied (None: it can): its real topic
+    and queue come from the record's properties."""
+    topic, qid = props.get(PROP_REAL_TOPIC), props.get(PROP_REAL_QID)
+    if not is_topic(topic):
+        return f"names no valid real topic ({str(topic)[:140]!r})"
+    if not isinstance(qid, str) or not is_decimal(qid):
+        return f"names no valid real queue ({str(qid)[:40]!r})"
+    return None
 
 
 def delivered_copy(m: StoredMessage, position: int, store_ts: int, queue_nums: int) -> StoredMessage:
@@ -233,20 +246,23 @@ class ScheduleIndex(SnapshotIndex):
 
     def rebuild(self, records: Iterable[tuple[int, bytes]], applied_index: int) -> None:
         """Derive the pending set from the log's records (position order)."""
-        from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header
+        from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS
+        from broker.record_rules import admit_command, admitted_header
 
         self.reset()
         n = 0
-        for position, body in records:
+        for position, body in records:  # what applying refused (broker/record_rules.py) is skipped
             kind = body[:1]
-            try:
-                if kind in MESSAGE_MAGICS:
-                    h, _ = decode_header(body)
-                    self.on_message(position, len(body), h[0], h[5])
-                elif kind == COMMAND_MAGIC:
-                    self.on_command(decode_command(body))
-            except Exception:  # undecodable: applying skipped it too
-                continue
+            if kind in MESSAGE_MAGICS:
+                h = admitted_header(body)
+                if h is None:
+                    continue
+                self.on_message(position, len(body), h[0], h[5])
+            elif kind == COMMAND_MAGIC:
+                cmd, _refused = admit_command(body)
+                if cmd is None:
+                    continue
+                self.on_command(cmd)
             n += 1
         self.commit(applied_index)
         log.info("schedule index rebuilt from %d log records: %d pending", n, sum(self.backlog().values()))
@@ -302,14 +318,18 @@ class ScheduleService:
         for position, size, _due_ms in due:
             try:
                 m = store.read_message(position, size)
+                undeliverable = delivery_refusal(m.properties)
             except Exception as exc:  # removed by retention, damaged: it can never be delivered
-                log.error("delayed message at position %d cannot be read (%s): dropped from the schedule",
-                          position, exc)
+                undeliverable = f"cannot be read ({exc})"
+            if undeliverable is not None:
+                # Checked before its copy is appended (docs/SECURITY.md): a copy the apply would refuse
+                # (a real topic an older release let in) would stay pending and be retried for ever.
+                log.error("delayed message at position %d %s: dropped from the schedule", position, undeliverable)
                 self.counters["lost"] += 1
                 drop = {"op": "schedule.drop", "positions": [position]}
                 await self.s.node.append([encode_command(drop)], timeout_s=self.s.send_timeout_s)
                 continue
-            topic = m.properties.get(PROP_REAL_TOPIC, "")
+            topic = m.properties[PROP_REAL_TOPIC]
             tc = store.topic(topic)
             queue_nums = tc.write_queue_nums if tc is not None else 1
             record = encode_message(delivered_copy(m, position, now, queue_nums))

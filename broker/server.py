@@ -405,6 +405,7 @@ class BrokerServer:
             "topics": len(self.store.metadata_view().topics),
             "queues": len(self.store.cqs.queues()),
             "dispatch": dict(self.store.counters),
+            "refused_records": self.store.refusals.total,  # GET /v1/admin/refused lists them
             "send": dict(self.counters),
             "commit_latency_ms": node["commit_latency_ms"],
             "raft": {
@@ -423,6 +424,7 @@ class BrokerServer:
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),
                 "last_role": list(self.registrar.last_registered_role or ()),
+                "unroutable_topics": list(self.registrar.unroutable),
             },
             "consumer_groups": self.consumers.groups(),
             "schedule": self.schedule.status(),

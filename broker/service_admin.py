@@ -15,7 +15,7 @@ from broker.admin_config import update as update_config
 from broker.message import check_group, check_int, check_topic
 from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
-from broker.protocol.names import is_decimal
+from broker.protocol.names import is_decimal, is_stored_group, is_stored_topic, is_topic
 from broker.service_base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 
 log = logging.getLogger("broker.service")
@@ -83,7 +83,11 @@ class AdminOps(ServiceBase):
 
     @translated
     async def delete_topic(self, topic: str) -> None:
-        self.topic(check_topic(topic))
+        """Delete a topic (admin). Also takes a longer name an older release stored (``%RETRY%`` or
+        ``%DLQ%`` of a group of up to 255 chars, issue 23): it exists only to be removed."""
+        if not is_topic(topic) and not is_stored_topic(topic):
+            check_topic(topic)  # raises INVALID_TOPIC
+        self.topic(topic)
         await self.command({"op": "topic.delete", "topic": topic})
 
     @translated_sync
@@ -130,7 +134,11 @@ class AdminOps(ServiceBase):
 
     @translated
     async def delete_group(self, group: str) -> bool:
-        result = await self.command({"op": "group.delete", "group": check_group(group)})
+        """Delete a subscription group and its offsets (admin); also a 121..255-char group an older
+        release stored (issue 23)."""
+        if not is_stored_group(group):
+            check_group(group)  # raises INVALID_GROUP
+        result = await self.command({"op": "group.delete", "group": group})
         return bool(result.get("deleted"))
 
     # -- offsets ---------------------------------------------------------------------------------------
@@ -313,6 +321,18 @@ class AdminOps(ServiceBase):
         log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
         self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
         return config_view(self.s.cfg).get(key)
+
+    def refused_records(self) -> dict[str, Any]:
+        """The records this replica's apply refused (broker/record_rules.py): how many, and the last
+        ones with their log index, position, kind and reason — the same on every replica that
+        applied the same log."""
+        s = self.s
+        return {
+            "broker_name": s.cfg.broker_name,
+            "self_id": s.cfg.dledger.self_id,
+            "applied_index": s.store.applied_index(),
+            **s.store.refusals.view(),
+        }
 
     @translated
     async def clean_expired_queues(self) -> list[tuple[str, int]]:

@@ -30,6 +30,7 @@ from dledger.node import (
     EntryRemovedError,
     EntryTooLargeError,
     NotLeaderError,
+    Refused,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +70,27 @@ class ServiceError(InvalidInput):
     def answer(self) -> dict[str, Any]:
         """The ``{code, message, ...extra}`` error map every transport answers with."""
         return {"code": self.code, "message": self.message, **self.extra}
+
+
+def refusal_error(refusal: Refused, what: str = "record", **extra: Any) -> ServiceError:
+    """The answer to a request whose record was committed but refused by every replica's apply
+    (broker/record_rules.py): a coded error, never a success. ``RECORD_REFUSED`` (422) for records
+    admission refused; ``BAD_COMMAND`` (400) for a metadata command the state machine refused."""
+    status = 400 if refusal.code == "BAD_COMMAND" else 422
+    return ServiceError(
+        status,
+        refusal.code,
+        f"the broker group refused to apply this {what} (every replica alike; listed by GET /v1/admin/refused):"
+        f" {refusal.reason}",
+        **extra,
+    )
+
+
+def raise_if_refused(result: Any, what: str = "record") -> Any:
+    """``result`` (a ``BodyLocation.result``) unless it is a refusal, which is raised as its error."""
+    if isinstance(result, Refused):
+        raise refusal_error(result, what)
+    return result
 
 
 class BrokerHost(Protocol):
@@ -171,7 +193,7 @@ class ServiceBase:
         """Append one admin command (broker/metadata.py) and return what its apply answered."""
         self.require_writable()
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
-        result = locs[0].result
+        result = raise_if_refused(locs[0].result, "command")
         if not isinstance(result, dict):  # applied, but not as a command (never expected)
             raise ServiceError(500, "INTERNAL", f"command {cmd.get('op')!r} was applied without a result")
         if "error" in result:

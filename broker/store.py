@@ -44,8 +44,6 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgpack
-
 from broker.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, finish_flush
 from broker.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.key_index import KeyIndex
@@ -54,7 +52,6 @@ from broker.message import (
     MESSAGE_MAGICS,
     CorruptRecordError,
     StoredMessage,
-    decode_command,
     decode_header,
     decode_message,
     record_size,
@@ -62,11 +59,13 @@ from broker.message import (
 )
 from broker.metadata import GroupConfig, Metadata, TopicConfig
 from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
+from broker.record_rules import RefusalLog, admit_command, admit_message, message_refusal, refused
 from broker.schedule import ScheduleIndex
 from broker.store_snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
 from broker.store_state import StoreStateEntries
 from broker.transactions import TransactionIndex
 from dledger.clock import SYSTEM, Clock
+from dledger.records import Refused
 
 if TYPE_CHECKING:
     from dledger.log_store import LogReader
@@ -125,9 +124,11 @@ class MessageStore(StoreStateEntries):
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         self.counters = {
-            "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
-            "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0,
+            "messages": 0, "commands": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
+            "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0, "refused": 0,
         }
+        # Records refused at apply (broker/record_rules.py): the same on every replica, listed for operators.
+        self.refusals = RefusalLog()
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
         # The idempotent-send window (broker/dedup.py): every applied message, by unique id.
@@ -149,6 +150,7 @@ class MessageStore(StoreStateEntries):
             self.metadata = Metadata.from_snapshot(snap["metadata"])
             expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
             self.needs_state_after = snap.get("needs_state_after")
+            self.refusals.load(snap.get("refusals"))
         elif log_store.first_index > 1:
             log.warning(
                 "no store snapshot and the log starts at index %d: queue offsets restart at 0",
@@ -256,7 +258,7 @@ class MessageStore(StoreStateEntries):
                         changed, result = self._command(position, body)
                         md_changed |= changed
                     else:
-                        self.counters["skipped"] += 1
+                        result = self._refuse(position, "record", refused(f"unknown record kind {kind!r}"))
                     produced.append(result)
                 out.append(produced if aligned else None)
                 self._applied = e.index
@@ -289,15 +291,23 @@ class MessageStore(StoreStateEntries):
             self.dedup.add_many(self._dedup_adds)
             self._dedup_adds.clear()
 
-    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None:
-        """Index one message record; its queue offset (None: undecodable, skipped)."""
-        try:
-            h, _start = decode_header(body)
-            topic, qid, tags, keys, store_ts, uid = h[0], int(h[1]), h[3], h[4], int(h[8]), h[9]
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
-            log.error("undecodable message record at position %d skipped: %s", position, exc)
-            self.counters["skipped"] += 1
-            return None
+    def _refuse(self, position: int, kind: str, refusal: Refused) -> Refused:
+        """A record admission refused (broker/record_rules.py): nothing of it is applied, on any
+        replica; counted, logged, listed, and answered to the append's caller."""
+        self.counters["refused"] += 1
+        self.refusals.add(self._entry_index, position, kind, refusal)
+        log.error("refused the %s record at log position %d (entry %d), on every replica alike: %s",
+                  kind, position, self._entry_index, refusal.reason)
+        return refusal
+
+    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | Refused | None:
+        """Index one message record; its queue offset (None: a second copy, skipped; ``Refused``:
+        a record admission refused)."""
+        h, refusal = admit_message(body)
+        if h is None:
+            assert refusal is not None
+            return self._refuse(position, "message", refusal)
+        topic, qid, tags, keys, store_ts, uid = h[0], h[1], h[3], h[4], h[8], h[9]
         if not self.schedule.on_message(position, len(body), topic, h[5]):
             self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
             return None
@@ -323,14 +333,12 @@ class MessageStore(StoreStateEntries):
         self.counters["messages"] += 1
         return offset
 
-    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | Refused | None]:
         """Apply one command: (whether the NameServers must hear of it, its result)."""
-        try:
-            cmd = decode_command(body)
-        except (ValueError, msgpack.UnpackException) as exc:
-            log.error("undecodable command at position %d skipped: %s", position, exc)
-            self.counters["skipped"] += 1
-            return False, None
+        cmd, refusal = admit_command(body)
+        if cmd is None:
+            assert refusal is not None
+            return False, self._refuse(position, "command", refusal)
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
             return False, None
         if str(cmd.get("op", "")).startswith("schedule."):
@@ -340,7 +348,10 @@ class MessageStore(StoreStateEntries):
             return False, self.txn.on_command(cmd)
         with self._md_lock:
             result = self.metadata.apply(cmd, position)
-        if cmd.get("op") == "topic.delete" and not result.get("error"):
+        if "error" in result:  # changed nothing, on every replica: answered BAD_COMMAND, listed here too
+            self._refuse(position, "command", Refused("BAD_COMMAND", str(result["error"])))
+            return False, result
+        if cmd.get("op") == "topic.delete":
             topic = str(cmd["topic"])
             for key in [k for k in self._queue_cache if k[0] == topic]:
                 del self._queue_cache[key]
@@ -384,6 +395,7 @@ class MessageStore(StoreStateEntries):
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
             "needs_state_after": self.needs_state_after,
             "dedup": self.dedup.checkpoint(),
+            "refusals": self.refusals.view(),
         }
         self._sync_job = self._syncer.submit(self._sync_and_record, pending, snap)
         if wait:
@@ -459,6 +471,11 @@ class MessageStore(StoreStateEntries):
         with self._md_lock:
             return self.metadata.groups.get(name)
 
+    def group_has_offsets(self, group: str, topic: str) -> bool:
+        """Whether ``group`` committed offsets on ``topic`` (a send-back's "the group consumed it")."""
+        with self._md_lock:
+            return any(g == group and t == topic for g, t, _q in self.metadata.offsets)
+
     def read_message(self, position: int, size: int | None = None) -> StoredMessage:
         """The message record at ``position`` (committed and applied only)."""
         assert self._log is not None
@@ -474,6 +491,11 @@ class MessageStore(StoreStateEntries):
                     raise MessageNotFound(f"no message record at position {position}")
                 header, _ = decode_header(head + self._log.read_at_position(position + 5, hlen))
                 size = record_size(head[:1], hlen, int(header[10]))
+                # Read by position alone (a msg id): it may be a record applying refused, which no
+                # queue holds and nobody may read (queues and indexes point at admitted ones only).
+                refusal = message_refusal(header[0], header[1], header[8], header[5])
+                if refusal is not None:
+                    raise MessageNotFound(f"the record at position {position} was refused when applied: {refusal}")
             if position + size > self.applied_end_position:
                 raise MessageNotFound(f"no applied message at position {position}")
             return decode_message(self._log.read_at_position(position, size))

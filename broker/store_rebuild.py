@@ -12,13 +12,12 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from broker.consume_queue import ConsumeQueue, ConsumeQueueStore
 from broker.dedup import DedupWindow, sent_topic
 from broker.key_index import KeyIndex
-from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header, tag_hash
+from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_header, tag_hash
 from broker.protocol.properties import PROP_HALF_POS, PROP_SCHED_POS
+from broker.record_rules import admit_command, admitted_header
 from dledger.log_store import StoreError
 from dledger.records import to_committed
 
@@ -64,9 +63,8 @@ class StoreRebuild:
                 for position, body in to_committed(entry, self._log).bodies:
                     if body[:1] not in MESSAGE_MAGICS or position < start_position:
                         continue
-                    try:
-                        h, _ = decode_header(body)
-                    except ValueError:
+                    h = admitted_header(body)
+                    if h is None:  # refused when applied: never in the window
                         continue
                     cq = self.cqs.get(h[0], int(h[1]))
                     offset = cq.search_by_position(position) if cq is not None else None
@@ -106,9 +104,8 @@ class StoreRebuild:
         txn_ended_at: dict[str, int] = {}  # half position -> where a rollback or discard resolved it
         for position, body in self._scan_records(self._applied):
             if body[:1] == COMMAND_MAGIC:
-                try:
-                    cmd = decode_command(body)
-                except (ValueError, msgpack.UnpackException):
+                cmd, _refused = admit_command(body)
+                if cmd is None:  # refused when applied: it changed nothing
                     continue
                 if cmd.get("op") == "topic.delete":
                     deleted_at[str(cmd.get("topic"))] = position
@@ -118,9 +115,8 @@ class StoreRebuild:
                     txn_ended_at.setdefault(str(p), position)
         copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
         for position, body in self._scan_messages(self._applied):
-            try:
-                h, _ = decode_header(body)
-            except ValueError:
+            h = admitted_header(body)
+            if h is None:  # refused when applied (broker/record_rules.py): in no queue
                 continue
             sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
             if sched_pos is not None:
@@ -154,7 +150,7 @@ class StoreRebuild:
                 cq.set_base(base)
             queues[key] = cq
         for key, position, body in self._queue_members(set(want_max)):
-            h, _ = decode_header(body)
+            h, _ = decode_header(body)  # admitted by _queue_members
             queues[key].append(position, len(body), tag_hash(h[3]), int(h[8]))
         for cq in queues.values():
             cq.flush()
@@ -165,7 +161,9 @@ class StoreRebuild:
         for position, body in self._scan_messages(self._applied):
             if position < from_position:
                 continue
-            h, _ = decode_header(body)
+            h = admitted_header(body)
+            if h is None:  # refused when applied: not indexed
+                continue
             for k in h[4]:
                 self.index.put(h[0], k, position, int(h[8]))
             if h[9]:

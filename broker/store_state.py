@@ -11,11 +11,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from broker.consume_queue import ConsumeQueue
-from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
+from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS
 from broker.metadata import Metadata
+from broker.record_rules import admit_command
 from broker.schedule import ScheduleIndex
 from broker.store_rebuild import StoreRebuild
 from broker.transactions import TransactionIndex
@@ -42,9 +41,9 @@ class StoreStateEntries(StoreRebuild):
 
         def _owned(self) -> None: ...
 
-        def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None: ...
+        def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> Any: ...
 
-        def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]: ...
+        def _command(self, position: int, body: bytes) -> tuple[bool, Any]: ...
 
         def _flush_dedup_adds(self) -> None: ...
 
@@ -74,11 +73,11 @@ class StoreStateEntries(StoreRebuild):
         for k, (_position, body) in enumerate(e.bodies):
             if body[:1] != COMMAND_MAGIC:
                 continue
-            try:
-                cmd = decode_command(body)
-            except (ValueError, msgpack.UnpackException):
+            cmd, _refused = admit_command(body)
+            if cmd is None or cmd.get("op") != "state":
                 continue
-            if cmd.get("op") != "state" or not anchor <= int(cmd.get("as_of", -1)) < e.index:
+            as_of = cmd.get("as_of", -1)
+            if isinstance(as_of, bool) or not isinstance(as_of, int) or not anchor <= as_of < e.index:
                 continue
             self._load_state(cmd, e.index, touched)
             # The rest of this entry (sends grouped with the state) comes after the state's as_of.

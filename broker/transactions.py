@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.message import InvalidInput, StoredMessage
+from broker.protocol.names import is_decimal
 from broker.protocol.properties import (
     HALF_TOPIC,
     PROP_CHECK_IMMUNITY,
@@ -84,7 +85,7 @@ def immunity_ms(props: Mapping[str, str], where: str) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    if not text.isdigit() or not 0 <= int(text) <= IMMUNITY_MAX_S:
+    if not is_decimal(text) or not 0 <= int(text) <= IMMUNITY_MAX_S:  # ASCII digits ('²'.isdigit() holds)
         raise InvalidInput(
             "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}"
         )
@@ -322,20 +323,19 @@ class TransactionIndex(SnapshotIndex):
 
     def rebuild(self, records: Iterable[tuple[int, bytes]], applied_index: int) -> None:
         """Derive the index from the log's records (position order)."""
-        from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header
+        from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS
+        from broker.record_rules import admit_command, admitted_header
 
         self.reset()
-        for position, body in records:
-            try:
-                if body[:1] in MESSAGE_MAGICS:
-                    h, _ = decode_header(body)
-                    self.on_message(position, len(body), h[0], h[5], int(h[8]))
-                elif body[:1] == COMMAND_MAGIC:
-                    cmd = decode_command(body)
-                    if str(cmd.get("op", "")).startswith("txn."):
-                        self.on_command(cmd)
-            except Exception:  # undecodable: applying skipped it too
-                continue
+        for position, body in records:  # what applying refused (broker/record_rules.py) is skipped
+            if body[:1] in MESSAGE_MAGICS:
+                h = admitted_header(body)
+                if h is not None:
+                    self.on_message(position, len(body), h[0], h[5], h[8])
+            elif body[:1] == COMMAND_MAGIC:
+                cmd, _refused = admit_command(body)
+                if cmd is not None and str(cmd.get("op", "")).startswith("txn."):
+                    self.on_command(cmd)
         self.commit(applied_index)
         log.info("transaction index rebuilt from the log: %d halves pending", self.pending_count())
 
@@ -561,7 +561,7 @@ class TransactionService:
         from broker.message import encode_command
 
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
-        result = locs[0].result
+        result = locs[0].result  # a refusal (logged and listed by the store) counts as nothing done
         return result if isinstance(result, dict) else {}
 
     def status(self) -> dict[str, Any]:

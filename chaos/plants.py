@@ -14,6 +14,10 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
     offset-regress            broker  a consumer offset lower than the stored one is accepted
+    sendback-unchecked        broker  a send-back's group and the stored message are not checked
+                                      (a validation gap: over-long retry/DLQ topics reach the log)
+    apply-raises              broker  a record the apply refuses raises instead (the apply before
+                                      issue 23: every replica stops at the same committed entry)
     sdk-definite-on-lost-connection
                               client  the SDK answers "definitely failed" for sends that may be
                                       stored: a connection lost after the request went out is a
@@ -146,6 +150,35 @@ def offset_regress() -> None:
     _patch(Metadata, "_offsets", _offsets)
 
 
+def sendback_unchecked() -> None:
+    """The send-back's edge checks taken out (issue 23): any group length, the derived topic, the
+    group consuming the message's topic. Patches ``broker.retry_api.check_group``,
+    ``broker.service_send.check_group`` / ``is_topic`` and ``SendOps.group_consumes``."""
+    from broker import retry_api, service_send
+
+    _patch(retry_api, "check_group", lambda group: group)
+    _patch(service_send, "check_group", lambda group: group)
+    _patch(service_send, "is_topic", lambda topic: True)
+    _patch(service_send.SendOps, "group_consumes", lambda self, group, topic: True)
+
+
+def apply_raises() -> None:
+    """A record the apply refuses raises out of ``apply`` instead (the store before issue 23): the
+    tick thread dies on every replica at the same committed entry, and again after each restart.
+    Patches ``MessageStore._refuse``."""
+    from broker.record_rules import RECORD_REFUSED
+    from broker.store import MessageStore
+
+    original = MessageStore._refuse
+
+    def _refuse(self: Any, position: int, kind: str, refusal: Any) -> Any:
+        if refusal.code != RECORD_REFUSED:  # a metadata command's own refusal: never raised, then or now
+            return original(self, position, kind, refusal)
+        raise ValueError(f"cannot apply the {kind} record at position {position}: {refusal.reason}")
+
+    _patch(MessageStore, "_refuse", _refuse)
+
+
 # -- client plants ---------------------------------------------------------------------------------
 OLD_UNKNOWN_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT"})
 
@@ -190,6 +223,10 @@ PLANTS: dict[str, Plant] = {
               "followers truncate entries that do not conflict (stock pysyncobj), with the stock leader rewind"),
         Plant("offset-regress", "broker", offset_regress,
               "the broker accepts a consumer offset lower than the stored one"),
+        Plant("sendback-unchecked", "broker", sendback_unchecked,
+              "a send-back's group and stored message are not checked (over-long retry/DLQ topics reach the log)"),
+        Plant("apply-raises", "broker", apply_raises,
+              "a record the apply refuses raises instead: every replica stops at the same committed entry"),
         Plant("sdk-definite-on-lost-connection", "client", sdk_lost_connection_is_failure,
               "the SDK answers 'definitely failed' for sends that were stored (a lost connection is called a "
               "failure; only the last attempt counts)"),

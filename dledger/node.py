@@ -54,8 +54,10 @@ from dledger.records import (
     NotCommittedError,
     NotLeaderError,
     RaftSettings,
+    Refused,
     RoleChange,
     StateMachine,
+    StateMachineError,
     to_committed,
 )
 from dledger.replica import ROLE_NAMES, ReplicaCore, Request
@@ -77,8 +79,10 @@ __all__ = [
     "NotCommittedError",
     "NotLeaderError",
     "RaftSettings",
+    "Refused",
     "RoleChange",
     "StateMachine",
+    "StateMachineError",
 ]
 
 _Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]

@@ -51,6 +51,21 @@ class NotCommittedError(DLedgerError):
     code = "NOT_COMMITTED"
 
 
+class StateMachineError(DLedgerError):
+    """The state machine raised while applying committed entries (``StateMachine.apply``): a bug or
+    an environment failure (disk, memory) the replica cannot decide the same way as its peers. The
+    tick thread stops with it (the process exits 70): applying on would diverge from the group.
+    A record the state machine can decide to be inapplicable is *refused* instead (``Refused``)."""
+
+    def __init__(self, first_index: int, last_index: int, cause: BaseException):
+        super().__init__(
+            f"the state machine raised applying entries {first_index}..{last_index}: {cause!r:.300}; "
+            "this replica stops (a bug or a local failure, never a bad record: those are refused)"
+        )
+        self.first_index = first_index
+        self.last_index = last_index
+
+
 class EntryRemovedError(DLedgerError):
     """The entry was removed by retention (or lies before this replica's anchor)."""
 
@@ -115,6 +130,17 @@ class CommittedEntry:
     bodies: list[tuple[int, bytes]]  # (log position of the body, body); [] for a no-op
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """What ``StateMachine.apply`` answers for a body it refused to apply: nothing of it was
+    applied. A refusal is decided from the body and the replicated state alone, so every replica
+    refuses the same body alike; the append that wrote it resolves with this as the body's
+    ``BodyLocation.result`` (its caller answers with ``code``, not with a success)."""
+
+    code: str
+    reason: str
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleChange:
     role: str
@@ -129,6 +155,11 @@ class StateMachine(Protocol):
     ``apply`` may return, per entry, one result per body (what applying it produced, e.g. the
     queue offset a message got); the append that wrote the entry resolves with them
     (``BodyLocation.result``). ``None`` when it has nothing to report.
+
+    Applying never raises for a bad body: a body that cannot be applied is refused (its result is a
+    ``Refused``), decided from the body and the replicated state only, so that every replica
+    decides alike and keeps going. An exception out of ``apply`` means the state machine is broken
+    (a bug, a failing disk): the replica stops loudly (``StateMachineError``).
     """
 
     def applied_index(self) -> int: ...

@@ -17,7 +17,9 @@ Invariants:
   index still carries the term it was written with (so it is the same entry); the leader counts
   itself only up to what it made durable (sync policy), followers fsync before they ack.
 - Entries are applied in log order, once: the state machine's durable ``applied_index()`` is
-  where applying resumes after a restart.
+  where applying resumes after a restart. A body the state machine cannot apply is refused by it
+  (``Refused``, the same on every replica); an exception out of ``apply`` is a broken state
+  machine, raised as ``StateMachineError`` naming the entries: the tick thread stops, loudly.
 - A leader that steps down answers every append still waiting with "outcome unknown" at once
   (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
   for their deadline.
@@ -50,6 +52,7 @@ from dledger.records import (
     RaftSettings,
     RoleChange,
     StateMachine,
+    StateMachineError,
     to_committed,
 )
 from dledger.retention import retention_target
@@ -432,7 +435,10 @@ class ReplicaCore:
             raw = self.store.read_range(first, count, 8 << 20)
             if not raw:
                 return
-            results = self._sm.apply([to_committed(e, self.store) for e in raw])
+            try:
+                results = self._sm.apply([to_committed(e, self.store) for e in raw])
+            except Exception as exc:  # a broken state machine: stop loudly, naming the entries
+                raise StateMachineError(raw[0].index, raw[-1].index, exc) from exc
             if results is not None and self._waiting_indexes:
                 for e, res in zip(raw, results, strict=True):
                     if e.index in self._waiting_indexes:

@@ -6,13 +6,13 @@ import dataclasses
 import random
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from dledger.clock import Clock
 from dledger.inproc import InProcTransport
 from dledger.memory_store import MemoryLogStore
 from dledger.meta_store import MemoryMetaStore
-from dledger.records import CommittedEntry, RaftSettings, RoleChange
+from dledger.records import CommittedEntry, RaftSettings, Refused, RoleChange
 from dledger.replica import ReplicaCore
 from dledger.sim.checker import Checker
 from dledger.sim.network import SimNetwork
@@ -34,8 +34,22 @@ class SimClock:
         return self._wall_base_s + self.monotonic()
 
 
+POISON: Final = b"\xffPOISON"  # a body the state machine cannot apply (the client plants some)
+
+
+def refusal_of(body: bytes) -> Refused | None:
+    """The simulated state machine's admission (as ``broker/record_rules.py`` is the broker's): a
+    decision from the body alone. A poison body stands for a record whose effects would raise (a name
+    no consume queue can have): it is refused, on every replica alike."""
+    if body.startswith(POISON):
+        return Refused("POISON", f"poison body of {len(body)} bytes")
+    return None
+
+
 class SimStateMachine:
-    """Applies entries in order; its durable checkpoint (every few entries) is what a crash keeps."""
+    """Applies entries in order; its durable checkpoint (every few entries) is what a crash keeps.
+    Every body's outcome (its CRC, or its refusal) goes to the checker, which requires every replica
+    to reach the same outcome for every committed entry."""
 
     def __init__(self, node: str, checker: Checker, checkpoint_every: int, commit_index: Callable[[], int]):
         self.node = node
@@ -63,9 +77,14 @@ class SimStateMachine:
                 self.checker.fail(f"{self.node} applied index {e.index} beyond its commit index {commit}")
             self.checker.on_commit(self.node, e.index, e.term, e.chain_crc)
             self.checker.on_apply(self.node, e.index, self.applied + 1, e.chain_crc)
+            results: list[Any] = []
+            for _position, body in e.bodies:
+                refusal = refusal_of(body)
+                results.append(zlib.crc32(body) if refusal is None else refusal)
+            self.checker.on_outcome(self.node, e.index, tuple(results))
             self.applied = e.index
             self.count += 1
-            out.append([zlib.crc32(b) for _, b in e.bodies] or None)
+            out.append(results or None)
             if self.count % self.checkpoint_every == 0:
                 self.durable_applied = self.applied
         return out

@@ -213,9 +213,9 @@ class _TappedNamesrv(NamesrvService):
 
 # -- the parts ----------------------------------------------------------------------------------------
 class NameServer:
-    def __init__(self, index: int, acl_file: str, journal: list[Seen]):
+    def __init__(self, index: int, acl_file: str, journal: list[Seen], **cfg: Any):
         self.tap = Tap(f"namesrv{index}", journal)
-        self.service = _TappedNamesrv(NamesrvConfig(listen_port=0, acl_file=acl_file), self.tap)
+        self.service = _TappedNamesrv(NamesrvConfig(listen_port=0, acl_file=acl_file, **cfg), self.tap)
         self.runner: web.AppRunner | None = None
         self.addr = ""
 
@@ -498,6 +498,7 @@ class InProcBrokerCluster:
         groups: Sequence[str] = ("RaftNode00",),
         namesrvs: int = 1,
         broker_props: dict[str, str] | None = None,
+        namesrv_cfg: dict[str, Any] | None = None,
     ):
         self.root = root
         self.journal: list[Seen] = []
@@ -505,7 +506,7 @@ class InProcBrokerCluster:
         self.acl_file = write_acl(os.path.join(root, "plain_acl.yml"))
         self.credentials: Credentials = ADMIN
         self.broker_props = dict(broker_props or {})
-        self.namesrvs = [NameServer(i, self.acl_file, self.journal) for i in range(namesrvs)]
+        self.namesrvs = [NameServer(i, self.acl_file, self.journal, **(namesrv_cfg or {})) for i in range(namesrvs)]
         ports = free_ports(3 * len(groups))
         self.groups = [Group(self, name, i, ports[3 * i : 3 * i + 3]) for i, name in enumerate(groups)]
         self.transport = Transport(timeout_s=10.0, credentials=ADMIN)

@@ -88,7 +88,7 @@ def append_message(sync: DLedgerSyncObj, prev: int, upto: int, commit: int) -> d
 def test_registry_names_every_plant_and_builds_the_broker_environment() -> None:
     assert set(plants.PLANTS) == {
         "ack-before-majority", "fdatasync-noop", "cq-drops-last-unit", "stock-truncation", "offset-regress",
-        "sdk-definite-on-lost-connection",
+        "sendback-unchecked", "apply-raises", "sdk-definite-on-lost-connection",
     }
     chosen = plants.lookup(["stock-truncation", "sdk-definite-on-lost-connection"])
     assert plants.broker_env(chosen) == {PLANT_ENV: "chaos.plants:stock_truncation"}
@@ -193,6 +193,37 @@ def test_offset_regress_applies_a_lower_commit() -> None:
     plants.offset_regress()
     md.apply({**commit, "offsets": {"0": 2}})
     assert md.group_offsets("g", "T") == {0: 2}
+
+
+def test_apply_raises_stops_applying_at_a_record_the_store_refuses(tmp_path: Any) -> None:
+    log = EntryStore(str(tmp_path / "log"), segment_bytes=1 << 20)
+    ms = MessageStore(str(tmp_path / "broker"), "G", snapshot_interval_ms=600_000)
+    ms.open(log)
+    try:
+        poison = encode_message(StoredMessage(topic="%DLQ%" + "g" * 200, queue_id=0, flag=0, tags="", keys=(),
+                                              properties={}, born_ts=1, born_host="h", store_ts=1, unique_id="U",
+                                              body=b"x"))
+        log.append(1, 1, command_codec.encode_batch([poison]))
+        (refused,) = ms.apply([to_committed(log.read(1), log)])
+        assert refused is not None and refused[0].code == "RECORD_REFUSED"
+        plants.apply_raises()
+        log.append(2, 1, command_codec.encode_batch([poison]))
+        with pytest.raises(ValueError, match="cannot apply the message record"):
+            ms.apply([to_committed(log.read(2), log)])
+    finally:
+        ms.close()
+        log.close()
+
+
+def test_sendback_unchecked_lets_any_group_through() -> None:
+    from broker import retry_api, service_send
+
+    long_group = "g" * 200
+    with pytest.raises(Exception, match="at most 120 characters"):
+        service_send.check_group(long_group)
+    plants.sendback_unchecked()
+    assert service_send.check_group(long_group) == retry_api.check_group(long_group) == long_group
+    assert service_send.is_topic("%DLQ%" + long_group) and service_send.SendOps.group_consumes(None, "g", "T")
 
 
 async def test_sdk_plant_calls_a_maybe_stored_send_failed(tmp_path: Any) -> None:

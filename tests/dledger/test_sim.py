@@ -8,10 +8,14 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from dledger.records import Refused
+from dledger.replica import Request
 from dledger.sim.plants import PLANTS, run_job
+from dledger.sim.replica import POISON
 from dledger.sim.world import SimOptions, World, run_seed
 
 CI_SEEDS = range(1, 201)
@@ -29,6 +33,7 @@ def test_ci_seeds_hold_every_safety_property() -> None:
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
     assert sum(r.acked for r in results) > 10_000 and sum(r.crashes for r in results) > 200
+    assert sum(r.refused for r in results) > 100  # poison bodies committed, refused alike by every replica
 
 
 @pytest.mark.parametrize("planted", sorted(PLANTS))
@@ -61,6 +66,34 @@ def _settled_world(seed: int) -> World:
     world.run_for(3.0)
     assert world.leader() is not None
     return world
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_poison_body_is_refused_by_every_replica_and_the_group_keeps_serving(seed: int) -> None:
+    """Issue 23: a committed body whose apply fails must not stop any replica. Grouped with a good
+    body into one entry, then a follower restarts (it re-applies from its checkpoint): every replica
+    refuses the poison body, applies the good one, and the group commits afterwards."""
+    world = _settled_world(seed)
+    leader = world.leader()
+    assert leader is not None and leader.core is not None
+    got: list[Any] = []
+    leader.core.submit(Request([POISON + b"name too long", b"good body"], 64,
+                               lambda locs, exc: got.append(locs if exc is None else exc), leader.clock.monotonic()))
+    world.poke(leader.id)
+    world.run_for(1.0)
+    assert got and isinstance(got[0], list), got
+    poison, good = got[0]
+    assert poison.index == good.index  # one entry
+    assert isinstance(poison.result, Refused) and poison.result.code == "POISON" and isinstance(good.result, int)
+    follower = next(r for r in world.replicas.values() if r is not leader)
+    world._crash(follower.id, 0.1)  # restarts from its durable checkpoint: applies the entry again
+    world.run_for(3.0)
+    assert world.checker.outcomes[poison.index] == (poison.result, good.result)
+    for r in world.replicas.values():
+        assert r.core is not None and r.core.applied_index >= poison.index, r.id
+    before = leader.core.commit_index
+    world.run_for(2.0)  # the client keeps sending: the group still commits
+    assert leader.core.commit_index > before
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
