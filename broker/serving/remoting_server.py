@@ -234,17 +234,15 @@ class RemotingServer:
         self.stats.requests += 1
         route = self.routes.get(cmd.code)
         try:
-            if route is None:
-                self.budget.release(held_bytes)
-                held_bytes = 0
-                self.stats.not_supported += 1
-                log.debug("%s sent request code %d, which is not served here", conn.peer, cmd.code)
-                return rc.response_to(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, not_supported_remark(cmd.code))
             try:
+                if route is None:
+                    self.stats.not_supported += 1
+                    log.debug("%s sent request code %d, which is not served here", conn.peer, cmd.code)
+                    return rc.response_to(cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                          not_supported_remark(cmd.code))
                 principal = self.authenticator.authenticate(cmd, conn.peer, route)
             finally:
-                self.budget.release(held_bytes)
-                held_bytes = 0
+                self.budget.release(held_bytes)  # checked (or refused): no longer unauthenticated input
             return await route.handler(Request(cmd, principal, conn))
         except AuthError as exc:
             self.stats.auth_refused += 1
