@@ -15,7 +15,8 @@ own HMAC-SHA256 signatures), read through a callable so that a reloaded file tak
     else                                           -> the account (handlers check its permissions)
 
 A refusal is an ``AuthError``; the server answers it NO_PERMISSION (16) with ``CODE: message`` as
-remark (what RocketMQ 5.x answers; 4.9.x answered SYSTEM_ERROR with the exception text).
+remark (as RocketMQ 5.3's authorization answers; RocketMQ's ACL 1.0 check, 4.9.x and 5.x, answers
+SYSTEM_ERROR with the exception's text; clients treat both as a failure, producers retry both).
 
 ACL 1.0 has no timestamp and no nonce: a recorded request verifies again for as long as the account
 exists. ``AclV1Policy`` lets an operator refuse those signatures on requests that change state

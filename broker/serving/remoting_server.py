@@ -12,8 +12,8 @@ RemotingCommand | None``. Per request, in one place (``dispatch``):
 
 - an unregistered code answers REQUEST_CODE_NOT_SUPPORTED with RocketMQ's remark;
 - the sender is authenticated (``remoting_acl.RemotingAuthenticator``) before the handler runs; a
-  refusal answers NO_PERMISSION with the reason as remark (RocketMQ 5.x's auth answers so; 4.9.x
-  answered SYSTEM_ERROR);
+  refusal answers NO_PERMISSION with the reason as remark (as RocketMQ 5.3's authorization does; its
+  ACL 1.0 check answers SYSTEM_ERROR with the exception text);
 - a handler's ``CommandError`` answers its code and remark; a ``RemotingError`` from reading a header
   or body answers SYSTEM_ERROR with ``CODE: message``; ``map_error`` turns the server's own error types
   into a ``CommandError``; anything else is a bug: logged with its traceback, answered SYSTEM_ERROR.

@@ -130,7 +130,8 @@ def test_a_reloaded_acl_file_takes_effect_at_once() -> None:
 
 
 def test_refusals_answer_no_permission_over_the_wire() -> None:
-    """Through a real server: RocketMQ 5.x answers NO_PERMISSION (16) with the reason; the connection stays."""
+    """Through a real server: NO_PERMISSION (16, as RocketMQ 5.3's authorization answers) with the reason;
+    the connection stays."""
 
     async def scenario() -> None:
         acl = rules()
