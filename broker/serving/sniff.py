@@ -146,6 +146,7 @@ class SniffingListener:
         self._pending: dict[int, _Slot] = {}  # before the first byte, by file descriptor
         self.in_tls: set[_Slot] = set()  # in the TLS handshake, or waiting for the first record
         self._tasks: set[asyncio.Task[None]] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -194,7 +195,9 @@ class SniffingListener:
         for slot in list(self.in_tls):
             if slot.transport is not None:
                 slot.transport.close()
-        for task in list(self._tasks):
+        # Handshakes in progress are abandoned; plain hand-overs finish at once (their protocols,
+        # not the listener, close them: aiohttp's shutdown, RemotingServer.stop).
+        for task in list(self._handshakes):
             task.cancel()
 
     async def wait_closed(self) -> None:
@@ -260,7 +263,9 @@ class SniffingListener:
         elif kind is Kind.TLS:
             self.stats.tls_handshakes += 1
             self.in_tls.add(slot)
-            self._spawn(self._tls(slot))
+            task = self._spawn(self._tls(slot))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
         else:
             slot.release()
             self._spawn(self._attach(slot.sock, kind))
@@ -281,11 +286,12 @@ class SniffingListener:
         slot.release()
         slot.sock.close()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         assert self._loop is not None
-        task = self._loop.create_task(coro)
+        task: asyncio.Task[None] = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- hand-over ----------------------------------------------------------------------------------------
     def factory(self, kind: Kind) -> ProtocolFactory:
