@@ -13,7 +13,14 @@ which recovery does not scan, is refused instead of served).
 
 The message header is an array (compact, positional):
 ``[topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len]``
-(``body_len`` lets a reader that only knows a position — a msg id — read exactly one record).
+(``body_len`` lets a reader that only knows a position — a msg id — read exactly one record),
+optionally followed by ``sys_flag`` (RocketMQ's ``MessageSysFlag`` bits a producer sent that the
+broker keeps: the compressed-body flag and compression type, multi-tags; issue 25). A writer
+leaves it out when it is 0 — the common case, so those records are byte for byte what older
+releases wrote — and every reader takes a missing one as 0. A reader of an older release accepts a
+longer array and ignores the extra element (it checks ``len >= 11``), so a group may run a mix of
+releases during a rolling upgrade: such a replica applies the record alike (queue offsets, indexes
+and admission do not depend on ``sys_flag``), it only serves a compressed body without saying so.
 Queue offsets are not stored: every replica assigns them when it applies the entry, in log order,
 so every replica assigns the same ones.
 
@@ -54,6 +61,7 @@ from broker.protocol.names import (
     is_topic,
     is_unique_id,
 )
+from broker.protocol.rocketmq.properties import COMPRESSED_FLAG, COMPRESSION_TYPE_MASK, MULTI_TAGS_FLAG
 
 MESSAGE_MAGIC = b"N"  # what writers write
 MESSAGE_MAGIC_V1 = b"M"  # without the trailing CRC (still read)
@@ -66,8 +74,9 @@ POSITION_MAX = 2**63 - 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WS_RE = re.compile(r"\s")
 
-# topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len
+# topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len[, sys_flag]
 _HEADER_TYPES = (str, int, int, str, list, dict, int, str, int, str, int)
+SYS_FLAG_MAX = 2**31 - 1  # RocketMQ's sysFlag is a Java int; ours keeps only non-negative values
 
 
 
@@ -96,25 +105,26 @@ class StoredMessage(NamedTuple):
     store_ts: int
     unique_id: str
     body: bytes
+    sys_flag: int = 0  # RocketMQ's MessageSysFlag bits kept as sent (COMPRESSED_FLAG: ``body`` is compressed)
 
 
 def encode_message(m: StoredMessage) -> bytes:
-    header = msgpack.packb(
-        [
-            m.topic,
-            m.queue_id,
-            m.flag,
-            m.tags,
-            list(m.keys),
-            m.properties,
-            m.born_ts,
-            m.born_host,
-            m.store_ts,
-            m.unique_id,
-            len(m.body),
-        ],
-        use_bin_type=True,
-    )
+    fields = [
+        m.topic,
+        m.queue_id,
+        m.flag,
+        m.tags,
+        list(m.keys),
+        m.properties,
+        m.born_ts,
+        m.born_host,
+        m.store_ts,
+        m.unique_id,
+        len(m.body),
+    ]
+    if m.sys_flag:
+        fields.append(m.sys_flag)
+    header = msgpack.packb(fields, use_bin_type=True)
     record = b"".join((MESSAGE_MAGIC, _HLEN.pack(len(header)), header, m.body))
     return record + _CRC.pack(zlib.crc32(record))
 
@@ -191,7 +201,18 @@ def decode_message(record: bytes) -> StoredMessage:
         store_ts=h[8],
         unique_id=h[9],
         body=bytes(record[start:end]),
+        sys_flag=_sys_flag(h),
     )
+
+
+def _sys_flag(h: list[Any]) -> int:
+    """The optional ``sys_flag`` element (0 when absent). Admission never looks at it, so replicas of
+    releases before it and after it admit the same records; a value no writer of ours makes reads 0."""
+    if len(h) > 11:
+        value = h[11]
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SYS_FLAG_MAX:
+            return value
+    return 0
 
 
 def encode_command(cmd: Mapping[str, Any]) -> bytes:
@@ -320,8 +341,20 @@ def check_body(body: Any, max_size: int) -> bytes:
 
 
 _MESSAGE_FIELDS = frozenset(
-    {"body", "tags", "keys", "properties", "unique_id", "born_ts", "born_host", "flag", "queue_id"}
+    {"body", "tags", "keys", "properties", "unique_id", "born_ts", "born_host", "flag", "queue_id", "sys_flag"}
 )
+SYS_FLAG_KEPT = COMPRESSED_FLAG | MULTI_TAGS_FLAG | COMPRESSION_TYPE_MASK
+"""The ``MessageSysFlag`` bits a message may carry into the log: what its body is (compressed, and
+how) and how its tags read. The others describe the wire (host address kinds) or the broker's own
+state (transaction types) and are never taken from a producer."""
+
+
+def check_sys_flag(value: Any, name: str) -> int:
+    flag = check_int(value, name, 0, SYS_FLAG_MAX, "INVALID_SYS_FLAG")
+    if flag & ~SYS_FLAG_KEPT:
+        raise InvalidInput("INVALID_SYS_FLAG", f"{name} {flag:#x} has bits beyond {SYS_FLAG_KEPT:#x} (compression, "
+                           "multi-tags): the others are the broker's")
+    return flag
 
 
 def build_messages(
@@ -369,6 +402,7 @@ def build_messages(
                 store_ts=store_ts,
                 unique_id=check_unique_id(uid) if uid is not None else new_unique_id(),
                 body=body,
+                sys_flag=check_sys_flag(item["sys_flag"], f"messages[{i}].sys_flag") if "sys_flag" in item else 0,
             )
         )
     if total > max_size:
@@ -397,4 +431,5 @@ def message_view(
         "position": position,
         "size": size,
         "broker_name": broker_name,
+        **({"sys_flag": m.sys_flag} if m.sys_flag else {}),
     }

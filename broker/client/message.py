@@ -3,7 +3,10 @@
 - ``Message`` is what a producer sends (mutable, like RocketMQ's: the producer sets ``unique_id``
   once, before the first attempt, so every retry carries the same id).
 - ``MessageExt`` is what a consumer receives: every field of the broker API's Message plus
-  ``reconsume_times`` (how often this consumer has handed it to the listener before).
+  ``reconsume_times`` (how often this consumer has handed it to the listener before). A body an
+  official RocketMQ producer sent compressed (``sys_flag`` bit 0x1; the broker stores bodies as
+  sent) is inflated here when it is zlib; an LZ4 or ZSTD body (RocketMQ 5.x options the standard
+  library cannot read) is handed over as stored, with ``sys_flag`` still saying so.
 - ``MessageQueue`` names one queue: (topic, broker_name, queue_id); it sorts in that order, which
   is the order rebalancing uses.
 - Request building and answer parsing are plain functions here; the ``await`` sits in the callers.
@@ -38,6 +41,9 @@ from broker.protocol.names import (  # the broker's and NameServer's rules
     is_topic,
 )
 from broker.protocol.properties import PROP_DELAY, PROP_TIMER_DELIVER_MS, reconsume_times
+from broker.protocol.rocketmq.errors import RemotingError
+from broker.protocol.rocketmq.message import decompress_body
+from broker.protocol.rocketmq.properties import COMPRESSED_FLAG, COMPRESSION_TYPE_MASK
 
 SUSPEND_MS_MAX = 30_000  # the SDK's own long-poll policy: under its HTTP timeout (the protocol allows more)
 
@@ -128,6 +134,7 @@ class MessageExt:
     broker_name: str
     flag: int = 0
     reconsume_times: int = 0
+    sys_flag: int = 0  # 0x1: ``body`` is still compressed (a compression this SDK cannot inflate)
 
     @property
     def message_queue(self) -> MessageQueue:
@@ -318,12 +325,26 @@ def pull_request(
     return body
 
 
+def stored_body(body: bytes, sys_flag: int) -> tuple[bytes, int]:
+    """The body as its producer gave it and the sys flag left: a zlib-compressed body (what official
+    RocketMQ producers send over 4 KiB) inflated, bounded by the largest message; any other
+    compression, or a body that does not inflate, as stored with its flags (never an error: one
+    such message must not stop a consumer)."""
+    if not sys_flag & COMPRESSED_FLAG:
+        return body, sys_flag
+    try:
+        return decompress_body(body, sys_flag, MESSAGE_BYTES_MAX), sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK)
+    except RemotingError:
+        return body, sys_flag
+
+
 def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
     body = d.get("body")
     if body is None and "body_b64" in d:
         import base64
 
         body = base64.b64decode(d["body_b64"])
+    body, sys_flag = stored_body(bytes(body or b""), int(d.get("sys_flag", 0)))
     return MessageExt(
         topic=str(d["topic"]),
         queue_id=int(d["queue_id"]),
@@ -333,7 +354,7 @@ def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
         tags=str(d.get("tags") or ""),
         keys=tuple(str(k) for k in d.get("keys") or ()),
         properties={str(k): str(v) for k, v in dict(d.get("properties") or {}).items()},
-        body=bytes(body or b""),
+        body=body,
         born_ts=int(d.get("born_ts", 0)),
         born_host=str(d.get("born_host", "")),
         store_ts=int(d.get("store_ts", 0)),
@@ -342,6 +363,7 @@ def message_ext_from_dict(d: Mapping[str, Any]) -> MessageExt:
         broker_name=str(d["broker_name"]),
         flag=int(d.get("flag", 0)),
         reconsume_times=reconsume_times(dict(d.get("properties") or {})),
+        sys_flag=sys_flag,
     )
 
 
