@@ -3,6 +3,15 @@
 Clients heartbeat to every replica of every group they consume from, so a new leader already knows
 the members. A client silent for ``expiry_ms`` is dropped. Pure: time is passed in.
 
+A heartbeat may carry each topic's subscription expression (``Subscription``: a TAG expression or
+an SQL92 one; RocketMQ's clients send them, and a push consumer's pulls do not repeat them, so the
+broker filters by what the group's heartbeats said). ``heartbeat``, ``unregister`` and
+``leave`` answer which groups' member lists changed (RocketMQ notifies those groups' members:
+NOTIFY_CONSUMER_IDS_CHANGED).
+
+``QueueLocks`` holds the queue locks of orderly consumers (RocketMQ's ``RebalanceLockManager``):
+per replica, a lock expires ``LOCK_EXPIRY_MS`` after its holder last renewed it.
+
 Bounded (issue 10, finding 6): at most ``MAX_CLIENTS`` client ids, ``MAX_GROUPS_PER_CLIENT`` groups
 and ``MAX_TOPICS_PER_CLIENT`` topics per client (all groups together), ``MAX_SUBSCRIPTIONS`` (client,
 group, topic) entries in all, and, with ACL on, ``MAX_CLIENTS_PER_OWNER`` client ids per access key.
@@ -14,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterable, Mapping
+from typing import Final
 
 MAX_CLIENTS = 10_000
 MAX_GROUPS_PER_CLIENT = 64
@@ -21,6 +32,8 @@ MAX_TOPICS_PER_CLIENT = 1024
 MAX_SUBSCRIPTIONS = 200_000
 MAX_CLIENTS_PER_OWNER = 1000
 ANYONE = "*"  # the owner when ACL is off
+EXPRESSION_CHARS_MAX: Final = 4096
+EXPRESSION_TYPES: Final = ("TAG", "SQL92")
 
 
 class MembershipError(Exception):
@@ -33,12 +46,24 @@ class MembershipError(Exception):
         self.status = status
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subscription:
+    """What a member consumes of one topic: ``expression_type`` TAG (``*`` or ``a || b``) or SQL92."""
+
+    expression_type: str
+    expression: str
+
+
+SUB_ALL: Final = Subscription("TAG", "*")
+
+
 @dataclasses.dataclass
 class Member:
     client_id: str
     model: str
     topics: tuple[str, ...]
     last_seen_ms: int
+    filters: Mapping[str, Subscription] = dataclasses.field(default_factory=dict)  # topic -> expression
 
 
 class ConsumerManager:
@@ -58,10 +83,13 @@ class ConsumerManager:
         owner: str = ANYONE,
         *,
         admin: bool = False,
-    ) -> bool:
+        filters: Mapping[str, Mapping[str, Subscription]] | None = None,
+    ) -> set[str] | None:
         """Record a heartbeat: it names the client's whole membership (groups it no longer names
-        are left at once). Returns False when the table is full and the client is new; raises
-        ``MembershipError`` for a client id of another owner or too many subscriptions."""
+        are left at once); ``filters``: per group, per topic, the subscription expressions (absent:
+        every message). Returns the groups whose member list changed (joined or left), or None
+        when the table is full and the client is new; raises ``MembershipError`` for a client id
+        of another owner or too many subscriptions."""
         if len(groups) > MAX_GROUPS_PER_CLIENT:
             raise ValueError(f"a client may be in at most {MAX_GROUPS_PER_CLIENT} groups")
         topics_total = sum(len(t) for _g, _m, t in groups)
@@ -74,21 +102,24 @@ class ConsumerManager:
             raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
         old = self._client_groups.get(client_id)
         if old is None and len(self._client_groups) >= MAX_CLIENTS:
-            return False
+            return None
         if holder is None and owner != ANYONE and self._owned.get(owner, 0) >= MAX_CLIENTS_PER_OWNER:
             raise MembershipError("TOO_MANY_CLIENTS", f"{owner!r} already holds {MAX_CLIENTS_PER_OWNER} client ids")
         current = sum(len(self._groups[g][client_id].topics) for g in old or ())
         if self.subscriptions - current + topics_total > MAX_SUBSCRIPTIONS:
             raise MembershipError("TOO_MANY_SUBSCRIPTIONS", f"the broker tracks {MAX_SUBSCRIPTIONS} subscriptions")
         named = {g for g, _m, _t in groups}
-        for group in (old or set()) - named:
-            self._leave(group, client_id)
+        changed = {group for group in (old or set()) - named if self._leave(group, client_id)}
         for group, model, topics in groups:
             members = self._groups.setdefault(group, {})
             previous = members.get(client_id)
+            if previous is None:
+                changed.add(group)
             self.subscriptions += len(topics) - (len(previous.topics) if previous else 0)
             # Interned: thousands of clients naming the same topics share one string each.
-            members[client_id] = Member(client_id, model, tuple(sys.intern(t) for t in topics), now_ms)
+            group_filters = dict((filters or {}).get(group) or {})
+            members[client_id] = Member(client_id, model, tuple(sys.intern(t) for t in topics), now_ms,
+                                        {t: f for t, f in group_filters.items() if t in topics and f != SUB_ALL})
         if named:
             self._client_groups[client_id] = named
             if client_id not in self._owner:
@@ -97,7 +128,7 @@ class ConsumerManager:
         else:
             self._client_groups.pop(client_id, None)
             self._forget_owner(client_id)
-        return True
+        return changed
 
     def owner_of(self, client_id: str) -> str | None:
         return self._owner.get(client_id)
@@ -128,10 +159,15 @@ class ConsumerManager:
         return True
 
     def unregister(self, client_id: str, owner: str = ANYONE, *, admin: bool = False) -> int:
+        return len(self.leave(client_id, None, owner, admin=admin))
+
+    def leave(self, client_id: str, group: str | None, owner: str = ANYONE, *, admin: bool = False) -> set[str]:
+        """The client leaves ``group`` (None: every group); the groups it left."""
         holder = self._owner.get(client_id)
         if holder is not None and holder != owner and not admin:
             raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
-        return sum(self._leave(g, client_id) for g in list(self._client_groups.get(client_id, ())))
+        groups = list(self._client_groups.get(client_id, ())) if group is None else [group]
+        return {g for g in groups if self._leave(g, client_id)}
 
     def expire(self, now_ms: int) -> int:
         stale = [
@@ -146,8 +182,93 @@ class ConsumerManager:
         self.expire(now_ms)
         return sorted(self._groups.get(group, {}).values(), key=lambda m: m.client_id)
 
+    def subscription(self, group: str, topic: str, now_ms: int) -> Subscription | None:
+        """What ``group`` consumes of ``topic`` by its members' heartbeats (the most recent one's,
+        as RocketMQ keeps the latest subscription of a group), None when no member subscribes."""
+        found: Member | None = None
+        for m in self.members(group, now_ms):
+            if topic in m.topics and (found is None or m.last_seen_ms > found.last_seen_ms):
+                found = m
+        if found is None:
+            return None
+        return found.filters.get(topic, SUB_ALL)
+
     def groups(self) -> list[str]:
         return sorted(self._groups)
 
     def client_count(self) -> int:
         return len(self._client_groups)
+
+
+# -- orderly consumers' queue locks (RocketMQ's RebalanceLockManager) --------------------------------
+LOCK_EXPIRY_MS: Final = 60_000  # RocketMQ's rebalance.lockMaxLiveTime
+MAX_LOCKS: Final = 100_000
+QueueKey = tuple[str, int]  # (topic, queue id)
+
+
+class QueueLocks:
+    """Which client holds each (group, topic, queue) for orderly consumption, on this replica.
+
+    A client locks a set of queues at once and gets back the ones it holds now: those it held
+    already (renewed) and those nobody held or whose lock expired (``expiry_ms`` after its last
+    renewal). Unlocking releases only locks the client holds. Not replicated, like RocketMQ's: a new
+    leader starts empty and its clients lock again (an orderly consumer renews every 20 s and
+    before it pulls a queue it does not hold). Bounded: at most ``MAX_LOCKS`` locks; expired ones
+    are dropped first when full, and beyond that a new lock is not granted."""
+
+    def __init__(self, expiry_ms: int = LOCK_EXPIRY_MS):
+        self.expiry_ms = expiry_ms
+        self._locks: dict[str, dict[QueueKey, tuple[str, int]]] = {}  # group -> queue -> (client, last ms)
+        self.count = 0
+
+    def lock(self, group: str, client_id: str, queues: Iterable[QueueKey], now_ms: int) -> list[QueueKey]:
+        held = self._locks.setdefault(group, {})
+        out: list[QueueKey] = []
+        for queue in queues:
+            current = held.get(queue)
+            if current is not None and current[0] != client_id and now_ms - current[1] <= self.expiry_ms:
+                continue  # another live holder
+            if current is None:
+                if self.count >= MAX_LOCKS:
+                    self.expire(now_ms)
+                    if self.count >= MAX_LOCKS:
+                        continue
+                self.count += 1
+            held[queue] = (client_id, now_ms)
+            out.append(queue)
+        if not held:
+            del self._locks[group]
+        return out
+
+    def unlock(self, group: str, client_id: str, queues: Iterable[QueueKey]) -> int:
+        held = self._locks.get(group)
+        if held is None:
+            return 0
+        released = 0
+        for queue in queues:
+            current = held.get(queue)
+            if current is not None and current[0] == client_id:
+                del held[queue]
+                released += 1
+        self.count -= released
+        if not held:
+            del self._locks[group]
+        return released
+
+    def holder(self, group: str, queue: QueueKey, now_ms: int) -> str | None:
+        current = self._locks.get(group, {}).get(queue)
+        if current is None or now_ms - current[1] > self.expiry_ms:
+            return None
+        return current[0]
+
+    def expire(self, now_ms: int) -> int:
+        dropped = 0
+        for group in list(self._locks):
+            held = self._locks[group]
+            for queue in [q for q, (_c, ms) in held.items() if now_ms - ms > self.expiry_ms]:
+                del held[queue]
+                dropped += 1
+            if not held:
+                del self._locks[group]
+        self.count -= dropped
+        return dropped

@@ -4,13 +4,14 @@ A clustering consumer whose listener answers RECONSUME_LATER (or raises) sends t
 the broker group that holds it (``POST /v1/consumer/sendback``). The broker reads the message and
 stores a copy:
 
-- in ``%RETRY%<group>`` (created on demand: 1 queue, perm 6) with delay level
-  ``3 + reconsumeTimes`` (broker/schedule.py delivers it when due); the group's consumers subscribe
-  their retry topic by themselves;
-- in ``%DLQ%<group>`` (created on demand: 1 queue, perm 2 = write only, like RocketMQ, until an
-  operator changes it) once the message was already re-consumed ``maxReconsumeTimes`` times (the
-  group's ``retry_max_times``, default 16, or what the consumer sends), or when the consumer asks
-  for it (orderly consumers, after retrying in place).
+- in ``%RETRY%<group>`` (created on demand: 1 queue, perm 6) with the delay level the consumer asks
+  for (RocketMQ's ``delayLevel`` > 0), else ``3 + reconsumeTimes`` (broker/schedule.py delivers it
+  when due); the group's consumers subscribe their retry topic by themselves;
+- in ``%DLQ%<group>`` (created on demand: 1 queue, perm 6 = read and write, as RocketMQ 4.9 and 5.x
+  create it; an operator may make it write only) once the message was already re-consumed
+  ``maxReconsumeTimes`` times (the group's ``retry_max_times``, default 16, or what the consumer
+  sends), or when the consumer asks for it (orderly consumers after retrying in place; RocketMQ's
+  ``delayLevel`` < 0).
 
 Every copy keeps the body, tags, keys, properties and unique id, and carries ``RETRY_TOPIC`` (the
 original topic), ``ORIGIN_MESSAGE_ID`` (the first msg id), ``RECONSUME_TIME`` (re-consumptions so
@@ -41,7 +42,7 @@ from broker.protocol.properties import (
 DEFAULT_MAX_RECONSUME_TIMES: Final = 16
 RETRY_QUEUE_NUMS: Final = 1
 RETRY_PERM: Final = PERM_READ | PERM_WRITE
-DLQ_PERM: Final = PERM_WRITE  # write only: nobody consumes it until an operator allows it
+DLQ_PERM: Final = PERM_READ | PERM_WRITE  # as RocketMQ 4.9.x and 5.x create it (consumers read it with pulls)
 FIRST_RETRY_LEVEL: Final = 3
 
 
@@ -63,8 +64,10 @@ def send_back(
     to_dlq: bool,
     store_ts: int,
     levels: int,
+    delay_level: int | None = None,
 ) -> SendBack:
-    """The copy of ``m`` (``msg_id``) that goes back for ``group``."""
+    """The copy of ``m`` (``msg_id``) that goes back for ``group``; ``delay_level`` (1..): the retry's
+    delay level instead of ``3 + reconsumeTimes`` (larger ones are the last level)."""
     before = reconsume_times(m.properties)
     props = {k: v for k, v in m.properties.items() if k not in SCHEDULE_PROPS and k not in RESERVED_PROPS}
     props[PROP_RETRY_TOPIC] = m.properties.get(PROP_RETRY_TOPIC) or m.topic
@@ -77,7 +80,8 @@ def send_back(
     else:
         topic = retry_topic(group)
         props[PROP_RECONSUME_TIME] = str(before + 1)
-        props[PROP_DELAY] = str(min(FIRST_RETRY_LEVEL + before, levels))
+        level = delay_level if delay_level is not None and delay_level > 0 else FIRST_RETRY_LEVEL + before
+        props[PROP_DELAY] = str(min(level, levels))
     copy = m._replace(topic=topic, queue_id=0, properties=props, store_ts=store_ts)
     return SendBack(topic, dlq, copy, int(props[PROP_RECONSUME_TIME]))
 

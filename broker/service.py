@@ -18,16 +18,18 @@ The contract (every method validates its own arguments: a transport may pass wha
   size, queue_offset; ``view(broker_name)`` is the API's message map), topic_epoch. Any replica.
 - queries: ``message_by_id(msg_id)``, ``message_at(position)``, ``messages_by_key(topic, key, *,
   max_n, begin_ts, end_ts, unique)``, ``message_at_offset(topic, queue_id, offset)``,
-  ``search_offset(topic, queue_id, ts)`` (plain methods: they read, never wait).
-- retries: ``send_back(group, position, *, max_reconsume_times, to_dlq)``, ``resend_dlq(group,
-  position)`` -> ``SendBackAnswer``.
+  ``search_offset(topic, queue_id, ts)``, ``queue_bounds(topic, queue_id)``,
+  ``earliest_store_time(topic, queue_id)`` (plain methods: they read, never wait).
+- retries: ``send_back(group, position, *, max_reconsume_times, to_dlq, delay_level)``,
+  ``resend_dlq(group, position)`` -> ``SendBackAnswer``.
 - transactions (broker/service_txn.py): ``send_half``, ``end_transaction`` -> ``EndAnswer``,
   ``transaction_checks``, ``pending_halves``.
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
-  ``reset_offsets``, ``group_progress``, ``heartbeat``, ``unregister``, ``group_members``,
-  ``producer_connections``, ``status``, ``config``, ``update_config``, ``clean_expired_queues``,
-  ``transfer_leadership``.
+  ``reset_offsets``, ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
+  ``leave``, ``check_subscription``, ``subscription_of``, ``lock_queues``, ``unlock_queues``,
+  ``group_members``, ``producer_connections``, ``status``, ``config``, ``update_config``,
+  ``clean_expired_queues``, ``transfer_leadership``.
 
 Errors: every method raises ``ServiceError`` only (``code``, ``message``, ``status`` as an HTTP
 hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
@@ -77,3 +79,4 @@ class BrokerService(TxnOps, QueryOps, AdminOps):  # TxnOps extends SendOps
     def __init__(self, server: BrokerHost):
         super().__init__(server)
         self._init_send()
+        self._init_offsets()

@@ -1,21 +1,37 @@
 """The admin half of the broker service (broker/service.py): topics, subscription groups, consumer
-offsets (commit, read, reset, progress), client membership (heartbeat, unregister), the replica's
-configuration, leadership transfer, consume-queue cleanup. Every change of replicated state is one
-admin command appended to the Raft log (broker/metadata.py applies it on every replica)."""
+offsets (commit, read, reset, progress), client membership (heartbeat, unregister, subscriptions,
+orderly consumers' queue locks), the replica's configuration, leadership transfer, consume-queue
+cleanup. Every change of replicated state is one admin command appended to the Raft log
+(broker/metadata.py applies it on every replica).
+
+Offsets a pull reports as consumed (RocketMQ's commit-offset flag on PULL_MESSAGE) are committed
+*behind* the pull (``commit_offset_behind``): the pull never waits for them; the offsets noted
+meanwhile are merged per (group, topic) — the highest per queue — and appended as one command each
+by one flush at a time, so a stream of pulls makes a few commands, not one per pull. A flush that
+fails is dropped (logged): consumers also commit their offsets themselves every few seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from broker.admin_config import ConfigError, NotUpdatable, config_view
 from broker.admin_config import update as update_config
-from broker.message import check_group, check_int, check_topic
+from broker.consumers import (
+    EXPRESSION_CHARS_MAX,
+    EXPRESSION_TYPES,
+    MAX_GROUPS_PER_CLIENT,
+    QueueKey,
+    Subscription,
+)
+from broker.message import check_group, check_int, check_topic, encodable, encode_command
 from broker.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
-from broker.protocol.names import is_decimal, is_stored_group, is_stored_topic, is_topic
+from broker.protocol.names import is_client_id, is_decimal, is_stored_group, is_stored_topic, is_topic
+from broker.protocol.sql_filter import SqlFilterError, compile_filter
 from broker.service_base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 
 log = logging.getLogger("broker.service")
@@ -47,9 +63,27 @@ class ResetAnswer:
 
 
 GroupSubscription = tuple[str, str, tuple[str, ...]]  # (group, CLUSTERING | BROADCASTING, topics)
+GroupFilters = Mapping[str, Mapping[str, Subscription]]  # group -> topic -> expression
+LOCK_QUEUES_MAX = 4096  # queues one lock request may name
+COMMITS_PENDING_MAX = 100_000  # (group, topic, queue) offsets waiting for a behind-commit
+
+
+def check_client_id(client_id: Any) -> str:
+    if not is_client_id(client_id):
+        raise ServiceError(400, "INVALID_CLIENT_ID", "client id must be 1..255 printable ASCII chars without spaces")
+    return str(client_id)
 
 
 class AdminOps(ServiceBase):
+    _pending_commits: dict[tuple[str, str], dict[int, int]]
+    _commits_noted: int
+    _commit_flush: asyncio.Task[None] | None
+
+    def _init_offsets(self) -> None:
+        self._pending_commits = {}
+        self._commits_noted = 0
+        self._commit_flush = None
+
     # -- topics ----------------------------------------------------------------------------------------
     @translated
     async def put_topic(
@@ -206,6 +240,43 @@ class AdminOps(ServiceBase):
                     "offsets": md.group_offsets(group, topic)}
         return {"reset_generation": current}
 
+    def commit_offset_behind(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Note that ``group`` consumed ``topic``/``queue_id`` up to ``offset`` (RocketMQ's commit
+        flag on a pull): committed through the log behind the caller, merged with other such notes
+        (see the module doc). Only the ready leader commits; elsewhere, an offset already committed,
+        or an argument out of range: nothing (False). Never raises, never waits."""
+        s = self.s
+        if not s.ready or offset < 0 or offset > INT64_MAX or queue_id < 0:
+            return False
+        md = s.store.metadata_view()
+        tc = md.topics.get(topic)
+        if tc is None or queue_id >= max(tc.read_queue_nums, tc.write_queue_nums):
+            return False
+        if md.offsets.get((group, topic, queue_id)) == offset:
+            return False
+        pending = self._pending_commits.setdefault((group, topic), {})
+        if queue_id not in pending:
+            if self._commits_noted >= COMMITS_PENDING_MAX:
+                return False
+            self._commits_noted += 1
+        pending[queue_id] = max(offset, pending.get(queue_id, offset))
+        if self._commit_flush is None or self._commit_flush.done():
+            self._commit_flush = s.loop.create_task(self._flush_commits(), name="offset-commits")
+        return True
+
+    async def _flush_commits(self) -> None:
+        s = self.s
+        while self._pending_commits:
+            batch, self._pending_commits, self._commits_noted = self._pending_commits, {}, 0
+            records = [encode_command({"op": "offset.commit", "group": g, "topic": t, "offsets": offsets})
+                       for (g, t), offsets in batch.items()]
+            try:
+                self.require_writable()
+                await s.node.append(records, timeout_s=s.send_timeout_s)
+                s.counters["offsets_committed_behind"] += len(records)
+            except Exception as exc:  # the consumers commit again themselves (every few seconds)
+                log.info("%d offset commits behind pulls dropped: %s", len(records), exc)
+
     @translated_sync
     def group_offsets(self, group: str, topic: str) -> GroupOffsets:
         self.require_state()
@@ -277,14 +348,85 @@ class AdminOps(ServiceBase):
 
     # -- membership ------------------------------------------------------------------------------------
     @translated_sync
-    def heartbeat(self, client_id: str, groups: Sequence[GroupSubscription], principal: str, *, admin: bool) -> None:
-        """Record a client's subscriptions (it owns its client id: ``principal``)."""
-        if not self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin):
+    def heartbeat(
+        self, client_id: str, groups: Sequence[GroupSubscription], principal: str, *, admin: bool,
+        filters: GroupFilters | None = None,
+    ) -> set[str]:
+        """Record a client's subscriptions (it owns its client id: ``principal``); ``filters``: the
+        expression of each (group, topic), checked here (``check_subscription``). The groups whose
+        member list changed (their members rebalance: RocketMQ notifies them)."""
+        check_client_id(client_id)
+        if len(groups) > MAX_GROUPS_PER_CLIENT:
+            raise ServiceError(400, "BAD_REQUEST", f"a client is in at most {MAX_GROUPS_PER_CLIENT} groups")
+        for group, model, topics in groups:
+            check_group(group)
+            if model not in ("CLUSTERING", "BROADCASTING"):
+                raise ServiceError(400, "BAD_REQUEST", f"group {group!r}: model must be CLUSTERING or BROADCASTING")
+            for topic in topics:
+                check_topic(topic)
+        for subs in (filters or {}).values():
+            for sub in subs.values():
+                self.check_subscription(sub.expression_type, sub.expression)
+        changed = self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin,
+                                             filters=filters)
+        if changed is None:
             raise ServiceError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
+        return changed
 
     @translated_sync
     def unregister(self, client_id: str, principal: str, *, admin: bool) -> int:
         return self.s.consumers.unregister(client_id, principal, admin=admin)
+
+    @translated_sync
+    def leave(self, client_id: str, group: str | None, principal: str, *, admin: bool) -> set[str]:
+        """The client leaves ``group`` (None: all its groups); the groups whose member list changed."""
+        check_client_id(client_id)
+        if group is not None:
+            check_group(group)
+        return self.s.consumers.leave(client_id, group, principal, admin=admin)
+
+    def check_subscription(self, expression_type: str, expression: str) -> None:
+        """A subscription expression a heartbeat or a pull may use: TAG (any text) or SQL92 (compiled;
+        ``FILTER_NOT_SUPPORTED`` when ``enablePropertyFilter`` is off, ``SUBSCRIPTION_PARSE_FAILED``)."""
+        if expression_type not in EXPRESSION_TYPES:
+            raise ServiceError(400, "FILTER_NOT_SUPPORTED", f"expression type {expression_type[:20]!r} is not one of "
+                               f"{', '.join(EXPRESSION_TYPES)}")
+        if len(expression) > EXPRESSION_CHARS_MAX or not encodable(expression):
+            raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED",
+                               f"a subscription expression is at most {EXPRESSION_CHARS_MAX} UTF-8 characters")
+        if expression_type == "SQL92":
+            if not self.s.cfg.enable_property_filter:
+                raise ServiceError(400, "FILTER_NOT_SUPPORTED",
+                                   "this broker does not filter by SQL92 (enablePropertyFilter=false)")
+            try:
+                compile_filter(expression)
+            except SqlFilterError as exc:
+                raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED", str(exc), position=exc.position) from None
+
+    def subscription_of(self, group: str, topic: str) -> Subscription | None:
+        """What ``group`` consumes of ``topic`` by its members' heartbeats here (None: nobody)."""
+        return self.s.consumers.subscription(group, topic, self.s.monotonic_ms())
+
+    @translated_sync
+    def lock_queues(self, group: str, client_id: str, queues: Iterable[QueueKey]) -> list[QueueKey]:
+        """An orderly consumer locks queues of ``group`` (RocketMQ's LOCK_BATCH_MQ): the ones it
+        holds now. Per replica (not replicated), each lock expiring 60 s after its last renewal."""
+        group, wanted = check_group(group), self._lock_queues_arg(client_id, queues)
+        return self.s.locks.lock(group, client_id, wanted, self.s.monotonic_ms())
+
+    @translated_sync
+    def unlock_queues(self, group: str, client_id: str, queues: Iterable[QueueKey]) -> int:
+        group, wanted = check_group(group), self._lock_queues_arg(client_id, queues)
+        return self.s.locks.unlock(group, client_id, wanted)
+
+    def _lock_queues_arg(self, client_id: str, queues: Iterable[QueueKey]) -> list[QueueKey]:
+        check_client_id(client_id)
+        out: list[QueueKey] = []
+        for topic, qid in queues:
+            if len(out) >= LOCK_QUEUES_MAX:
+                raise ServiceError(400, "BAD_REQUEST", f"at most {LOCK_QUEUES_MAX} queues per lock request")
+            out.append((check_topic(topic), check_int(qid, "queue id", 0, QUEUE_NUMS_MAX - 1, "INVALID_QUEUE_ID")))
+        return out
 
     @translated_sync
     def group_members(self, group: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import collections
 
     from broker.config import BrokerConfig
-    from broker.consumers import ConsumerManager
+    from broker.consumers import ConsumerManager, QueueLocks
     from broker.metrics import BrokerMetrics
     from broker.producers import ProducerTable
     from broker.registration import Registrar
@@ -103,6 +103,7 @@ class BrokerHost(Protocol):
     store: MessageStore
     node: DLedgerNode
     consumers: ConsumerManager
+    locks: QueueLocks  # orderly consumers' queue locks (per replica)
     producers: ProducerTable
     schedule: ScheduleService
     transactions: TransactionService  # check-backs (broker/transactions.py)
@@ -167,6 +168,11 @@ class ServiceBase:
             leader_addr=self.s.client_addr_of(leader_id),
             leader_id=leader_id,
         )
+
+    def leads(self) -> bool:
+        """Whether this replica is the ready leader: it has applied everything committed before its
+        term, so its queues end where the group's committed log ends (a follower's may lag)."""
+        return self.s.ready
 
     # -- the checks a call starts with ---------------------------------------------------------------
     def require_state(self) -> None:

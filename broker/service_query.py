@@ -293,6 +293,22 @@ class QueryOps(ServiceBase):
         return PulledMessage(m, unit.position, unit.size, offset)
 
     @translated_sync
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, max offset) of a queue: the first offset still stored and the next one to be
+        written; (0, 0) for a queue nothing was stored in (RocketMQ answers 0 for an unknown queue)."""
+        self.require_state()
+        cq = self.s.store.cqs.get(check_topic(topic), check_int(queue_id, "queue_id", 0, 2**31 - 1, "INVALID_QUEUE_ID"))
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    @translated_sync
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """Store time of the first message still in a queue; -1 when it holds none (RocketMQ's)."""
+        self.require_state()
+        cq = self.s.store.cqs.get(check_topic(topic), check_int(queue_id, "queue_id", 0, 2**31 - 1, "INVALID_QUEUE_ID"))
+        unit = cq.get(cq.min_offset) if cq is not None else None
+        return unit.store_ts if unit is not None else -1
+
+    @translated_sync
     def search_offset(self, topic: str, queue_id: int, ts: int) -> int:
         """The first offset of a queue stored at or after ``ts`` (RocketMQ ``searchOffset``)."""
         self.require_state()

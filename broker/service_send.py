@@ -31,7 +31,7 @@ from broker.message import (
 )
 from broker.metadata import TopicConfig
 from broker.protocol.names import is_topic
-from broker.protocol.properties import DLQ_PREFIX, dlq_topic, retry_topic
+from broker.protocol.properties import DLQ_PREFIX, RETRY_PREFIX, dlq_topic, retry_topic
 from broker.retry import (
     DEFAULT_MAX_RECONSUME_TIMES,
     DLQ_PERM,
@@ -248,12 +248,16 @@ class SendOps(ServiceBase):
         tc = s.store.topic(topic)
         if tc is not None:
             return tc
-        if not s.cfg.auto_create_topic:
+        retry = topic.startswith(RETRY_PREFIX)
+        if not s.cfg.auto_create_topic and not retry:
             raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist (autoCreateTopicEnable=false)")
         pending = s.creating.get(topic)
         if pending is None:
-            n = s.cfg.default_topic_queue_nums
-            cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": n, "write_queue_nums": n, "perm": 6}
+            # A group's retry topic (a consumer resending a message it could not send back) is
+            # created as a send-back creates it, whatever autoCreateTopicEnable says (RocketMQ's).
+            n = RETRY_QUEUE_NUMS if retry else s.cfg.default_topic_queue_nums
+            cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": n, "write_queue_nums": n,
+                   "perm": RETRY_PERM if retry else 6}
             pending = s.loop.create_task(self.command(cmd))
             s.creating[topic] = pending
             pending.add_done_callback(lambda _t: s.creating.pop(topic, None))
@@ -311,11 +315,12 @@ class SendOps(ServiceBase):
     @translated
     async def send_back(
         self, group: str, position: int, *, max_reconsume_times: int | None = None, to_dlq: bool = False,
-        may_read: Callable[[str], None] | None = None,
+        may_read: Callable[[str], None] | None = None, delay_level: int | None = None,
     ) -> SendBackAnswer:
         """RocketMQ ``consumerSendMsgBack``: the message at ``position`` goes to ``%RETRY%group``
-        (delayed by its reconsume level) or, past ``max_reconsume_times`` or with ``to_dlq``, to
-        ``%DLQ%group``. ``max_reconsume_times`` None: the group's ``retry_max_times``.
+        (delayed by ``delay_level``, else by its reconsume level) or, past ``max_reconsume_times``
+        or with ``to_dlq``, to ``%DLQ%group``. ``max_reconsume_times`` None: the group's
+        ``retry_max_times``.
 
         A send-back copies a message into a topic the group's consumers read, so it must name a
         message they could read anyway (issue 23, finding 2), checked on the stored message before
@@ -328,6 +333,9 @@ class SendOps(ServiceBase):
         if max_reconsume_times is None:
             gc = s.store.group(group)
             max_reconsume_times = gc.retry_max_times if gc is not None else DEFAULT_MAX_RECONSUME_TIMES
+        max_reconsume_times = check_int(max_reconsume_times, "max_reconsume_times", 0, 2**31 - 1)
+        if delay_level is not None:
+            delay_level = check_int(delay_level, "delay_level", 0, 2**31 - 1)
         m = self._read_for_retry(position)
         if may_read is not None:
             may_read(m.topic)
@@ -339,7 +347,7 @@ class SendOps(ServiceBase):
             )
         sb = send_back(
             m, make_msg_id(s.cfg.broker_name, position), group=group, max_reconsume_times=max_reconsume_times,
-            to_dlq=to_dlq, store_ts=s.wall_ms(), levels=len(s.schedule.policy.levels_ms),
+            to_dlq=to_dlq, store_ts=s.wall_ms(), levels=len(s.schedule.policy.levels_ms), delay_level=delay_level,
         )
         await self._ensure_topic(sb.topic, DLQ_PERM if sb.dlq else RETRY_PERM)
         record = s.schedule.policy.prepare(sb.message, "sendback")
