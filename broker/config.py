@@ -23,6 +23,11 @@
 | remotingAdvertisedPort | = the bound remoting port | advertised to NameServers (routes' `remoting_addrs`); with a |
 |  |  | brokerAdvertisedPort (a proxy in front) the remoting port is advertised only when this is set |
 | remotingInFlightMax | 256 | requests handled at once per binary connection (reading stops at the cap) |
+| vipChannelEnable | true | RocketMQ's remoting also on listenPort - 2 (the official clients' VIP channel); listenPort |
+|  |  | itself serves it always, beside HTTP (told apart by the first byte) |
+| remotingAclV1 | accept | with aclEnable: what an official client's ACL 1.0 signature may do (accept, readonly: no |
+|  |  | state changes, refuse); docs/SECURITY.md |
+| tlsMode | enforcing | with tlsEnable: enforcing = listenPort takes TLS only; permissive = plain connections too |
 | brokerPeerClientAddrs | (none) | `n0-host:10911;n1-host:10921`: every peer's client address |
 |  |  | (so a follower's NOT_LEADER names the leader's address) |
 | aclEnable | false | true: every request but GET /v1/status is signed and checked (docs/SECURITY.md) |
@@ -105,8 +110,13 @@ BROKER_KEYS = frozenset(
         "traceTopicEnable",
         "gcYoungThreshold",
         "msgTraceTopicName",
+        "vipChannelEnable",
+        "remotingAclV1",
+        "tlsMode",
     }
 )
+TLS_MODES = ("enforcing", "permissive")  # broker.serving.sniff.TlsMode's values
+ACL_V1_POLICIES = ("accept", "readonly", "refuse")  # broker.serving.remoting_acl.AclV1Policy's values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +173,16 @@ class BrokerConfig:
     trace_topic_enable: bool = False
     msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
     gc_young_threshold: int = 10_000
+    # RocketMQ's remoting (broker/edge/rocketmq/): on listenPort always, on listenPort - 2 with this.
+    vip_channel_enable: bool = True
+    remoting_acl_v1: str = "accept"
+    tls_mode: str = "enforcing"
+
+    @property
+    def vip_channel_port(self) -> int | None:
+        """RocketMQ's VIP channel (``listenPort - 2``), or None (off, or no such port)."""
+        port = self.dledger.listen_port
+        return port - 2 if self.vip_channel_enable and port > 2 else None
 
     @property
     def address(self) -> str:
@@ -258,7 +278,18 @@ def parse_broker_config(
         trace_topic_enable=r.boolean("traceTopicEnable", False),
         msg_trace_topic_name=_trace_topic(r),
         gc_young_threshold=r.integer("gcYoungThreshold", 10_000, 100, 1_000_000),
+        vip_channel_enable=r.boolean("vipChannelEnable", True),
+        remoting_acl_v1=_choice(r, "remotingAclV1", ACL_V1_POLICIES),
+        tls_mode=_choice(r, "tlsMode", TLS_MODES),
     )
+
+
+def _choice(r: PropertyReader, key: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default)."""
+    raw = r.optional(key) or choices[0]
+    if raw not in choices:
+        raise r.error(key, f"must be one of {', '.join(choices)}, got {raw[:60]!r}")
+    return raw
 
 
 def _trace_topic(r: PropertyReader) -> str:

@@ -1,5 +1,6 @@
 """``dledger-broker -c conf/broker-n0.conf``: one broker replica (a dledger node + the message store +
-the HTTP API + NameServer registration).
+the HTTP API and RocketMQ's remoting on ``listenPort`` (told apart by the first byte; the remoting
+also on the VIP channel ``listenPort - 2``), our binary port + NameServer registration).
 
 Roles (DLedger mode):
 
@@ -18,22 +19,28 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from typing import Any, cast
 
 from aiohttp import web
 
-from broker.acl import AclError, AclWatcher
+from broker.acl import AclConfig, AclError, AclWatcher
 from broker.api import BrokerApi
 from broker.client.transport import Transport, client_ssl_context
 from broker.config import BrokerConfig, load_broker_config
-from broker.consumers import ConsumerManager
-from broker.http_edge import Guard, Limits, server_ssl_context, start_server
+from broker.consumers import ConsumerManager, QueueLocks
+from broker.edge.rocketmq.edge import RocketMQEdge
+from broker.edge.rocketmq.messages import NO_HOST, parse_host
+from broker.http_edge import Guard, Limits, server_ssl_context
 from broker.message import encode_command
 from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
+from broker.protocol.rocketmq.command import Bounds
+from broker.protocol.rocketmq.message import Host
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
 from broker.remoting import RemotingLimits, RemotingServer
@@ -41,6 +48,9 @@ from broker.remoting_ops import RemotingOps, remoting_error
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.service import BrokerService
+from broker.serving import remoting_server as rmq
+from broker.serving.remoting_acl import AclV1Policy, RemotingAuthenticator
+from broker.serving.sniff import SniffingSite, SniffLimits, TlsMode, start_dual_server
 from broker.store import MessageStore
 from broker.transactions import TransactionPolicy, TransactionService
 from dledger.apps.process_main import run_until_signalled, set_gc_young_threshold, setup_logging
@@ -84,6 +94,7 @@ class BrokerServer:
             settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
         )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
+        self.locks = QueueLocks()  # orderly consumers' queue locks (RocketMQ's LOCK_BATCH_MQ)
         self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
         self.send_timeout_s = 3.0
         self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
@@ -153,7 +164,26 @@ class BrokerServer:
             map_error=remoting_error,
         )
         self.remoting_address: str | None = None
+        # RocketMQ's remoting for the official clients (broker/edge/rocketmq/): on listenPort beside
+        # HTTP, and on the VIP channel; the store host (in offset msg ids) is resolved at start.
+        self.rocketmq = RocketMQEdge(
+            self.service, broker_name=cfg.broker_name, store_host=parse_host(cfg.address),
+            authenticator=RemotingAuthenticator(self._acl_rules, AclV1Policy(cfg.remoting_acl_v1)),
+            limits=rmq.RemotingLimits(
+                bounds=Bounds(frame_bytes_max=self.guard.limits.client_max_size),
+                connections_max=sec.connections_max,
+                in_flight_max=cfg.remoting_in_flight_max,
+                first_frame_timeout_s=sec.header_timeout_ms / 1000,
+                frame_timeout_s=sec.body_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+            ),
+        )
+        self.vip_address: str | None = None
         self.started_at = self.clock.monotonic()
+
+    def _acl_rules(self) -> AclConfig | None:
+        watcher = self.security.watcher
+        return None if watcher is None else watcher.current
 
     def monotonic_ms(self) -> int:
         """For liveness (client heartbeats): never the wall clock, which NTP may step."""
@@ -172,9 +202,24 @@ class BrokerServer:
         await self.node.start()
         sec = self.cfg.security
         ssl_ctx = server_ssl_context(sec.tls_cert_file, sec.tls_key_file or "") if sec.tls_cert_file else None
-        self._runner, _site = await start_server(
-            self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
+        await self._resolve_store_host()
+        sniff = SniffLimits(pending_max=sec.connections_max, first_byte_timeout_s=sec.header_timeout_ms / 1000,
+                            tls_handshake_timeout_s=self.guard.limits.tls_handshake_timeout_s)
+        tls_mode = TlsMode(self.cfg.tls_mode)
+        self._runner, _site = await start_dual_server(
+            self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port,
+            remoting=self.rocketmq.server, limits=sniff, ssl_context=ssl_ctx, tls_mode=tls_mode,
         )
+        vip_port = self.cfg.vip_channel_port
+        if vip_port is not None:  # the same application and remoting server on a second port
+            vip = SniffingSite(self._runner, self.cfg.bind_host, vip_port, remoting=self.rocketmq.server,
+                               limits=sniff, ssl_context=ssl_ctx, tls_mode=tls_mode)
+            try:
+                await vip.start()
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            self.vip_address = f"{self.cfg.dledger.http_host}:{vip.bound_port}"
         if self.cfg.remoting_listen_port >= 0:
             try:
                 bound = await self.remoting.start(self.cfg.bind_host, self.cfg.remoting_listen_port, ssl_ctx)
@@ -193,10 +238,26 @@ class BrokerServer:
             self.loop.create_task(self.transactions.run(), name="transactions"),
         ]
         log.info(
-            "broker %s/%s (%s) serving %s (binary: %s), NameServers %s",
+            "broker %s/%s (%s) serving %s (HTTP and RocketMQ remoting; VIP channel: %s; binary: %s), NameServers %s",
             self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
-            self.remoting_address or "off", ";".join(self.cfg.namesrv_addrs),
+            self.vip_address or "off", self.remoting_address or "off", ";".join(self.cfg.namesrv_addrs),
         )
+
+    async def _resolve_store_host(self) -> None:
+        """The store host RocketMQ clients see (offset msg ids name it): the advertised address as an
+        IP address, its host name resolved once here when it is a name (a container's)."""
+        if self.rocketmq.store_host is not NO_HOST:
+            return
+        host = self.cfg.dledger.http_host
+        port = self.cfg.advertised_port or self.cfg.dledger.listen_port
+        try:
+            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("cannot resolve %s for RocketMQ's store host: %s; offset msg ids name 0.0.0.0", host, exc)
+            return
+        infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, as RocketMQ's clients prefer
+        if infos:
+            self.rocketmq.store_host = Host(ipaddress.ip_address(infos[0][4][0]).packed, port)
 
     async def _watch_replica(self) -> None:
         """Fail-stop: a replica whose tick thread died can neither vote nor replicate, yet would keep
@@ -229,6 +290,7 @@ class BrokerServer:
         except TimeoutError:
             log.warning("unregistering timed out")
         await self.registrar.close()
+        await self.rocketmq.stop()
         await self.remoting.stop()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -420,6 +482,7 @@ class BrokerServer:
                 "retention_floor": node["retention_floor"],
             },
             "remoting": {"address": self.remoting_address, **self.remoting.stats.as_dict()},
+            "rocketmq": {"address": self.cfg.address, "vip_address": self.vip_address, **self.rocketmq.status()},
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),

@@ -317,6 +317,7 @@ class Group:
             "brokerAccessKey": account.access_key,
             "brokerSecretKey": account.secret_key,
             "remotingListenPort": "-1",  # HTTP only (the Tap sees every request); tests turn it on
+            "vipChannelEnable": "false",  # listenPort - 2 of a free port may be taken; tests turn it on
             **self.cluster.broker_props,
         }
         return parse_broker_config(props, source=f"<in-process {self.name}/{r.nid}>", env={})
