@@ -66,7 +66,8 @@ import org.apache.rocketmq.remoting.RPCHook;
  *       [--count N] [--timeout S] [--poll-ms MS] [--send-timeout-ms MS]
  * </pre>
  *
- * Scenarios: send, push-tags, lite-pull, orderly, delay, retry-dlq, txn, sql92, query, progress, bulk.
+ * Scenarios: send, push-tags, lite-pull, orderly, delay, retry-dlq, txn, sql92, query, progress, bulk, and hold
+ * (a live producer and consumer for the mqadmin tests: a "ready" line first, then the result at stdin's EOF).
  * Topic and group names must be fresh per run (the driver makes them unique); a scenario that needs several
  * groups derives them from --group with a suffix. The topic must exist (the driver creates it).
  */
@@ -140,6 +141,14 @@ public final class Scenarios {
         return (System.nanoTime() - startNs) / 1_000_000;
     }
 
+    final Map<String, Long> phases = new LinkedHashMap<>();
+
+    /** Records how long the scenario had run when it reached a phase (in the result's "phases"). */
+    void mark(String phase) {
+        phases.put(phase, elapsedMs());
+        out.put("phases", phases);
+    }
+
     static void log(String fmt, Object... args) {
         System.err.printf("[wire %tT] %s%n", System.currentTimeMillis(), String.format(fmt, args));
     }
@@ -164,6 +173,7 @@ public final class Scenarios {
                 throw new Failure("interrupted waiting for " + what);
             }
         }
+        mark(what);
     }
 
     void await(String what, BooleanSupplier cond) {
@@ -1314,6 +1324,79 @@ public final class Scenarios {
         out.put("send_latency", lat(latNs));
     }
 
+    /**
+     * For the mqadmin tests: a producer sends N messages with keys, a push consumer (group G_c, online) consumes
+     * them; then one "ready" JSON line (ids, offsetMsgIds, keys, groups) and the program stays up until its stdin
+     * closes (or the deadline), counting deliveries, so that consumerProgress, consumerConnection and
+     * resetOffsetByTime see a live consumer. The final line reports the deliveries per message (a reset to an
+     * earlier time shows as a second delivery).
+     */
+    void hold() throws Exception {
+        int n = count(8);
+        Sink sink = new Sink();
+        DefaultMQPushConsumer c = push(group + "_c", false);
+        c.subscribe(topic, "*");
+        c.registerMessageListener(into(sink, "hold"));
+        c.start();
+        DefaultMQProducer p = producer(group + "_p");
+        List<String> ids = new ArrayList<>(), offsetIds = new ArrayList<>(), keys = new ArrayList<>();
+        String run = Long.toString(nowMs(), 36);
+        for (int i = 0; i < n; i++) {
+            String key = "hk-" + run + "-" + i;
+            SendResult r = p.send(msg(topic, "Hold", key, "hold-" + i));
+            sendOk(r, "hold-" + i);
+            ids.add(r.getMsgId());
+            offsetIds.add(r.getOffsetMsgId());
+            keys.add(key);
+        }
+        await("the held consumer got every message", () -> sink.hasAllIds(ids));
+        long lastStore = 0;
+        for (Got g : sink.all) {
+            lastStore = Math.max(lastStore, g.storeTs());
+        }
+        Map<String, Object> ready = new LinkedHashMap<>();
+        ready.put("ready", true);
+        ready.put("consumer_group", group + "_c");
+        ready.put("producer_group", group + "_p");
+        ready.put("client_id", c.buildMQClientId());
+        ready.put("ids", ids);
+        ready.put("offset_msg_ids", offsetIds);
+        ready.put("keys", keys);
+        ready.put("first_store_ms", sink.byId.get(ids.get(0)).get(0).storeTs());
+        ready.put("last_store_ms", lastStore);
+        System.out.println(Json.write(ready));
+        System.out.flush();
+        // Each line on stdin asks for a status line (deliveries per id so far); EOF ends the hold.
+        Thread stdin = new Thread(() -> {
+            try {
+                java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in,
+                    StandardCharsets.UTF_8));
+                while (in.readLine() != null) {
+                    Map<String, Object> st = new LinkedHashMap<>();
+                    Map<String, Integer> d = new TreeMap<>();
+                    for (String id : ids) {
+                        d.put(id, sink.byId.get(id).size());
+                    }
+                    st.put("status", true);
+                    st.put("deliveries", d);
+                    System.out.println(Json.write(st));
+                    System.out.flush();
+                }
+            } catch (java.io.IOException ignored) {
+                // closed
+            }
+        });
+        stdin.setDaemon(true);
+        stdin.start();
+        stdin.join(Math.max(1, (deadlineNs - System.nanoTime()) / 1_000_000));
+        Map<String, Integer> deliveries = new TreeMap<>();
+        for (String id : ids) {
+            deliveries.put(id, sink.byId.get(id).size());
+        }
+        out.put("deliveries", deliveries);
+        out.put("held_until_eof", !stdin.isAlive());
+    }
+
     // ---------------------------------------------------------------------------------------- main
     void run() throws Exception {
         switch (scenario) {
@@ -1328,6 +1411,7 @@ public final class Scenarios {
             case "query" -> query();
             case "progress" -> progress();
             case "bulk" -> bulk();
+            case "hold" -> hold();
             default -> throw new IllegalArgumentException("unknown scenario " + scenario);
         }
     }
@@ -1366,14 +1450,25 @@ public final class Scenarios {
             code = 1;
         }
         s.out.put("wall_ms", s.elapsedMs());
+        // Clients shut down in reverse order (consumers persist offsets, all unregister), for at most 10 s.
         Collections.reverse(s.closers);
-        for (Runnable r : s.closers) {
-            try {
-                r.run();
-            } catch (RuntimeException ignored) {
-                // shutting down
+        Thread closer = new Thread(() -> {
+            for (Runnable r : s.closers) {
+                try {
+                    r.run();
+                } catch (RuntimeException ignored) {
+                    // shutting down
+                }
             }
+        });
+        closer.setDaemon(true);
+        closer.start();
+        try {
+            closer.join(10_000);
+        } catch (InterruptedException ignored) {
+            Thread.currentThread().interrupt();
         }
+        s.out.put("shutdown_ms", s.elapsedMs() - (Long) s.out.get("wall_ms"));
         System.out.println(Json.write(s.out));
         System.out.flush();
         System.exit(code);
