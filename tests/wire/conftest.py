@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.wire.harness import OursCluster, ReferenceCluster, Target, mqadmin_home
+from tests.wire.harness import OursCluster, ReferenceCluster, Target, mqadmin_home, remoting_probe
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,6 +47,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     else:
         cluster = ReferenceCluster(root)
     t = cluster.up()
+    t.extra["probe"] = remoting_probe(t.namesrv, t.credentials)
+    print(f"remoting probe of {t.namesrv}: {t.extra['probe']}")
     try:
         yield t
     finally:

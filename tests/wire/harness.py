@@ -6,6 +6,9 @@ missing build fails the test with the command to run, never skips it."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -13,6 +16,7 @@ import secrets
 import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -78,6 +82,63 @@ def port_open(addr: str, timeout_s: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+# ------------------------------------------------------------------------------------------------ probe
+
+def acl_signature(ext: dict[str, str], body: bytes, secret_key: str) -> str:
+    """AclClientRPCHook's signature (NOTES.md section 10): Base64(HMAC-SHA1(sk, values sorted by key + body))."""
+    content = "".join(v for k, v in sorted(ext.items()) if k != "Signature").encode() + body
+    return base64.b64encode(hmac.new(secret_key.encode(), content, hashlib.sha1).digest()).decode()
+
+
+def remoting_probe(addr: str, credentials: tuple[str, str] | None, timeout_s: float = 5.0) -> tuple[bool, str]:
+    """One GET_BROKER_CLUSTER_INFO (code 106) in RocketMQ's remoting framing, JSON header, signed when ACL is on,
+    as the 4.9.8 client sends it. True when a response frame with the same opaque comes back (any code)."""
+    ext: dict[str, str] = {}
+    if credentials:
+        ext["AccessKey"] = credentials[0]
+        ext["Signature"] = acl_signature(ext, b"", credentials[1])
+    opaque = 7
+    header = json.dumps({"code": 106, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": opaque,
+                         "serializeTypeCurrentRPC": "JSON", "version": 409}, separators=(",", ":")).encode()
+    frame = struct.pack("!ii", 4 + len(header), len(header)) + header
+    host, port = addr.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(frame)
+
+            def read(n: int) -> bytes:
+                buf = b""
+                while len(buf) < n:
+                    chunk = sock.recv(n - len(buf))
+                    if not chunk:
+                        raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+                    buf += chunk
+                return buf
+
+            (length,) = struct.unpack("!i", read(4))
+            if not 4 <= length <= 16 << 20:
+                return False, f"not a remoting frame (length field {length})"
+            rest = read(length)
+            (ori,) = struct.unpack("!i", rest[:4])
+            hlen = ori & 0xFFFFFF
+            if (ori >> 24) & 0xFF != 0:
+                return True, "answered with a ROCKETMQ (binary) header"
+            h = json.loads(rest[4:4 + hlen])
+            if h.get("opaque") != opaque or not int(h.get("flag", 0)) & 1:
+                return False, f"answer is not the response to opaque {opaque}: {h}"
+            return True, f"response code {h.get('code')} remark {h.get('remark')!r}"
+    except (OSError, ValueError, struct.error, ConnectionError) as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+def require_remoting(target: Target) -> None:
+    """Fails the calling test at once when the target's NameServer did not answer the remoting probe (so the
+    tier fails in seconds, not after every client's time-outs, while the server side lacks the protocol)."""
+    ok, why = target.extra.get("probe", (True, ""))
+    assert ok, f"[{target.label()}] the NameServer at {target.namesrv} does not answer RocketMQ remoting: {why}"
 
 
 # ------------------------------------------------------------------------------------------------ targets

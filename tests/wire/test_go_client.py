@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from tests.wire.harness import Run, Target, create_topic, fresh, run_go
+from tests.wire.harness import Run, Target, create_topic, fresh, require_remoting, run_go
 
 pytestmark = [pytest.mark.slow, pytest.mark.wire]
 
 
 def run(scenario: str, target: Target, home: str, **kw: Any) -> Run:
+    require_remoting(target)
     topic = fresh("go_" + scenario)
     create_topic(target, topic, home)
     r = run_go(scenario, target, home, topic=topic, group=fresh("g"), **kw)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.wire.harness import Run, Target, create_topic, fresh, run_java
+from tests.wire.harness import Run, Target, create_topic, fresh, require_remoting, run_java
 
 pytestmark = [pytest.mark.slow, pytest.mark.wire]
 
@@ -17,6 +17,7 @@ CLIENTS = ["4.9.8", "5.3.1"]
 
 
 def run(client: str, scenario: str, target: Target, home: str, **kw: Any) -> Run:
+    require_remoting(target)
     topic = fresh(scenario)
     create_topic(target, topic, home)
     r = run_java(client, scenario.removesuffix("-vip"), target, home, topic=topic, group=fresh("g"), **kw)

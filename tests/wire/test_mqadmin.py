@@ -19,6 +19,7 @@ from tests.wire.harness import (
     mqadmin,
     parse_kv,
     parse_table,
+    require_remoting,
     wait_for,
 )
 
@@ -56,6 +57,7 @@ def leader_addr(target: Target, home: str) -> str:
 def test_cluster_list(target: Target, admin_home: str) -> None:
     """One row per replica of the group: the leader as BID 0, the two followers as other BIDs, each with an
     address and a version."""
+    require_remoting(target)
     rows = cluster_rows(target, admin_home)
     group = [r for r in rows if r[1] == target.group]
     assert len(group) == 3, rows
@@ -68,6 +70,7 @@ def test_cluster_list(target: Target, admin_home: str) -> None:
 
 
 def test_topic_create_list_route_status_delete(target: Target, admin_home: str) -> None:
+    require_remoting(target)
     topic = fresh("admin_topic")
     leader = leader_addr(target, admin_home)
     out = clean(mqadmin(target, admin_home, "updateTopic", "-c", target.cluster, "-t", topic, "-r", "4", "-w", "4"),
@@ -104,6 +107,7 @@ def test_topic_create_list_route_status_delete(target: Target, admin_home: str) 
 
 
 def test_update_sub_group(target: Target, admin_home: str) -> None:
+    require_remoting(target)
     group = fresh("admin_sub")
     leader = leader_addr(target, admin_home)
     out = clean(mqadmin(target, admin_home, "updateSubGroup", "-c", target.cluster, "-g", group), target)
@@ -115,6 +119,7 @@ def test_update_sub_group(target: Target, admin_home: str) -> None:
 def test_consumer_and_message_commands(target: Target, admin_home: str, home: str) -> None:
     """consumerConnection, consumerProgress, queryMsgById, queryMsgByKey and resetOffsetByTime with a live
     4.9.8 producer and push consumer (the Java ``hold`` scenario)."""
+    require_remoting(target)
     topic = fresh("admin_hold")
     create_topic(target, topic, home)
     held = Held("4.9.8", target, home, topic, fresh("g"))
@@ -175,6 +180,7 @@ def test_consumer_and_message_commands(target: Target, admin_home: str, home: st
 
 
 def test_broker_status_and_config(target: Target, admin_home: str) -> None:
+    require_remoting(target)
     leader = leader_addr(target, admin_home)
     status = clean(mqadmin(target, admin_home, "brokerStatus", "-b", leader), target).stdout
     kv = parse_kv(status, ":")
