@@ -246,7 +246,7 @@ ensure_wire_go() {
     fi
     log "wire tier: go build tests/wire/go (rocketmq-client-go/v2 from go.mod) -> tests/wire/.build/wirego"
     mkdir -p "$WIRE_DIR/.build"
-    (cd "$WIRE_GO" && quietly env CGO_ENABLED=0 GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" GOFLAGS=-mod=readonly \
+    (cd "$WIRE_GO" && quietly env CGO_ENABLED=0 GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" GOFLAGS="-mod=readonly -buildvcs=false" \
         "$GO" build -o "$bin" .)
     printf '%s\n' "$want" >"$stamp"
 }

@@ -118,9 +118,14 @@ def remoting_probe(addr: str, credentials: tuple[str, str] | None, timeout_s: fl
                     buf += chunk
                 return buf
 
-            (length,) = struct.unpack("!i", read(4))
+            first = read(4)
+            (length,) = struct.unpack("!i", first)
             if not 4 <= length <= 16 << 20:
-                return False, f"not a remoting frame (length field {length})"
+                try:
+                    more = sock.recv(60)
+                except OSError:
+                    more = b""
+                return False, f"not a remoting frame: it answered {first + more!r}"
             rest = read(length)
             (ori,) = struct.unpack("!i", rest[:4])
             hlen = ori & 0xFFFFFF
