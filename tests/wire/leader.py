@@ -7,7 +7,12 @@ programs run mid-scenario.
 ours: the leader is the broker that ``dledger-cluster status --dir DIR --json`` reports as LEADER and writable;
 it is killed with SIGKILL by that PID; restart is ``dledger-cluster start --dir DIR`` (restarts the recorded
 processes that are not running). rocketmq: ``ctl.sh kill-leader`` / ``ctl.sh start NODE``. ``kill`` prints one
-line (``killed leader NAME pid=PID at_ms=MS``) and records NAME in FILE; exit 1 when there is no leader."""
+line (``killed leader NAME pid=PID at_ms=MS``) and records NAME in FILE; exit 1 when there is no leader.
+
+``restart`` returns once the group is whole again, so that the next scenario does not meet the rejoin (a
+restarted replica can still cause an election after its process is up): ours, every replica alive and
+agreeing on one leader and term with a writable leader; rocketmq, clusterList (the reference's own mqadmin)
+listing three replicas of the group with exactly one BID 0. At most 180 s, else exit 1."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +46,38 @@ def kill_ours(root: str) -> tuple[str, int]:
             raise SystemExit(f"pid {p['pid']} is not a process of {root}")
     os.kill(int(p["pid"]), signal.SIGKILL)
     return str(p["name"]), int(p["pid"])
+
+
+def ours_whole(root: str) -> tuple[bool, Any]:
+    r = _cluster("status", "--dir", root, "--json")
+    try:
+        brokers = [p for p in json.loads(r.stdout)["processes"] if p.get("kind") == "broker"]
+    except (ValueError, KeyError):
+        return False, r.stdout[-500:] + r.stderr[-500:]
+    leaders = {(p.get("leader_id"), p.get("term")) for p in brokers}
+    ok = (all(p.get("alive") for p in brokers) and len(leaders) == 1
+          and any(p.get("role") == "LEADER" and p.get("writable") for p in brokers))
+    return ok, [(p["name"], p.get("alive"), p.get("role"), p.get("term"), p.get("leader_id")) for p in brokers]
+
+
+def reference_whole(ctl: str) -> tuple[bool, Any]:
+    r = subprocess.run([ctl, "mqadmin", "clusterList", "-n", "127.0.0.1:19876"], capture_output=True, text=True,
+                       timeout=120)
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("RmqBench ")]
+    bids = [row[2] for row in rows if len(row) > 3 and row[1] == "RaftNode00"]
+    addrs = {row[3] for row in rows if len(row) > 3 and row[1] == "RaftNode00"}
+    return len(addrs) == 3 and bids.count("0") == 1, rows
+
+
+def wait_whole(check: Any, what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ok, state = check()
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the group did not become whole within {timeout_s} s after restarting {what}: {state}")
+        time.sleep(1)
 
 
 def main() -> int:
@@ -72,7 +110,12 @@ def main() -> int:
         r = subprocess.run([a.rocketmq, "start", name], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise SystemExit(f"restart of {name} failed: {r.stdout[-1000:]} {r.stderr[-2000:]}")
-    print(f"restarted {name}")
+    t0 = time.monotonic()
+    if a.ours:
+        wait_whole(lambda: ours_whole(a.ours), name)
+    else:
+        wait_whole(lambda: reference_whole(a.rocketmq), name)
+    print(f"restarted {name}; group whole {time.monotonic() - t0:.1f} s after its start")
     return 0
 
 
