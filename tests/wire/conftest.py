@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,8 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
         yield t
     finally:
         cluster.down()
+        if os.environ.get("WIRE_KEEP") != "1":   # WIRE_KEEP=1 keeps the cluster's data and logs for a post-mortem
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
