@@ -22,6 +22,7 @@ from broker.protocol.rocketmq.jsonbean import (
     BOOL,
     DOUBLE,
     INT,
+    INT_OR_TEXT,
     LONG,
     STR,
     bean_map_of,
@@ -156,7 +157,7 @@ class SubscriptionData:
     filter_class_source: str | None = None
     JSON: ClassVar = (
         ("class_filter_mode", "classFilterMode", BOOL), ("topic", "topic", STR), ("sub_string", "subString", STR),
-        ("tags_set", "tagsSet", list_of(STR)), ("code_set", "codeSet", list_of(INT)),
+        ("tags_set", "tagsSet", list_of(STR)), ("code_set", "codeSet", list_of(INT_OR_TEXT)),  # Go: strings
         ("sub_version", "subVersion", LONG), ("expression_type", "expressionType", STR),
         ("filter_class_source", "filterClassSource", STR),
     )

@@ -5,7 +5,8 @@ fastjson bean (members sorted by JSON name, ``None`` left out); ``decode_bean`` 
 ``fastjson.loads`` returned, checking every type and naming the path of a bad member
 (``RemotingError`` ``BAD_BODY``); members it does not know are ignored (a newer client's fields).
 
-Codecs: ``STR``, ``INT`` (Java int), ``LONG``, ``BOOL``, ``DOUBLE``, ``enum_of(names)``,
+Codecs: ``STR``, ``INT`` (Java int), ``INT_OR_TEXT`` (a Java int fastjson reads from a number or a
+decimal string: the Go client writes ``codeSet`` as strings), ``LONG``, ``BOOL``, ``DOUBLE``, ``enum_of(names)``,
 ``list_of(c)``, ``map_of(c)`` (string keys), ``long_map_of(c)`` (``HashMap<Long, X>``: keys written
 bare, fastjson style, or quoted in standard JSON), ``bean_of(cls)``, ``bean_map_of(key_cls, c)``
 (maps keyed by a bean, e.g. ``MessageQueue``: written as ``fastjson.Pairs``).
@@ -54,6 +55,20 @@ def _ranged(lo: int, hi: int) -> Callable[[Any, str], int]:
     return decode
 
 
+def _ranged_or_text(lo: int, hi: int) -> Callable[[Any, str], int]:
+    number = _ranged(lo, hi)
+
+    def decode(value: Any, path: str) -> int:
+        if isinstance(value, str):
+            text = value.strip()
+            digits = text[1:] if text[:1] in "+-" else text
+            if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+                raise _bad(path, f"must be an integer in {lo}..{hi}")
+            value = int(text)
+        return number(value, path)
+    return decode
+
+
 def _bool(value: Any, path: str) -> bool:
     if not isinstance(value, bool):
         raise _bad(path, "must be true or false")
@@ -68,6 +83,7 @@ def _double(value: Any, path: str) -> float:
 
 STR: Final = Codec(_same, _str)
 INT: Final = Codec(_same, _ranged(INT_MIN, INT_MAX))
+INT_OR_TEXT: Final = Codec(_same, _ranged_or_text(INT_MIN, INT_MAX))
 LONG: Final = Codec(_same, _ranged(LONG_MIN, LONG_MAX))
 BOOL: Final = Codec(_same, _bool)
 DOUBLE: Final = Codec(lambda v, _std: float(v), _double)

@@ -163,3 +163,23 @@ def test_header_fields_round_trip() -> None:
 
 def test_human_time_is_javas_shape() -> None:
     assert bodies.human_time(1700000005007, datetime.UTC) == "2023-11-14#22:13:25:007"
+
+
+def test_a_go_heartbeat_with_tag_codes_as_strings_is_read() -> None:
+    """The Go client (rocketmq-client-go/v2 v2.1.2) writes ``codeSet`` as strings (tests/wire/NOTES.md 5.2),
+    which fastjson reads as ints. BUG (issue 25, found by the wire tier): HEART_BEAT answered BAD_BODY, so a
+    Go push consumer never joined its group."""
+    raw = (b'{"clientID":"192.0.2.2@1","producerDataSet":[],"consumerDataSet":[{"groupName":"G",'
+           b'"consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":'
+           b'"CONSUME_FROM_FIRST_OFFSET","unitMode":false,"subscriptionDataSet":[{"classFilterMode":false,'
+           b'"topic":"T","subString":"TagA || TagB","tagsSet":["TagA","TagB"],"codeSet":["2598919","-2598920"],'
+           b'"subVersion":1795811810230000000,"expressionType":"TAG"}]}]}')
+    beat = bodies.decode(bodies.HeartbeatData, raw)
+    assert beat.consumer_data_set[0].subscription_data_set[0].code_set == (2598919, -2598920)
+    for bad in (b'"x1"', b'"2147483648"', b'"1 2"', b'true'):
+        try:
+            bodies.decode(bodies.HeartbeatData, raw.replace(b'"-2598920"', bad))
+        except Exception as exc:
+            assert "codeSet[1]" in str(exc)
+        else:
+            raise AssertionError(f"codeSet {bad!r} was accepted")
