@@ -9,6 +9,17 @@ messages"), transport-independent like the rest of ``BrokerService``:
   producer group's long poll for check-backs (message maps of the halves, in their real topic).
 - ``pending_halves(*, group, topic, limit) -> dict``: the halves still pending (admin).
 
+For RocketMQ's remoting edge (broker/edge/rocketmq/txn.py), whose END_TRANSACTION names the half by
+its log position (4.9.x sends no topic) and whose check-backs are pushed to producers' connections:
+
+- ``await end_transaction_at(producer_group, position, state, *, topic=None, transaction_id=None,
+  from_check=False, may_end=None) -> EndAnswer``: as ``end_transaction``; the half's real topic is
+  read from its record, and ``may_end(topic)`` (the transport's ACL check) runs before anything is
+  answered or changed.
+- ``watch_transaction_checks(fn)``: ``fn(group)`` when check requests were queued for ``group``.
+- ``take_transaction_checks(producer_group, *, max_count, wanted) -> list[HalfCheck]``: queued
+  check requests of the group for the topics ``wanted`` accepts, at once (no long poll).
+
 Writes and check-backs are the ready leader's; every method validates its own arguments and raises
 ``ServiceError`` only. ACL is the transport's (PUB on the topic for all but ``pending_halves``).
 """
@@ -17,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.dedup import half_key
 from broker.message import (
+    StoredMessage,
     build_messages,
     check_group,
     check_int,
@@ -31,7 +43,7 @@ from broker.message import (
     encode_message,
     make_msg_id,
 )
-from broker.protocol.properties import PROP_PGROUP, PROP_REAL_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_PGROUP, PROP_REAL_TOPIC
 from broker.service_base import ServiceError, raise_if_refused, translated, translated_sync
 from broker.service_send import MessageIn, SendAnswer, SendOps, SendResult
 from broker.store import MessageNotFound
@@ -63,6 +75,18 @@ class EndAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v is not False}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HalfCheck:
+    """A check-back to hand a producer: the half's log ``position`` and record ``size``, its offset in
+    the half topic's queue (``half_queue_offset``, RocketMQ's tranStateTableOffset; -1 if unknown)
+    and the ``message`` as checked (real topic and queue, TRANSACTION_CHECK_TIMES set)."""
+
+    position: int
+    size: int
+    half_queue_offset: int
+    message: StoredMessage
 
 
 class TxnOps(SendOps):
@@ -116,15 +140,54 @@ class TxnOps(SendOps):
         self, producer_group: str, topic: str, msg_id: str, state: str, *, transaction_id: str | None = None,
         from_check: bool = False,
     ) -> EndAnswer:
-        s = self.s
         topic = check_topic(topic)
+        if not isinstance(msg_id, str):
+            raise ServiceError(400, "INVALID_MSG_ID", "msg_id must be a string")
+        position = self.position_of(msg_id)
+        return await self._end(producer_group, position, state, topic, transaction_id, from_check, msg_id)
+
+    @translated
+    async def end_transaction_at(
+        self, producer_group: str, position: int, state: str, *, topic: str | None = None,
+        transaction_id: str | None = None, from_check: bool = False, may_end: Callable[[str], None] | None = None,
+    ) -> EndAnswer:
+        s = self.s
+        position = check_int(position, "commit log offset", 0, 2**63 - 1, "INVALID_MSG_ID")
+        msg_id = make_msg_id(s.cfg.broker_name, position)
+        if topic is not None:
+            topic = check_topic(topic)
+        if may_end is not None:  # the caller's ACL, on the half's real topic, before any answer
+            may_end(self._half_topic(position, msg_id))
+        return await self._end(producer_group, position, state, topic, transaction_id, from_check, msg_id)
+
+    def _half_topic(self, position: int, msg_id: str) -> str:
+        """The real topic of the half at ``position``, pending or resolved (read from the index, or
+        from the record of a resolved one: never from a position that holds no half)."""
+        s = self.s
+        half = s.store.txn.half(position)
+        if half is not None:
+            return half.topic
+        if s.store.txn.resolution(position) is None:
+            raise _not_found(msg_id)
+        try:
+            record = s.store.read_message(position)
+        except MessageNotFound:  # removed by retention
+            raise _not_found(msg_id) from None
+        real = record.properties.get(PROP_REAL_TOPIC)
+        if record.topic != HALF_TOPIC or not real:
+            raise _not_found(msg_id)
+        return real
+
+    async def _end(
+        self, producer_group: str, position: int, state: str, topic: str | None, transaction_id: str | None,
+        from_check: bool, msg_id: str,
+    ) -> EndAnswer:
+        """End the half at ``position``; ``topic`` None: whatever the half's real topic is."""
+        s = self.s
         group = check_group(producer_group)
         resolution = STATES.get(state) if isinstance(state, str) else None
         if resolution is None:
             raise ServiceError(400, "BAD_REQUEST", f"state must be one of {sorted(STATES)}")
-        if not isinstance(msg_id, str):
-            raise ServiceError(400, "INVALID_MSG_ID", "msg_id must be a string")
-        position = self.position_of(msg_id)
         tid = check_unique_id(transaction_id) if transaction_id is not None else None
         if not isinstance(from_check, bool):
             raise ServiceError(400, "BAD_REQUEST", "from_check must be a boolean")
@@ -140,6 +203,8 @@ class TxnOps(SendOps):
             m = s.store.read_message(position, half.size)
         except MessageNotFound:
             raise _not_found(msg_id) from None
+        if topic is None:
+            topic = half.topic
         if m.properties.get(PROP_REAL_TOPIC) != topic or m.properties.get(PROP_PGROUP) != group:
             raise ServiceError(400, "TRANSACTION_MISMATCH",
                                f"the half at {msg_id} belongs to topic {half.topic!r}, group {half.group!r}")
@@ -201,6 +266,32 @@ class TxnOps(SendOps):
             monotonic=s.clock.monotonic, stopping=lambda: s.stopping,
         )
         return [r.view for r in got]
+
+    def watch_transaction_checks(self, fn: Callable[[str], None]) -> None:
+        """``fn(group)`` each time this replica (as the leader) queued check-backs for ``group``."""
+        self.s.transactions.queue.watch(fn)
+
+    @translated_sync
+    def take_transaction_checks(
+        self, producer_group: str, *, max_count: int = CHECKS_COUNT_MAX, wanted: Callable[[str], bool]
+    ) -> list[HalfCheck]:
+        """Queued check-backs of ``producer_group`` for the topics ``wanted`` accepts (those still
+        pending), at once; each is taken from the queue (one producer checks it back)."""
+        s = self.s
+        group = check_group(producer_group)
+        max_count = check_int(max_count, "max_count", 1, CHECKS_COUNT_MAX)
+        if not self.leads():
+            return []
+        got = s.transactions.queue.take_now(group, max_count, pending=lambda p: s.store.txn.half(p) is not None,
+                                             wanted=wanted)
+        cq = s.store.cqs.get(HALF_TOPIC, 0)
+        out = []
+        for r in got:
+            if r.message is None:
+                continue
+            offset = cq.search_by_position(r.position) if cq is not None else None
+            out.append(HalfCheck(r.position, r.size, -1 if offset is None else offset, r.message))
+        return out
 
     @translated_sync
     def pending_halves(self, *, group: str | None = None, topic: str | None = None, limit: int = 100) -> dict[str, Any]:

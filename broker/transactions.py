@@ -131,6 +131,16 @@ class Resolution:
     queue_offset: int | None
 
 
+def checked_message(half: StoredMessage, h: Half) -> StoredMessage:
+    """The half ``half`` (its record) as a producer checks it back: in its real topic and queue, its
+    properties without REAL_TOPIC / REAL_QID, with TRANSACTION_CHECK_TIMES (this check's number)."""
+    props = {k: v for k, v in half.properties.items() if k not in (PROP_REAL_TOPIC, PROP_REAL_QID)}
+    props[PROP_CHECK_TIMES] = str(h.checks + 1)
+    raw_qid = half.properties.get(PROP_REAL_QID, "0")
+    qid = int(raw_qid) if is_decimal(raw_qid) and len(raw_qid) < 8 else 0
+    return half._replace(topic=h.topic, queue_id=qid, properties=props)
+
+
 def split_due(due: Sequence[Half], check_max: int) -> tuple[list[Half], list[Half]]:
     """(to check back, to discard): a half checked ``check_max`` times already is discarded."""
     check = [h for h in due if h.checks < check_max]
@@ -372,6 +382,8 @@ class CheckRequest:
     position: int
     topic: str
     view: dict[str, Any]  # the half as the API shows it, with the real topic/queue and check times
+    message: StoredMessage | None = None  # the same half as a record (``checked_message``): the remoting edge's
+    size: int = 0  # the half record's size in the log
 
 
 class CheckQueue:
@@ -382,6 +394,12 @@ class CheckQueue:
     def __init__(self) -> None:
         self._queues: dict[str, dict[int, CheckRequest]] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._watchers: list[Callable[[str], None]] = []
+
+    def watch(self, fn: Callable[[str], None]) -> None:
+        """``fn(group)`` after every ``offer`` that queued requests for ``group`` (on the event loop;
+        ``fn`` must not block: the remoting edge starts its pushes to producers from it)."""
+        self._watchers.append(fn)
 
     def offer(self, group: str, requests: Iterable[CheckRequest]) -> int:
         q = self._queues.get(group)
@@ -398,6 +416,12 @@ class CheckQueue:
         for fut in self._waiters.pop(group, ()):
             if not fut.done():
                 fut.set_result(None)
+        if n:
+            for fn in self._watchers:
+                try:
+                    fn(group)
+                except Exception:  # a watcher's bug must not stop the check service's round
+                    log.exception("transaction check watcher failed")
         return n
 
     def clear(self) -> None:
@@ -415,16 +439,25 @@ class CheckQueue:
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def take_now(
+        self, group: str, max_count: int, *, pending: Callable[[int], bool], wanted: Callable[[str], bool]
+    ) -> list[CheckRequest]:
+        """Up to ``max_count`` queued requests of ``group`` for the topics ``wanted`` accepts, at once
+        (no waiting): the remoting edge pushes them to producers' connections."""
+        return self._pop(group, wanted, max_count, pending)
+
     def _pop(
-        self, group: str, topics: frozenset[str], max_count: int, pending: Callable[[int], bool]
+        self, group: str, topics: frozenset[str] | Callable[[str], bool], max_count: int,
+        pending: Callable[[int], bool],
     ) -> list[CheckRequest]:
         q = self._queues.get(group)
         if not q:
             return []
+        wanted = topics.__contains__ if isinstance(topics, frozenset) else topics
         out: list[CheckRequest] = []
         for position in list(q):
             r = q[position]
-            if r.topic not in topics:
+            if not wanted(r.topic):
                 continue
             del q[position]
             if pending(position):
@@ -534,7 +567,10 @@ class TransactionService:
                 await self._append_command({"op": "txn.discard", "positions": [h.position]})
                 continue
             readable.append(h)
-            requests.setdefault(h.group, []).append(CheckRequest(h.position, h.topic, self._view(m, h)))
+            real = checked_message(m, h)
+            requests.setdefault(h.group, []).append(
+                CheckRequest(h.position, h.topic, self._view(real, h), real, h.size)
+            )
         for chunk in _chunks([h.position for h in readable]):
             await self._append_command({"op": "txn.check", "positions": chunk})  # counted before handed out
         sent = 0
@@ -543,18 +579,14 @@ class TransactionService:
         self.counters["checks_sent"] += sent
         return sent, len(to_discard)
 
-    def _view(self, m: StoredMessage, h: Half) -> dict[str, Any]:
+    def _view(self, real: StoredMessage, h: Half) -> dict[str, Any]:
         from broker.message import message_view
 
-        props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_REAL_QID)}
-        props[PROP_CHECK_TIMES] = str(h.checks + 1)
-        real = m._replace(topic=h.topic, queue_id=int(m.properties.get(PROP_REAL_QID, "0")),
-                                   properties=props)
         view = message_view(real, broker_name=self.s.cfg.broker_name, position=h.position, size=h.size,
                             queue_offset=None)
         view["queue_offset"] = -1  # not in a queue (yet)
         view["check_times"] = h.checks + 1
-        view["transaction_id"] = m.unique_id
+        view["transaction_id"] = real.unique_id
         return view
 
     async def _append_command(self, cmd: dict[str, Any]) -> dict[str, Any]:
