@@ -430,6 +430,15 @@ class KeyIndex:
         with self._lock:
             return max((f.end_pos for f in self._files), default=-1)
 
+    def last_update(self) -> tuple[int, int]:
+        """(store ts, position) of the newest entry indexed so far ((0, 0) when empty): RocketMQ's
+        ``indexLastUpdateTimestamp`` / ``indexLastUpdatePhyoffset`` of a query answer."""
+        with self._lock:
+            live = [f for f in self._files if f.count > 0]
+            if not live:
+                return 0, 0
+            return max(f.end_ts for f in live), max(f.end_pos for f in live)
+
     def needs_rebuild_from(self) -> int | None:
         """Lowest position to re-index because open discarded unflushed or damaged index data."""
         return self._rebuild_from

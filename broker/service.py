@@ -19,17 +19,21 @@ The contract (every method validates its own arguments: a transport may pass wha
 - queries: ``message_by_id(msg_id)``, ``message_at(position)``, ``messages_by_key(topic, key, *,
   max_n, begin_ts, end_ts, unique)``, ``message_at_offset(topic, queue_id, offset)``,
   ``search_offset(topic, queue_id, ts)``, ``queue_bounds(topic, queue_id)``,
-  ``earliest_store_time(topic, queue_id)`` (plain methods: they read, never wait).
+  ``earliest_store_time(topic, queue_id)``, ``key_index_last_update()`` (plain methods: they read,
+  never wait).
 - retries: ``send_back(group, position, *, max_reconsume_times, to_dlq, delay_level)``,
   ``resend_dlq(group, position)`` -> ``SendBackAnswer``.
 - transactions (broker/service_txn.py): ``send_half``, ``end_transaction`` -> ``EndAnswer``,
-  ``transaction_checks``, ``pending_halves``.
+  ``transaction_checks``, ``pending_halves``; for RocketMQ's remoting edge ``end_transaction_at``
+  (a half by its log position), ``watch_transaction_checks``, ``take_transaction_checks``.
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
   ``reset_offsets``, ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
   ``leave``, ``check_subscription``, ``subscription_of``, ``lock_queues``, ``unlock_queues``,
   ``group_members``, ``producer_connections``, ``status``, ``config``, ``update_config``,
   ``clean_expired_queues``, ``transfer_leadership``.
+- operators' figures (broker/service_stats.py): ``runtime_info``, ``consume_stats``,
+  ``topic_consumer_groups``, ``consume_time_span``, ``reset_offsets_by_time``, ``clone_group_offsets``.
 
 Errors: every method raises ``ServiceError`` only (``code``, ``message``, ``status`` as an HTTP
 hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
@@ -44,27 +48,34 @@ Threads: every method runs on the broker's event loop (store reads are safe ther
 docs/ARCHITECTURE.md); appends go through the node's bridge to the tick thread.
 
 Split by concern: broker/service_send.py (send, retries), broker/service_txn.py (transactions),
-broker/service_query.py (pull, queries), broker/service_admin.py (topics, groups, offsets, membership, the replica).
+broker/service_query.py (pull, queries), broker/service_admin.py (topics, groups, offsets, membership, the replica),
+broker/service_stats.py (figures for operators).
 """
 
 from __future__ import annotations
 
-from broker.service_admin import AdminOps, CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
+from broker.service_admin import CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
 from broker.service_base import BrokerHost, ServiceError
 from broker.service_query import PullAnswer, PulledMessage, QueryOps
 from broker.service_send import MessageIn, SendAnswer, SendBackAnswer, SendResult
-from broker.service_txn import EndAnswer, TxnOps
+from broker.service_stats import ConsumeStats, QueueSpan, QueueStats, RuntimeInfo, StatsOps
+from broker.service_txn import EndAnswer, HalfCheck, TxnOps
 
 __all__ = [
     "BrokerHost",
     "BrokerService",
     "CommitAnswer",
+    "ConsumeStats",
     "EndAnswer",
     "GroupOffsets",
+    "HalfCheck",
     "MessageIn",
     "PullAnswer",
     "PulledMessage",
+    "QueueSpan",
+    "QueueStats",
     "ResetAnswer",
+    "RuntimeInfo",
     "SendAnswer",
     "SendBackAnswer",
     "SendResult",
@@ -73,10 +84,11 @@ __all__ = [
 ]
 
 
-class BrokerService(TxnOps, QueryOps, AdminOps):  # TxnOps extends SendOps
+class BrokerService(TxnOps, QueryOps, StatsOps):  # TxnOps extends SendOps, StatsOps AdminOps
     """One per broker replica (``BrokerServer.service``), shared by every transport."""
 
     def __init__(self, server: BrokerHost):
         super().__init__(server)
         self._init_send()
         self._init_offsets()
+        self._init_stats()

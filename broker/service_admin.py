@@ -62,6 +62,10 @@ class ResetAnswer:
     reset_generation: int | None
 
 
+RESETS_PENDING_MAX = 4096  # queues with a reset RocketMQ's clients have not pulled yet (per replica)
+RESET_PENDING_MS = 600_000  # how long such a reset waits for its first pull
+
+
 GroupSubscription = tuple[str, str, tuple[str, ...]]  # (group, CLUSTERING | BROADCASTING, topics)
 GroupFilters = Mapping[str, Mapping[str, Subscription]]  # group -> topic -> expression
 LOCK_QUEUES_MAX = 4096  # queues one lock request may name
@@ -83,6 +87,7 @@ class AdminOps(ServiceBase):
         self._pending_commits = {}
         self._commits_noted = 0
         self._commit_flush = None
+        self._resets_pending: dict[tuple[str, str, int], tuple[int, int]] = {}  # -> (offset, expiry ms)
 
     # -- topics ----------------------------------------------------------------------------------------
     @translated
@@ -301,11 +306,53 @@ class AdminOps(ServiceBase):
                 parsed[qid] = cq.search_by_time(ts) if cq is not None else 0
         else:
             parsed = self.offsets_map(offsets, tc)
-        result = await self.command({"op": "offset.reset", "group": group, "topic": topic, "offsets": parsed})
+        self.require_writable()
+        noted = self._note_resets(group, topic, parsed)  # before the append: no stale commit slips in
+        try:
+            result = await self.command({"op": "offset.reset", "group": group, "topic": topic, "offsets": parsed})
+        except BaseException:
+            for key in noted:
+                self._resets_pending.pop(key, None)
+            raise
         generation = result.get("reset_generation")
         if generation is None:  # the apply result is gone (not tracked): this reset's, or a later one's
             generation = self.s.store.metadata_view().reset_generation(group, topic)
         return ResetAnswer(parsed, generation)
+
+    # -- resets RocketMQ's clients have not seen yet (RocketMQ 5's server-side reset) --------------------
+    def _note_resets(self, group: str, topic: str, offsets: Mapping[int, int]) -> list[tuple[str, str, int]]:
+        """Remember, on this replica, the queues of a reset until a RocketMQ client pulls them
+        (``take_offset_reset``): meanwhile its offset commits for them are stale (made before it knew)
+        and are ignored (``offset_reset_pending``). Our SDK's commits are fenced by reset generations
+        instead. Bounded: at most ``RESETS_PENDING_MAX`` queues, each for ``RESET_PENDING_MS``."""
+        now = self.s.monotonic_ms()
+        pending = self._resets_pending
+        for key in [k for k, (_o, expiry) in pending.items() if expiry <= now]:
+            del pending[key]
+        noted = []
+        for qid, offset in offsets.items():
+            key = (group, topic, qid)
+            if key not in pending and len(pending) >= RESETS_PENDING_MAX:
+                log.warning("more than %d queues wait for a reset to reach their clients: %s/%s/%d not tracked",
+                            RESETS_PENDING_MAX, group, topic, qid)
+                continue
+            pending[key] = (offset, now + RESET_PENDING_MS)
+            noted.append(key)
+        return noted
+
+    def offset_reset_pending(self, group: str, topic: str, queue_id: int) -> bool:
+        """Whether a reset of this queue waits for the group's next pull of it (a RocketMQ client's
+        offset commit for it is then stale: ignored)."""
+        got = self._resets_pending.get((group, topic, queue_id))
+        return got is not None and got[1] > self.s.monotonic_ms()
+
+    def take_offset_reset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The offset a pending reset moved this queue to, forgotten now (the pull that asks is
+        answered "offset moved" to it); None: no reset pending."""
+        got = self._resets_pending.pop((group, topic, queue_id), None)
+        if got is None or got[1] <= self.s.monotonic_ms():
+            return None
+        return got[0]
 
     @translated_sync
     def group_progress(self, group: str, topic: str | None = None) -> dict[str, Any]:
@@ -460,6 +507,7 @@ class AdminOps(ServiceBase):
             raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
         except ConfigError as exc:
             raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
+        self.s.counters["config_updates"] += 1
         log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
         self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
         return config_view(self.s.cfg).get(key)

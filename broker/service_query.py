@@ -278,6 +278,10 @@ class QueryOps(ServiceBase):
                 break
         return out
 
+    def key_index_last_update(self) -> tuple[int, int]:
+        """(store ts, log position) of the newest message the key index holds ((0, 0): none)."""
+        return self.s.store.index.last_update()
+
     @translated_sync
     def message_at_offset(self, topic: str, queue_id: int, offset: int) -> PulledMessage:
         """The message at ``offset`` of a queue (``MESSAGE_REMOVED`` once retention took it)."""

@@ -267,6 +267,22 @@ class SendOps(ServiceBase):
             raise ServiceError(503, "SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created")
         return tc
 
+    def retry_topic_missing(self, group: str) -> bool:
+        """Whether ``group``'s retry topic is missing on this ready leader (``ensure_retry_topic``
+        would create it); False elsewhere and for a group whose retry topic is no valid topic name."""
+        topic = retry_topic(group)
+        return self.leads() and is_topic(topic) and self.s.store.topic(topic) is None
+
+    @translated
+    async def ensure_retry_topic(self, group: str) -> None:
+        """Create ``group``'s retry topic as a send-back does, if it is missing (RocketMQ's broker
+        creates it at a consumer's heartbeat: tools find a group's brokers by that topic's route)."""
+        topic = retry_topic(check_group(group))
+        if not is_topic(topic):
+            raise ServiceError(400, "INVALID_GROUP", f"the group's retry topic {topic[:140]!r} is no valid topic")
+        self.require_writable()
+        await self._topic_for_send(topic)
+
     # -- retries and DLQs (broker/retry.py) -----------------------------------------------------------
     async def _ensure_topic(self, topic: str, perm: int) -> TopicConfig:
         if not is_topic(topic):  # a derived name is validated like any other before it is appended
