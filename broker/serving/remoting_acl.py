@@ -95,8 +95,20 @@ class RemotingAuthenticator(Authenticator):
 ADMIN_CODES: Final = frozenset({
     RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG, RequestCode.DELETE_TOPIC_IN_BROKER,
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+    # ours besides RocketMQ's: what our HTTP API keeps to admins (configuration, offset resets,
+    # producers' addresses)
+    RequestCode.GET_BROKER_CONFIG, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.CLONE_GROUP_OFFSET,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST,
 })
-"""``Permission.ADMIN_CODE``: an admin account only."""
+"""``Permission.ADMIN_CODE`` and the admin-only reads and writes of our HTTP API: an admin account only."""
+GROUP_READS: Final[dict[int, str]] = {
+    RequestCode.GET_CONSUME_STATS: "consumerGroup",
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: "consumerGroup",
+    RequestCode.GET_CONSUMER_RUNNING_INFO: "consumerGroup",
+    RequestCode.QUERY_CONSUME_TIME_SPAN: "group",
+}
+"""Codes that read about a consumer group (its progress, members, clients): SUB on it (the ext field
+naming it), as our HTTP API's progress and consumer list ask."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +164,8 @@ def needs_of(code: int, ext: Mapping[str, str] | None, body: bytes = b"") -> Nee
         return Needs(topics=topics, groups=groups)
     if code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
         return Needs(groups=((ext.get("consumerGroup", ""), sub),))
+    if code in GROUP_READS:
+        return Needs(groups=((ext.get(GROUP_READS[code], ""), sub),))
     if code in (RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.QUERY_CONSUMER_OFFSET):
         return Needs(topics=((ext.get("topic", ""), sub),), groups=((ext.get("consumerGroup", ""), sub),))
     return Needs()

@@ -168,6 +168,22 @@ class ResetOffsetRequestHeader:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CloneGroupOffsetRequestHeader:
+    """CLONE_GROUP_OFFSET (mqadmin cloneGroupOffset)."""
+
+    src_group: str
+    dest_group: str
+    topic: str | None = None
+    offline: bool | None = None
+    FIELDS: ClassVar = (
+        spec("src_group", "srcGroup", required=True),
+        spec("dest_group", "destGroup", required=True),
+        spec("topic", "topic"),
+        spec("offline", "offline", "bool"),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TopicGroupHeader:
     """QUERY_CONSUME_TIME_SPAN (topic, group)."""
 

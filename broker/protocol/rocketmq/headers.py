@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Final
 
 from broker.protocol.rocketmq.admin_headers import (
     BrokerNameHeader,
+    CloneGroupOffsetRequestHeader,
     ConsumeMessageDirectlyRequestHeader,
     CreateTopicRequestHeader,
     DeleteSubscriptionGroupRequestHeader,
@@ -479,6 +480,7 @@ REQUEST_HEADERS: Final[dict[int, type]] = {
     RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS: GetConsumerStatusRequestHeader,
     RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT: GetConsumerStatusRequestHeader,
     RequestCode.QUERY_CONSUME_TIME_SPAN: TopicGroupHeader,
+    RequestCode.CLONE_GROUP_OFFSET: CloneGroupOffsetRequestHeader,
     RequestCode.QUERY_TOPICS_BY_CONSUMER: GroupHeader,
     RequestCode.GET_SUBSCRIPTIONGROUP_CONFIG: GroupHeader,
     RequestCode.QUERY_SUBSCRIPTION_BY_CONSUMER: QuerySubscriptionByConsumerRequestHeader,
