@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
+from broker.protocol.rocketmq.bodies import ConsumerData
+from broker.security import ALL, Principal
 from broker.serving.remoting_server import RemotingConnection
 
 CLIENTS_MAX: Final = 10_000
@@ -37,6 +39,8 @@ class Channel:
     client_addr: str
     producer_groups: frozenset[str] = frozenset()
     consumer_groups: frozenset[str] = frozenset()
+    principal: Principal = ALL  # who heartbeated it (a check-back goes only where it may publish)
+    consumer_data: tuple[ConsumerData, ...] = ()  # its latest heartbeat's (mqadmin consumerConnection)
 
 
 class ClientChannels:

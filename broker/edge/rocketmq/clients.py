@@ -2,7 +2,8 @@
 
     HEART_BEAT (34)                  producer and consumer groups, subscriptions (TAG / SQL92) ->
                                      ``service.heartbeat``; the client's connection is remembered;
-                                     groups whose member list changed get NOTIFY_CONSUMER_IDS_CHANGED
+                                     groups whose member list changed get NOTIFY_CONSUMER_IDS_CHANGED;
+                                     a consumer group's missing retry topic is created (the leader)
     UNREGISTER_CLIENT (35)           the client leaves the group it names -> ``service.leave``
     GET_CONSUMER_LIST_BY_GROUP (38)  the group's client ids -> ``service.group_members``; none:
                                      SYSTEM_ERROR "no consumer for this group" (RocketMQ's answer)
@@ -22,6 +23,7 @@ over nor unregister it).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from broker.acl import Perm
@@ -30,10 +32,13 @@ from broker.edge.rocketmq.channels import Channel
 from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
+from broker.service import ServiceError
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
     from broker.edge.rocketmq.edge import RocketMQEdge
+
+log = logging.getLogger("broker.edge.rocketmq")
 
 
 def register(edge: RocketMQEdge) -> None:
@@ -68,11 +73,20 @@ class Clients:
             client_id=beat.client_id, connection=req.connection, language=req.cmd.language,
             version=req.cmd.version, owner=principal.name, client_addr=self.edge.peer_addr(req),
             producer_groups=frozenset(p.group_name for p in beat.producer_data_set),
-            consumer_groups=frozenset(filters),
+            consumer_groups=frozenset(filters), principal=principal, consumer_data=beat.consumer_data_set,
         ))
         if changed:
             self.edge.notify_changed(changed)
+        for group in filters:  # RocketMQ's broker creates a consumer group's retry topic at its heartbeat
+            if self.svc.retry_topic_missing(group):
+                self.edge.spawn(self._create_retry_topic(group))
         return req.ok()
+
+    async def _create_retry_topic(self, group: str) -> None:
+        try:
+            await self.svc.ensure_retry_topic(group)
+        except ServiceError as exc:  # not the leader any more, ...: the next heartbeat tries again
+            log.info("retry topic of %s not created: %s", group, exc.message)
 
     async def unregister(self, req: Request) -> RemotingCommand:
         h = req.header(headers.UnregisterClientRequestHeader)

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import ModuleType
 from typing import Any, Final
 
-from broker.edge.rocketmq import clients, offsets, pull, send
+from broker.edge.rocketmq import admin, clients, offsets, pull, query, send, stats, txn
 from broker.edge.rocketmq.channels import Channel, ClientChannels
 from broker.edge.rocketmq.errors import command_error
 from broker.edge.rocketmq.messages import HostCache
@@ -56,9 +56,8 @@ log = logging.getLogger("broker.edge.rocketmq")
 
 Handler = Callable[[Request], Awaitable[RemotingCommand | None]]
 
-HANDLER_MODULES: Final[tuple[ModuleType, ...]] = (send, pull, clients, offsets)
-"""Modules whose ``register(edge)`` adds their codes (admin, transactions and message queries add
-theirs the same way)."""
+HANDLER_MODULES: Final[tuple[ModuleType, ...]] = (send, pull, clients, offsets, txn, query, admin, stats)
+"""Modules whose ``register(edge)`` adds their codes."""
 
 NOTIFY_TASKS_MAX: Final = 1024  # server-to-client notifications in flight, all connections together
 
@@ -142,15 +141,16 @@ class RocketMQEdge:
         policy = getattr(self.authenticator, "policy", AclV1Policy.ACCEPT)
         return principal.everything or policy is AclV1Policy.ACCEPT
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` in the background (bounded: beyond ``NOTIFY_TASKS_MAX`` it is dropped)."""
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> bool:
+        """Run ``coro`` in the background (bounded: beyond ``NOTIFY_TASKS_MAX`` it is dropped: False)."""
         if len(self._tasks) >= NOTIFY_TASKS_MAX:
             self.notifications_dropped += 1
             coro.close()
-            return
+            return False
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     # -- the broker's requests to clients -----------------------------------------------------------------
     def notify_changed(self, groups: set[str]) -> None:

@@ -5,7 +5,9 @@
                                       QUERY_NOT_FOUND (the client starts per its consumeFromWhere)
     UPDATE_CONSUMER_OFFSET (15)       commit through the Raft log -> ``service.commit_offsets`` (the
                                       ready leader; a follower answers SERVICE_NOT_AVAILABLE, and a
-                                      oneway commit is simply made again by the client 5 s later)
+                                      oneway commit is simply made again by the client 5 s later);
+                                      ignored while a reset of the queue waits for the client's next
+                                      pull (``offset_reset_pending``: the commit predates the reset)
     GET_MAX_OFFSET (30) / GET_MIN_OFFSET (31)   -> ``service.queue_bounds`` (0 for a queue never written)
     SEARCH_OFFSET_BY_TIMESTAMP (29)   the first offset stored at or after the time (5.x
                                       ``boundaryType=upper``: the last one stored at or before it)
@@ -56,6 +58,8 @@ class Offsets:
 
     async def update(self, req: Request) -> RemotingCommand:
         h = req.header(headers.UpdateConsumerOffsetRequestHeader)
+        if self.svc.offset_reset_pending(h.consumer_group, h.topic, h.queue_id):  # made before the client knew
+            return req.answer(ResponseCode.SUCCESS, "Offset has been previously reset")
         await self.svc.commit_offsets(h.consumer_group, h.topic, {h.queue_id: h.commit_offset})
         return req.ok()
 

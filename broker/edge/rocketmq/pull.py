@@ -15,6 +15,7 @@ The answer, as the clients interpret its code:
     NO_NEW_MSG         PULL_NOT_FOUND           the offset asked       pulls again from it
     NO_MATCHED_MSG     PULL_RETRY_IMMEDIATELY   past the filtered ones pulls again at once
     OFFSET_TOO_SMALL   PULL_OFFSET_MOVED        the queue's minimum    moves there (removed messages)
+    (a reset pending)  PULL_OFFSET_MOVED        the reset's offset     moves there (``take_offset_reset``)
     OFFSET_OVERFLOW    PULL_OFFSET_MOVED        the queue's maximum    moves there — from the ready
                        (on a replica that may   the offset asked       leader only (it has applied all
                        lag: PULL_NOT_FOUND)                            that is committed); elsewhere the
@@ -70,6 +71,10 @@ class Puller:
                                   f"{topic} here (heartbeat first)")
             kind, expression = sub.expression_type, sub.expression
         self.svc.check_subscription(kind, expression)
+        reset = self.svc.take_offset_reset(group, topic, qid)
+        if reset is not None:  # an offset reset the client has not seen: it moves there (RocketMQ 5's way)
+            lo, hi = self.svc.queue_bounds(topic, qid)
+            return self._answer(req, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_RESET", reset, lo, hi)
         if h.queue_offset < 0:
             lo, hi = self.svc.queue_bounds(topic, qid)
             return self._answer(req, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_TOO_SMALL", lo, lo, hi)
