@@ -5,7 +5,9 @@
     END_TRANSACTION (37), producer -> broker commitOrRollback 8 commit, 12 rollback, 0 unknown, for the
       (Java: oneway; Go: a request)          half at commitLogOffset -> ``service.end_transaction_at``
                                              (PUB on the half's real topic; the producer group must be
-                                             the half's; transactionId, when given, its UNIQ_KEY)
+                                             the half's; transactionId, when given, its UNIQ_KEY; 5.x's
+                                             topic, when it is not the half topic a check-back names,
+                                             the half's real topic)
     CHECK_TRANSACTION_STATE (39), broker ->  the leader's check-back of a half left unresolved past its
       a producer of the half's group,        immunity (transactionTimeOut, CHECK_IMMUNITY_TIME_IN_SECONDS),
       oneway                                 every transactionCheckInterval, at most transactionCheckMax
@@ -97,8 +99,11 @@ class Transactions:
         def may_end(topic: str) -> None:
             req.require(topics={topic: Perm.PUB})
 
+        # 5.x names the real topic when it ends a transaction, and echoes the check's topic (the half
+        # topic) when it answers a check-back: that one names no topic to match.
+        topic = h.topic if h.topic and h.topic != HALF_TOPIC else None
         await self.svc.end_transaction_at(
-            h.producer_group, h.commit_log_offset, state, topic=h.topic or None,
+            h.producer_group, h.commit_log_offset, state, topic=topic,
             transaction_id=h.transaction_id or None, from_check=bool(h.from_transaction_check), may_end=may_end,
         )
         return req.ok()

@@ -92,8 +92,9 @@ async def test_commit_rollback_and_a_check_back(cluster: InProcBrokerCluster) ->
         assert (m.topic, m.queue_id, m.body, m.commit_log_offset) == ("T", 0, b"later", position_of(later))
         assert m.properties["PGROUP"] == "pg" and m.properties[rp.UNIQ_KEY] == h.transaction_id
         assert int(m.properties[rp.TRANSACTION_CHECK_TIMES]) >= 1
+        # answered as 5.3.1 answers a check: with the check's topic (the half topic)
         await p.oneway(RequestCode.END_TRANSACTION,
-                       end_ext(later, rp.TRANSACTION_COMMIT_TYPE, from_check=True))
+                       end_ext(later, rp.TRANSACTION_COMMIT_TYPE, from_check=True, topic=h.topic))
         await wait_until(lambda: leader.broker.store.txn.pending_count() == 0, WAIT_S, "the last half committed")
         assert await max_offset(p, "T", 0) == 2
     bodies_seen = [msg["body"] for msg in await cluster.groups[0].messages("T", 0)]
