@@ -98,7 +98,7 @@ ADMIN_CODES: Final = frozenset({
     # ours besides RocketMQ's: what our HTTP API keeps to admins (configuration, offset resets,
     # producers' addresses)
     RequestCode.GET_BROKER_CONFIG, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.CLONE_GROUP_OFFSET,
-    RequestCode.GET_PRODUCER_CONNECTION_LIST,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST, RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
 })
 """``Permission.ADMIN_CODE`` and the admin-only reads and writes of our HTTP API: an admin account only."""
 GROUP_READS: Final[dict[int, str]] = {

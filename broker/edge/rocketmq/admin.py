@@ -21,9 +21,11 @@
                                               of what it holds (``config_table``); header version
     UPDATE_BROKER_CONFIG (25)              ``key=value`` lines -> ``service.update_config``, every key
                                               checked first (only hot keys: all or none change)
+    CLEAN_EXPIRED_CONSUMEQUEUE (306)       -> ``service.clean_expired_queues`` (this replica's queues of
+                                              topics that no longer exist)
 
-ACL (``needs_of``): admin for the writes and GET_BROKER_CONFIG, as the HTTP API; a valid signature
-for the rest.
+ACL (``needs_of``): admin for the writes, GET_BROKER_CONFIG and CLEAN_EXPIRED_CONSUMEQUEUE, as the
+HTTP API; a valid signature for the rest.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def register(edge: RocketMQEdge) -> None:
     edge.route(RequestCode.GET_BROKER_RUNTIME_INFO, h.runtime_info)
     edge.route(RequestCode.GET_BROKER_CONFIG, h.get_config)
     edge.route(RequestCode.UPDATE_BROKER_CONFIG, h.update_config, writes=True)
+    edge.route(RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE, h.clean_expired_queues, writes=True)
 
 
 class Admin:
@@ -217,6 +220,10 @@ class Admin:
         version = bodies.encode(self._data_version(self.svc.config_updates())).decode("utf-8")
         header = ah.GetBrokerConfigResponseHeader(version=version)
         return req.ok(ext_fields=to_ext(header), body=bodies.encode_properties_text(table))
+
+    async def clean_expired_queues(self, req: Request) -> RemotingCommand:
+        await self.svc.clean_expired_queues()
+        return req.ok()
 
     async def update_config(self, req: Request) -> RemotingCommand:
         props = parse_config_update(req.cmd.body, self.svc.broker_config())

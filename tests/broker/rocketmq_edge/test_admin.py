@@ -111,6 +111,7 @@ async def test_topics_created_listed_and_deleted(cluster: InProcBrokerCluster) -
         ok(await a.call(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "AT"}))
         ok(await a.call(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "AT"}))  # gone already: SUCCESS, as RocketMQ
         assert leader.broker.store.topic("AT") is None
+        ok(await a.call(RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE))  # mqadmin cleanExpiredCQ, on this replica
         system = bodies.decode(bodies.TopicList, ok(await a.call(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER)).body)
         assert HALF_TOPIC in system.topic_list and "TBW102" in system.topic_list
     async with client(follower) as f:  # writes are the leader's
@@ -171,6 +172,7 @@ ADMIN_ONLY = [
     (RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "X"}),
     (RequestCode.GET_BROKER_CONFIG, None),
     (RequestCode.UPDATE_BROKER_CONFIG, None),
+    (RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE, None),
 ]
 
 
