@@ -22,13 +22,15 @@ The contract (every method validates its own arguments: a transport may pass wha
   ``earliest_store_time(topic, queue_id)``, ``key_index_last_update()`` (plain methods: they read,
   never wait).
 - retries: ``send_back(group, position, *, max_reconsume_times, to_dlq, delay_level)``,
-  ``resend_dlq(group, position)`` -> ``SendBackAnswer``.
+  ``resend_dlq(group, position)`` -> ``SendBackAnswer``; ``retry_topic_missing(group)``,
+  ``ensure_retry_topic(group)`` (created at a RocketMQ consumer's heartbeat).
 - transactions (broker/service_txn.py): ``send_half``, ``end_transaction`` -> ``EndAnswer``,
   ``transaction_checks``, ``pending_halves``; for RocketMQ's remoting edge ``end_transaction_at``
   (a half by its log position), ``watch_transaction_checks``, ``take_transaction_checks``.
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
-  ``reset_offsets``, ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
+  ``reset_offsets``, ``offset_reset_pending``, ``take_offset_reset`` (a reset RocketMQ's clients
+  have not pulled yet), ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
   ``leave``, ``check_subscription``, ``subscription_of``, ``lock_queues``, ``unlock_queues``,
   ``group_members``, ``producer_connections``, ``status``, ``config``, ``update_config``,
   ``clean_expired_queues``, ``transfer_leadership``.
