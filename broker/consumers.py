@@ -186,8 +186,10 @@ class ConsumerManager:
         """What ``group`` consumes of ``topic`` by its members' heartbeats (the most recent one's,
         as RocketMQ keeps the latest subscription of a group), None when no member subscribes."""
         found: Member | None = None
-        for m in self.members(group, now_ms):
-            if topic in m.topics and (found is None or m.last_seen_ms > found.last_seen_ms):
+        for m in self._groups.get(group, {}).values():  # (no expiry sweep: this is on every pull's path)
+            if now_ms - m.last_seen_ms > self.expiry_ms or topic not in m.topics:
+                continue
+            if found is None or m.last_seen_ms > found.last_seen_ms:
                 found = m
         if found is None:
             return None

@@ -26,10 +26,10 @@ The contract (every method validates its own arguments: a transport may pass wha
   ``transaction_checks``, ``pending_halves``.
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
-  ``reset_offsets``, ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
-  ``leave``, ``check_subscription``, ``subscription_of``, ``lock_queues``, ``unlock_queues``,
-  ``group_members``, ``producer_connections``, ``status``, ``config``, ``update_config``,
-  ``clean_expired_queues``, ``transfer_leadership``.
+  ``reset_offsets``, ``group_progress``, ``committed_offset``, ``commit_offset_behind``,
+  ``heartbeat``, ``unregister``, ``leave``, ``check_subscription``, ``subscription_of``,
+  ``lock_queues``, ``unlock_queues``, ``group_members``, ``producer_connections``, ``status``,
+  ``config``, ``update_config``, ``clean_expired_queues``, ``transfer_leadership``, ``leads``.
 
 Errors: every method raises ``ServiceError`` only (``code``, ``message``, ``status`` as an HTTP
 hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,

@@ -248,11 +248,10 @@ class AdminOps(ServiceBase):
         s = self.s
         if not s.ready or offset < 0 or offset > INT64_MAX or queue_id < 0:
             return False
-        md = s.store.metadata_view()
-        tc = md.topics.get(topic)
+        tc = s.store.topic(topic)
         if tc is None or queue_id >= max(tc.read_queue_nums, tc.write_queue_nums):
             return False
-        if md.offsets.get((group, topic, queue_id)) == offset:
+        if s.store.committed_offset(group, topic, queue_id) == offset:
             return False
         pending = self._pending_commits.setdefault((group, topic), {})
         if queue_id not in pending:
@@ -276,6 +275,12 @@ class AdminOps(ServiceBase):
                 s.counters["offsets_committed_behind"] += len(records)
             except Exception as exc:  # the consumers commit again themselves (every few seconds)
                 log.info("%d offset commits behind pulls dropped: %s", len(records), exc)
+
+    @translated_sync
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The offset ``group`` committed on one queue (None: never), as this replica applied it."""
+        self.require_state()
+        return self.s.store.committed_offset(group, topic, queue_id)
 
     @translated_sync
     def group_offsets(self, group: str, topic: str) -> GroupOffsets:
