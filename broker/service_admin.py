@@ -355,11 +355,12 @@ class AdminOps(ServiceBase):
     @translated_sync
     def heartbeat(
         self, client_id: str, groups: Sequence[GroupSubscription], principal: str, *, admin: bool,
-        filters: GroupFilters | None = None,
+        filters: GroupFilters | None = None, expiry_ms: int | None = None,
     ) -> set[str]:
         """Record a client's subscriptions (it owns its client id: ``principal``); ``filters``: the
-        expression of each (group, topic), checked here (``check_subscription``). The groups whose
-        member list changed (their members rebalance: RocketMQ notifies them)."""
+        expression of each (group, topic), checked here (``check_subscription``); ``expiry_ms``: how
+        long the client stays a member without heartbeats (None: ``clientExpiryMs``). The groups
+        whose member list changed (their members rebalance: RocketMQ notifies them)."""
         check_client_id(client_id)
         if len(groups) > MAX_GROUPS_PER_CLIENT:
             raise ServiceError(400, "BAD_REQUEST", f"a client is in at most {MAX_GROUPS_PER_CLIENT} groups")
@@ -373,7 +374,7 @@ class AdminOps(ServiceBase):
             for sub in subs.values():
                 self.check_subscription(sub.expression_type, sub.expression)
         changed = self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin,
-                                             filters=filters)
+                                             filters=filters, expiry_ms=expiry_ms)
         if changed is None:
             raise ServiceError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
         return changed

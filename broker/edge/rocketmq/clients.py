@@ -1,7 +1,8 @@
 """What consumers and producers tell the broker about themselves, and their retries:
 
     HEART_BEAT (34)                  producer and consumer groups, subscriptions (TAG / SQL92) ->
-                                     ``service.heartbeat``; the client's connection is remembered;
+                                     ``service.heartbeat`` (a member for 120 s without heartbeats,
+                                     as RocketMQ keeps one); the client's connection is remembered;
                                      groups whose member list changed get NOTIFY_CONSUMER_IDS_CHANGED
     UNREGISTER_CLIENT (35)           the client leaves the group it names -> ``service.leave``
     GET_CONSUMER_LIST_BY_GROUP (38)  the group's client ids -> ``service.group_members``; none:
@@ -22,7 +23,7 @@ over nor unregister it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.acl import Perm
 from broker.consumers import Subscription
@@ -34,6 +35,10 @@ from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
     from broker.edge.rocketmq.edge import RocketMQEdge
+
+CLIENT_EXPIRY_MS: Final = 120_000
+"""How long a RocketMQ client stays a member without heartbeats (RocketMQ's broker: 120 s; its clients
+heartbeat every 30 s). A client whose connection closes leaves at once."""
 
 
 def register(edge: RocketMQEdge) -> None:
@@ -63,7 +68,7 @@ class Clients:
             filters[c.group_name] = subs
         principal = req.principal
         changed = self.svc.heartbeat(beat.client_id, groups, principal.name, admin=self.edge.is_admin(principal),
-                                     filters=filters)
+                                     filters=filters, expiry_ms=CLIENT_EXPIRY_MS)
         self.edge.channels.bind(Channel(
             client_id=beat.client_id, connection=req.connection, language=req.cmd.language,
             version=req.cmd.version, owner=principal.name, client_addr=self.edge.peer_addr(req),

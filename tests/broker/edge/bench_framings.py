@@ -2,14 +2,15 @@
 the same broker service (issue 25 item 7: are two framings worth keeping?).
 
     .venv/bin/python -m tests.broker.edge.bench_framings --dir /tmp/framings [--senders 16] [--seconds 8]
-        [--rounds 3] [--body 1024] [--keep]
+        [--rounds 3] [--pull-passes 10] [--body 1024] [--keep]
 
 Starts ``dledger-cluster up`` (a NameServer and a 3-replica group, ACL on, uvloop, the defaults), makes a
 topic of 4 queues, then in rounds, the two framings interleaved (binary, remoting, binary, ...):
 
 - send: ``--senders`` tasks in this process, each sending one message per request and waiting for its
   answer (no auto-batching, so one request = one message on both framings), for ``--seconds``;
-- pull: every message the round sent read back, 32 per request, one request in flight per queue.
+- pull: every message the round sent read back ``--pull-passes`` times, 32 per request, one request in
+  flight per queue.
 
 For each, the CPU seconds of the leader's process (user + system, ``/proc/PID/stat``) and of this client
 process during the phase, divided by the messages: µs per message. Both framings sign every request (ours:
@@ -136,15 +137,16 @@ async def send_phase(client: Any, senders: int, seconds: float, body: bytes) -> 
     return sent
 
 
-async def pull_phase(client: Any, start: dict[int, int], end: dict[int, int]) -> int:
+async def pull_phase(client: Any, start: dict[int, int], end: dict[int, int], passes: int) -> int:
     total = 0
 
     async def reader(q: int) -> None:
         nonlocal total
-        offset = start[q]
-        while offset < end[q]:
-            n, offset = await client.pull(q, offset)
-            total += n
+        for _ in range(passes):
+            offset = start[q]
+            while offset < end[q]:
+                n, offset = await client.pull(q, offset)
+                total += n
 
     await asyncio.gather(*(reader(q) for q in range(QUEUES)))
     return total
@@ -158,14 +160,13 @@ async def max_offsets(client: Remoting) -> dict[int, int]:
     return out
 
 
-def measured(pid: int, fn: Any) -> Any:
-    async def run() -> tuple[Any, float, float, float]:
-        broker0, client0, t0 = cpu_seconds(pid), time.process_time(), time.monotonic()
-        result = await fn()
-        broker1, client1 = cpu_seconds(pid), time.process_time()
-        assert broker0 is not None and broker1 is not None
-        return result, broker1 - broker0, client1 - client0, time.monotonic() - t0
-    return run()
+async def measured(pid: int, work: Any) -> tuple[Any, float, float, float]:
+    """(``await work``'s result, leader CPU s, client CPU s, wall s) of one phase."""
+    broker0, client0, t0 = cpu_seconds(pid), time.process_time(), time.monotonic()
+    result = await work
+    broker1, client1 = cpu_seconds(pid), time.process_time()
+    assert broker0 is not None and broker1 is not None
+    return result, broker1 - broker0, client1 - client0, time.monotonic() - t0
 
 
 async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -185,15 +186,14 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
         for rnd in range(args.rounds):
             for client in (binary, remoting):
                 start = await max_offsets(remoting)
-                sent, cpu_b, cpu_c, wall = await measured(pid, lambda: send_phase(client, args.senders, args.seconds,
-                                                                                   body))
+                sent, cpu_b, cpu_c, wall = await measured(pid, send_phase(client, args.senders, args.seconds, body))
                 row = {"round": rnd, "framing": client.name, "phase": "send", "messages": sent,
                        "msgs_per_s": round(sent / wall), "leader_cpu_us_per_msg": round(cpu_b / sent * 1e6, 1),
                        "client_cpu_us_per_msg": round(cpu_c / sent * 1e6, 1)}
                 print(json.dumps(row), file=sys.stderr)
                 rows.append(row)
                 end = await max_offsets(remoting)
-                got, cpu_b, cpu_c, wall = await measured(pid, lambda: pull_phase(client, start, end))
+                got, cpu_b, cpu_c, wall = await measured(pid, pull_phase(client, start, end, args.pull_passes))
                 row = {"round": rnd, "framing": client.name, "phase": "pull", "messages": got,
                        "msgs_per_s": round(got / wall), "leader_cpu_us_per_msg": round(cpu_b / got * 1e6, 1),
                        "client_cpu_us_per_msg": round(cpu_c / got * 1e6, 1)}
@@ -223,6 +223,7 @@ def main() -> int:
     ap.add_argument("--senders", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pull-passes", type=int, default=10)
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = ap.parse_args()

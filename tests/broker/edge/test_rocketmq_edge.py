@@ -211,7 +211,8 @@ async def test_pull_answers_as_the_clients_interpret_them(env: Env) -> None:
 
 async def test_a_held_pull_answers_when_a_message_arrives(env: Env) -> None:
     c = await env.to()
-    held = asyncio.ensure_future(c.pull("T", 1, 0, suspend_ms=15_000, timeout_s=30))
+    # any Java long is a valid suspendTimeoutMillis: held at most longPollingMaxMs (30 s here)
+    held = asyncio.ensure_future(c.pull("T", 1, 0, suspend_ms=2**62, timeout_s=40))
     await asyncio.sleep(0)
     assert not held.done()
     assert (await (await env.to()).send("T", b"late", 1)).code == R.SUCCESS

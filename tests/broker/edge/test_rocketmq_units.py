@@ -197,3 +197,14 @@ def test_queue_locks_renew_expire_and_stay_bounded() -> None:
     many = QueueLocks()
     assert len(many.lock("g", "A", [("T", q) for q in range(MAX_LOCKS + 5)], 0)) == MAX_LOCKS
     assert many.lock("g", "A", [("U", 0)], LOCK_EXPIRY_MS + 1) == [("U", 0)]  # expired ones make room
+
+
+def test_a_heartbeat_may_keep_its_client_longer_than_the_default() -> None:
+    """RocketMQ's clients heartbeat every 30 s (our SDK every 10 s): with the broker's default 40 s expiry one
+    late heartbeat would drop such a member and make its group rebalance; the edge keeps them 120 s."""
+    cm = ConsumerManager(expiry_ms=40_000)
+    cm.heartbeat("sdk", [("g", "CLUSTERING", ("T",))], 0)
+    cm.heartbeat("java", [("g", "CLUSTERING", ("T",))], 0, expiry_ms=120_000)
+    assert [m.client_id for m in cm.members("g", 100_000)] == ["java"]
+    assert cm.subscription("g", "T", 110_000) == Subscription("TAG", "*")
+    assert cm.members("g", 120_001) == [] and cm.subscription("g", "T", 120_001) is None
