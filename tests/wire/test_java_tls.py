@@ -36,7 +36,8 @@ async def test_java_clients_send_and_read_back_over_tls(client: str, tmp_path: P
         cmd = [*java_cmd(CLIENTS[client], "wire.Scenarios", home), "send", "--namesrv", cluster.namesrv_addr,
                "--topic", "TlsTopic", "--group", "tls_g", "--timeout", "90", "--count", "10",
                "--ak", ADMIN.access_key, "--sk", ADMIN.secret_key, "--tls"]
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        pipe = asyncio.subprocess.PIPE
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=pipe, stderr=pipe)
         out, err = await asyncio.wait_for(proc.communicate(), 150)
         result = _parse_last_json(out.decode())
         assert proc.returncode == 0 and result.get("ok") is True, f"{result}\n{err.decode()[-3000:]}"
