@@ -155,7 +155,9 @@ def channel(cid: str, conn: Any, **kw: Any) -> Channel:
 
 
 def test_a_client_is_bound_to_the_connection_of_its_last_heartbeat() -> None:
-    table, a, b = ClientChannels(), FakeConn(), FakeConn()
+    table = ClientChannels()
+    a: Any = FakeConn()
+    b: Any = FakeConn()
     table.bind(channel("c1", a, producer_groups=frozenset({"pg"})))
     table.bind(channel("c2", a, consumer_groups=frozenset({"cg"})))
     table.bind(channel("c1", b, producer_groups=frozenset({"pg"})))  # moved to b
