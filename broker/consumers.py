@@ -1,7 +1,9 @@
 """Consumer group membership, as each broker replica learns it from heartbeats (not replicated).
 
 Clients heartbeat to every replica of every group they consume from, so a new leader already knows
-the members. A client silent for ``expiry_ms`` is dropped. Pure: time is passed in.
+the members. A client silent for ``expiry_ms`` is dropped (a heartbeat may name a longer time for its
+client: RocketMQ's clients heartbeat every 30 s and their broker keeps them 120 s; they also leave
+when their connection closes). Pure: time is passed in.
 
 A heartbeat may carry each topic's subscription expression (``Subscription``: a TAG expression or
 an SQL92 one; RocketMQ's clients send them, and a push consumer's pulls do not repeat them, so the
@@ -64,6 +66,10 @@ class Member:
     topics: tuple[str, ...]
     last_seen_ms: int
     filters: Mapping[str, Subscription] = dataclasses.field(default_factory=dict)  # topic -> expression
+    expiry_ms: int | None = None  # None: the manager's
+
+    def expired(self, now_ms: int, default_ms: int) -> bool:
+        return now_ms - self.last_seen_ms > (self.expiry_ms or default_ms)
 
 
 class ConsumerManager:
@@ -84,10 +90,12 @@ class ConsumerManager:
         *,
         admin: bool = False,
         filters: Mapping[str, Mapping[str, Subscription]] | None = None,
+        expiry_ms: int | None = None,
     ) -> set[str] | None:
         """Record a heartbeat: it names the client's whole membership (groups it no longer names
         are left at once); ``filters``: per group, per topic, the subscription expressions (absent:
-        every message). Returns the groups whose member list changed (joined or left), or None
+        every message); ``expiry_ms``: how long this client stays without heartbeats (None: the
+        manager's). Returns the groups whose member list changed (joined or left), or None
         when the table is full and the client is new; raises ``MembershipError`` for a client id
         of another owner or too many subscriptions."""
         if len(groups) > MAX_GROUPS_PER_CLIENT:
@@ -119,7 +127,8 @@ class ConsumerManager:
             # Interned: thousands of clients naming the same topics share one string each.
             group_filters = dict((filters or {}).get(group) or {})
             members[client_id] = Member(client_id, model, tuple(sys.intern(t) for t in topics), now_ms,
-                                        {t: f for t, f in group_filters.items() if t in topics and f != SUB_ALL})
+                                        {t: f for t, f in group_filters.items() if t in topics and f != SUB_ALL},
+                                        expiry_ms)
         if named:
             self._client_groups[client_id] = named
             if client_id not in self._owner:
@@ -174,7 +183,7 @@ class ConsumerManager:
             (group, cid)
             for group, members in self._groups.items()
             for cid, m in members.items()
-            if now_ms - m.last_seen_ms > self.expiry_ms
+            if m.expired(now_ms, self.expiry_ms)
         ]
         return sum(self._leave(group, cid) for group, cid in stale)
 
@@ -186,8 +195,10 @@ class ConsumerManager:
         """What ``group`` consumes of ``topic`` by its members' heartbeats (the most recent one's,
         as RocketMQ keeps the latest subscription of a group), None when no member subscribes."""
         found: Member | None = None
-        for m in self.members(group, now_ms):
-            if topic in m.topics and (found is None or m.last_seen_ms > found.last_seen_ms):
+        for m in self._groups.get(group, {}).values():  # (no expiry sweep: this is on every pull's path)
+            if m.expired(now_ms, self.expiry_ms) or topic not in m.topics:
+                continue
+            if found is None or m.last_seen_ms > found.last_seen_ms:
                 found = m
         if found is None:
             return None

@@ -414,7 +414,7 @@ def message_view(
     m: StoredMessage, *, broker_name: str, position: int, size: int, queue_offset: int | None
 ) -> dict[str, Any]:
     """The API's Message map."""
-    return {
+    view = {
         "topic": m.topic,
         "queue_id": m.queue_id,
         "queue_offset": queue_offset,
@@ -431,5 +431,7 @@ def message_view(
         "position": position,
         "size": size,
         "broker_name": broker_name,
-        **({"sys_flag": m.sys_flag} if m.sys_flag else {}),
     }
+    if m.sys_flag:
+        view["sys_flag"] = m.sys_flag
+    return view

@@ -179,6 +179,8 @@ class BrokerServer:
             ),
         )
         self.vip_address: str | None = None
+        self._site: SniffingSite | None = None
+        self._vip_site: SniffingSite | None = None
         self.started_at = self.clock.monotonic()
 
     def _acl_rules(self) -> AclConfig | None:
@@ -206,7 +208,7 @@ class BrokerServer:
         sniff = SniffLimits(pending_max=sec.connections_max, first_byte_timeout_s=sec.header_timeout_ms / 1000,
                             tls_handshake_timeout_s=self.guard.limits.tls_handshake_timeout_s)
         tls_mode = TlsMode(self.cfg.tls_mode)
-        self._runner, _site = await start_dual_server(
+        self._runner, self._site = await start_dual_server(
             self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port,
             remoting=self.rocketmq.server, limits=sniff, ssl_context=ssl_ctx, tls_mode=tls_mode,
         )
@@ -219,6 +221,7 @@ class BrokerServer:
             except BaseException:
                 await self._runner.cleanup()
                 raise
+            self._vip_site = vip
             self.vip_address = f"{self.cfg.dledger.http_host}:{vip.bound_port}"
         if self.cfg.remoting_listen_port >= 0:
             try:
@@ -482,7 +485,12 @@ class BrokerServer:
                 "retention_floor": node["retention_floor"],
             },
             "remoting": {"address": self.remoting_address, **self.remoting.stats.as_dict()},
-            "rocketmq": {"address": self.cfg.address, "vip_address": self.vip_address, **self.rocketmq.status()},
+            "rocketmq": {
+                "address": self.cfg.address, "vip_address": self.vip_address, **self.rocketmq.status(),
+                # connections before their first byte (both protocols): the sniffers' bounds
+                "sniff": self._site.listener.stats.as_dict() if self._site is not None else None,
+                "vip_sniff": self._vip_site.listener.stats.as_dict() if self._vip_site is not None else None,
+            },
             "namesrv": {
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),

@@ -30,10 +30,10 @@ The contract (every method validates its own arguments: a transport may pass wha
 - admin: ``put_topic``, ``topics``, ``get_topic``, ``delete_topic``, ``topic_status``,
   ``put_group``, ``groups``, ``delete_group``, ``commit_offsets``, ``group_offsets``,
   ``reset_offsets``, ``offset_reset_pending``, ``take_offset_reset`` (a reset RocketMQ's clients
-  have not pulled yet), ``group_progress``, ``commit_offset_behind``, ``heartbeat``, ``unregister``,
-  ``leave``, ``check_subscription``, ``subscription_of``, ``lock_queues``, ``unlock_queues``,
-  ``group_members``, ``producer_connections``, ``status``, ``config``, ``update_config``,
-  ``clean_expired_queues``, ``transfer_leadership``.
+  have not pulled yet), ``group_progress``, ``committed_offset``, ``commit_offset_behind``,
+  ``heartbeat``, ``unregister``, ``leave``, ``check_subscription``, ``subscription_of``,
+  ``lock_queues``, ``unlock_queues``, ``group_members``, ``producer_connections``, ``status``,
+  ``config``, ``update_config``, ``clean_expired_queues``, ``transfer_leadership``, ``leads``.
 - operators' figures (broker/service_stats.py): ``runtime_info``, ``consume_stats``,
   ``topic_consumer_groups``, ``consume_time_span``, ``reset_offsets_by_time``, ``clone_group_offsets``.
 

@@ -253,11 +253,10 @@ class AdminOps(ServiceBase):
         s = self.s
         if not s.ready or offset < 0 or offset > INT64_MAX or queue_id < 0:
             return False
-        md = s.store.metadata_view()
-        tc = md.topics.get(topic)
+        tc = s.store.topic(topic)
         if tc is None or queue_id >= max(tc.read_queue_nums, tc.write_queue_nums):
             return False
-        if md.offsets.get((group, topic, queue_id)) == offset:
+        if s.store.committed_offset(group, topic, queue_id) == offset:
             return False
         pending = self._pending_commits.setdefault((group, topic), {})
         if queue_id not in pending:
@@ -281,6 +280,12 @@ class AdminOps(ServiceBase):
                 s.counters["offsets_committed_behind"] += len(records)
             except Exception as exc:  # the consumers commit again themselves (every few seconds)
                 log.info("%d offset commits behind pulls dropped: %s", len(records), exc)
+
+    @translated_sync
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The offset ``group`` committed on one queue (None: never), as this replica applied it."""
+        self.require_state()
+        return self.s.store.committed_offset(group, topic, queue_id)
 
     @translated_sync
     def group_offsets(self, group: str, topic: str) -> GroupOffsets:
@@ -397,11 +402,12 @@ class AdminOps(ServiceBase):
     @translated_sync
     def heartbeat(
         self, client_id: str, groups: Sequence[GroupSubscription], principal: str, *, admin: bool,
-        filters: GroupFilters | None = None,
+        filters: GroupFilters | None = None, expiry_ms: int | None = None,
     ) -> set[str]:
         """Record a client's subscriptions (it owns its client id: ``principal``); ``filters``: the
-        expression of each (group, topic), checked here (``check_subscription``). The groups whose
-        member list changed (their members rebalance: RocketMQ notifies them)."""
+        expression of each (group, topic), checked here (``check_subscription``); ``expiry_ms``: how
+        long the client stays a member without heartbeats (None: ``clientExpiryMs``). The groups
+        whose member list changed (their members rebalance: RocketMQ notifies them)."""
         check_client_id(client_id)
         if len(groups) > MAX_GROUPS_PER_CLIENT:
             raise ServiceError(400, "BAD_REQUEST", f"a client is in at most {MAX_GROUPS_PER_CLIENT} groups")
@@ -415,7 +421,7 @@ class AdminOps(ServiceBase):
             for sub in subs.values():
                 self.check_subscription(sub.expression_type, sub.expression)
         changed = self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin,
-                                             filters=filters)
+                                             filters=filters, expiry_ms=expiry_ms)
         if changed is None:
             raise ServiceError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
         return changed

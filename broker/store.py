@@ -463,6 +463,11 @@ class MessageStore(StoreStateEntries):
         with self._md_lock:
             return self.metadata.topics.get(name)
 
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """One committed consumer offset (None: never committed), without copying the metadata."""
+        with self._md_lock:
+            return self.metadata.offsets.get((group, topic, queue_id))
+
     def topic_epoch(self, name: str) -> int | None:
         with self._md_lock:
             return self.metadata.topic_epoch(name)

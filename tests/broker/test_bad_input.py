@@ -188,7 +188,10 @@ async def test_slowloris_slow_bodies_and_the_connection_cap(cluster: BrokerClust
     await wait_until(status_ok, 10, "a connection accepted once the others closed")
     st = await Transport(timeout_s=5.0, credentials=None, tls=None).call(b, "GET", "/v1/status")
     edge = st["security"]["edge"]
-    assert edge["timed_out_connections"] >= 10 and edge["refused_connections"] >= 1 and edge["busy_refusals"] >= 1
+    assert edge["timed_out_connections"] >= 10 and edge["busy_refusals"] >= 1
+    # listenPort serves HTTP and RocketMQ remoting (issue 25): a connection that sent nothing yet is the
+    # port's sniffer's, which refuses beyond serverConnectionsMax (before HTTP's guard sees it)
+    assert st["rocketmq"]["sniff"]["refused_connections"] >= 1
 
 
 async def test_heartbeats_cannot_grow_the_broker_without_bound(cluster: BrokerCluster) -> None:

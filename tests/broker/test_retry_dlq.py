@@ -1,6 +1,7 @@
 """Issue 14 item 2: RECONSUME_LATER sends a message back to ``%RETRY%<group>`` (delay level
-3 + reconsumeTimes), after ``maxReconsumeTimes`` to ``%DLQ%<group>`` (perm 6, as RocketMQ 4.9/5.x create it); orderly consumers
-retry in place, then DLQ; an operator resends a DLQ message. On real brokers in this process."""
+3 + reconsumeTimes), after ``maxReconsumeTimes`` to ``%DLQ%<group>`` (perm 6, as RocketMQ 4.9/5.x
+create it); orderly consumers retry in place, then DLQ; an operator resends a DLQ message. On real
+brokers in this process."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What consumers and producers tell the broker about themselves, and their retries:
 
     HEART_BEAT (34)                  producer and consumer groups, subscriptions (TAG / SQL92) ->
-                                     ``service.heartbeat``; the client's connection is remembered;
+                                     ``service.heartbeat`` (a member for 120 s without heartbeats,
+                                     as RocketMQ keeps one); the client's connection is remembered;
                                      groups whose member list changed get NOTIFY_CONSUMER_IDS_CHANGED;
                                      a consumer group's missing retry topic is created (the leader)
     UNREGISTER_CLIENT (35)           the client leaves the group it names -> ``service.leave``
@@ -24,7 +25,7 @@ over nor unregister it).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.acl import Perm
 from broker.consumers import Subscription
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from broker.edge.rocketmq.edge import RocketMQEdge
 
 log = logging.getLogger("broker.edge.rocketmq")
+CLIENT_EXPIRY_MS: Final = 120_000
+"""How long a RocketMQ client stays a member without heartbeats (RocketMQ's broker: 120 s; its clients
+heartbeat every 30 s). A client whose connection closes leaves at once."""
 
 
 def register(edge: RocketMQEdge) -> None:
@@ -68,7 +72,7 @@ class Clients:
             filters[c.group_name] = subs
         principal = req.principal
         changed = self.svc.heartbeat(beat.client_id, groups, principal.name, admin=self.edge.is_admin(principal),
-                                     filters=filters)
+                                     filters=filters, expiry_ms=CLIENT_EXPIRY_MS)
         self.edge.channels.bind(Channel(
             client_id=beat.client_id, connection=req.connection, language=req.cmd.language,
             version=req.cmd.version, owner=principal.name, client_addr=self.edge.peer_addr(req),

@@ -1,6 +1,6 @@
 """Consumer offsets and queue offsets:
 
-    QUERY_CONSUMER_OFFSET (14)        the group's committed offset -> ``service.group_offsets`` (any
+    QUERY_CONSUMER_OFFSET (14)        the group's committed offset -> ``service.committed_offset`` (any
                                       replica: offsets are replicated); never committed:
                                       QUERY_NOT_FOUND (the client starts per its consumeFromWhere)
     UPDATE_CONSUMER_OFFSET (15)       commit through the Raft log -> ``service.commit_offsets`` (the
@@ -51,7 +51,7 @@ class Offsets:
 
     async def query(self, req: Request) -> RemotingCommand:
         h = req.header(headers.QueryConsumerOffsetRequestHeader)
-        offset = self.svc.group_offsets(h.consumer_group, h.topic).offsets.get(h.queue_id)
+        offset = self.svc.committed_offset(h.consumer_group, h.topic, h.queue_id)
         if offset is None:
             return req.answer(ResponseCode.QUERY_NOT_FOUND, NOT_FOUND_REMARK)
         return _offset(req, offset)

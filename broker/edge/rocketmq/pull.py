@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from broker.edge.rocketmq import messages
-from broker.protocol.limits import PULL_COUNT_MAX
+from broker.protocol.limits import PULL_COUNT_MAX, PULL_SUSPEND_MS_MAX
 from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
@@ -87,7 +87,8 @@ class Puller:
             max_bytes=max(max_bytes, 1),
             tags=expression if kind == EXPRESSION_TAG else None,
             sql=expression if kind == EXPRESSION_SQL92 else None,
-            suspend_ms=h.suspend_timeout_millis if h.suspend else 0,
+            # (the service holds it at most longPollingMaxMs)
+            suspend_ms=min(h.suspend_timeout_millis, PULL_SUSPEND_MS_MAX) if h.suspend else 0,
         )
         return self.answer(req, h.queue_offset, pulled)
 
