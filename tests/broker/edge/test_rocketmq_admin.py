@@ -20,8 +20,8 @@ from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.service import RuntimeInfo
 from broker.serving.remoting_server import CommandError
 from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER
+from tests.broker.edge.rocketmq_support import ACL_OFF, acl_on, client, ok, refused, send, start_cluster
 from tests.broker.inproc_cluster import InProcBrokerCluster
-from tests.broker.rocketmq_edge.support import ACL_OFF, acl_on, client, ok, refused, send, start_cluster
 
 
 # -- pure ------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What the edge tests share: a cluster fixture, remoting clients signed as one of the test accounts,
+"""What the edge tests of transactions, queries and mqadmin's codes share: a cluster fixture, remoting clients
 and requests built the way the official clients build them (with our codecs)."""
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from tests.acl_fixtures import CONSUMER, NOBODY, PRODUCER
-from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
-from tests.broker.rocketmq_edge.support import (
+from tests.broker.edge.rocketmq_support import (
     ACL_OFF,
     acl_on,
     client,
@@ -30,6 +29,7 @@ from tests.broker.rocketmq_edge.support import (
     send,
     start_cluster,
 )
+from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
 from tests.broker.serving.rmq_client import RmqClient
 from tests.dledger.harness import wait_until
 

@@ -14,8 +14,7 @@ from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from tests.acl_fixtures import CONSUMER, NOBODY, PRODUCER
-from tests.broker.inproc_cluster import InProcBrokerCluster
-from tests.broker.rocketmq_edge.support import (
+from tests.broker.edge.rocketmq_support import (
     ACL_OFF,
     acl_on,
     client,
@@ -28,6 +27,7 @@ from tests.broker.rocketmq_edge.support import (
     start_cluster,
     stored,
 )
+from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.serving.rmq_client import RmqClient
 
 INT64_MAX = 2**63 - 1
