@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.certs import make_certs
+from broker.serving.certs import make_certs
 from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.wire.harness import CLIENTS, _parse_last_json, java_cmd

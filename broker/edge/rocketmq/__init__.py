@@ -1,6 +1,6 @@
 """The broker's RocketMQ edge (issue 25): RocketMQ's remoting protocol on the broker's ``listenPort``
 and VIP channel, for the official Java and Go clients and mqadmin, answered by the one broker
-service (``broker.service.BrokerService``), the same methods the HTTP API and our binary port call.
+service (``broker.service.broker_service.BrokerService``), the same methods the HTTP API and our binary port call.
 
 - ``edge``      ``RocketMQEdge``: the remoting server, the dispatch table (``route``: RocketMQ's ACL
   check in front of every handler), the clients' connections, the broker's requests to clients;

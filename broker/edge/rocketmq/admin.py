@@ -33,16 +33,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from broker import admin_config
-from broker.admin_config import HOT_KEYS
-from broker.config import BrokerConfig
 from broker.protocol.properties import BROKER_TOPICS
 from broker.protocol.rocketmq import admin_headers as ah
 from broker.protocol.rocketmq import bodies
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import VERSION_V4_9_8, RemotingCommand
 from broker.protocol.rocketmq.header_fields import to_ext
-from broker.service import RuntimeInfo, ServiceError
+from broker.server import admin_config
+from broker.server.admin_config import HOT_KEYS
+from broker.server.config import BrokerConfig
+from broker.service.broker_service import RuntimeInfo, ServiceError
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:
@@ -179,7 +179,9 @@ class Admin:
         return req.ok(body=bodies.encode(wrapper))
 
     async def system_topics(self, req: Request) -> RemotingCommand:
-        from broker.server import AUTO_CREATE_TOPIC  # (the server builds the edge: no import at load)
+        from broker.server.broker_server import (
+            AUTO_CREATE_TOPIC,  # (the server builds the edge: no import at load)
+        )
 
         cfg = self.svc.broker_config()
         names = (*BROKER_TOPICS, AUTO_CREATE_TOPIC, cfg.msg_trace_topic_name)

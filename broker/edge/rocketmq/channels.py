@@ -5,7 +5,7 @@ the same in its ProducerManager / ConsumerManager channel tables).
 What the edge needs it for: the broker's own requests to a client (NOTIFY_CONSUMER_IDS_CHANGED to a
 consumer group's members; CHECK_TRANSACTION_STATE to a producer of a group; GET_CONSUMER_RUNNING_INFO
 and the connection lists of mqadmin), and removing a client from its groups when its connection
-closes. Membership itself (groups, subscriptions, expiry) is the service's (``broker.consumers``).
+closes. Membership itself (groups, subscriptions, expiry) is the service's (``broker.service.consumers``).
 
 Bounded: a client id is bound to one connection at a time (its latest heartbeat's), at most
 ``CLIENTS_PER_CONNECTION_MAX`` client ids per connection (one process runs a few client instances)
@@ -18,8 +18,8 @@ import dataclasses
 from typing import Final
 
 from broker.protocol.rocketmq.bodies import ConsumerData
-from broker.security import ALL, Principal
 from broker.serving.remoting_server import RemotingConnection
+from broker.serving.security import ALL, Principal
 
 CLIENTS_MAX: Final = 10_000
 CLIENTS_PER_CONNECTION_MAX: Final = 64

@@ -18,7 +18,7 @@
                                      the caller must be allowed to read (SUB) the stored message's
                                      topic and its group must consume it (issue 23)
 
-Every client id stays its first account's (``broker.consumers``: another account can neither take it
+Every client id stays its first account's (``broker.service.consumers``: another account can neither take it
 over nor unregister it).
 """
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final
 
-from broker.acl import Perm
-from broker.consumers import Subscription
 from broker.edge.rocketmq.channels import Channel
 from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.service import ServiceError
+from broker.service.broker_service import ServiceError
+from broker.service.consumers import Subscription
+from broker.serving.acl import Perm
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:

@@ -40,8 +40,7 @@ from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq.codes import RequestCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from broker.protocol.rocketmq.message import Host
-from broker.security import Principal
-from broker.service import BrokerService
+from broker.service.broker_service import BrokerService
 from broker.serving.remoting_acl import AclV1Policy, needs_of
 from broker.serving.remoting_server import (
     Authenticator,
@@ -51,6 +50,7 @@ from broker.serving.remoting_server import (
     RemotingServer,
     Request,
 )
+from broker.serving.security import Principal
 
 log = logging.getLogger("broker.edge.rocketmq")
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from broker.consumers import MembershipError
 from broker.edge.rocketmq.channels import TooManyClients
-from broker.message import InvalidInput
 from broker.protocol.rocketmq.codes import ResponseCode
+from broker.service.consumers import MembershipError
 from broker.serving.remoting_server import CommandError
+from broker.store.message import InvalidInput
 
 NOT_STORED: Final = frozenset({"NOT_LEADER", "NOT_READY", "APPEND_FAILED", "SERVICE_UNAVAILABLE", "DISK_FULL"})
 CODES: Final[dict[str, int]] = {

@@ -1,7 +1,7 @@
 """Our stored messages in RocketMQ's layouts, and what a RocketMQ producer sends as our messages: the
 pure conversions of the broker's RocketMQ edge (no I/O, no service calls).
 
-A record of ours (``broker.message.StoredMessage``) as the stored layout ``MessageDecoder`` reads
+A record of ours (``broker.store.message.StoredMessage``) as the stored layout ``MessageDecoder`` reads
 (``broker.protocol.rocketmq.message``), field by field::
 
     queue id, flag, body, topic        the record's (the body as its producer sent it: compressed
@@ -27,7 +27,7 @@ KEYS and UNIQ_KEY become the message's tags, keys and unique id (so the de-dupli
 a retried send idempotent: the clients keep UNIQ_KEY across retries), WAIT is dropped (every send
 waits for a majority), the rest are its properties; ``sysFlag``'s compression bits are kept, the
 others (host kinds, transaction type) are not taken from a producer. The service validates every
-value (``broker.message.build_messages``) before anything is appended.
+value (``broker.store.message.build_messages``) before anything is appended.
 
 Properties of a stored message must fit RocketMQ's 16-bit length: a record of ours whose properties
 do not (our API allows more keys and property bytes) is served with its system properties only.
@@ -39,12 +39,12 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any, Final
 
-from broker.message import StoredMessage, parse_msg_id
 from broker.protocol.properties import PROP_HALF_POS, PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME
 from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.errors import RemotingError
 from broker.protocol.rocketmq.message import Host, make_offset_msg_id, stored_parts
 from broker.protocol.rocketmq.message import StoredMessage as WireMessage
+from broker.store.message import StoredMessage, parse_msg_id
 
 NO_HOST: Final = Host(b"\x00\x00\x00\x00", 0)
 KEPT_SYS_FLAGS: Final = rp.COMPRESSED_FLAG | rp.MULTI_TAGS_FLAG | rp.COMPRESSION_TYPE_MASK

@@ -36,7 +36,7 @@ from broker.protocol.limits import PULL_COUNT_MAX, PULL_SUSPEND_MS_MAX
 from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.service import PullAnswer
+from broker.service.broker_service import PullAnswer
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
     QUERY_MESSAGE (12)       topic, key, maxNum, begin/endTimestamp; ext ``_UNIQUE_KEY_QUERY=true``: the
                              key is a UNIQ_KEY (the client's message id: viewMessage(topic, msgId),
                              mqadmin queryMsgByUniqueKey) -> ``service.messages_by_key`` (the key index,
-                             broker/key_index.py; a message's keys and its unique id are indexed with its
+                             broker/store/key_index.py; a message's keys and its unique id are indexed with its
                              topic). Body = the messages found, newest first, at most maxNum (capped at
                              ``QUERY_MESSAGES_MAX``) and ``ANSWER_BYTES_MAX`` bytes (one at least); header
                              indexLastUpdateTimestamp / indexLastUpdatePhyoffset = the newest entry of
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from broker.acl import Perm
 from broker.edge.rocketmq import messages
-from broker.message import check_keys, check_topic, check_unique_id
 from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.service import PulledMessage
+from broker.service.broker_service import PulledMessage
+from broker.serving.acl import Perm
 from broker.serving.remoting_server import Request
+from broker.store.message import check_keys, check_topic, check_unique_id
 
 if TYPE_CHECKING:
     from broker.edge.rocketmq.edge import RocketMQEdge

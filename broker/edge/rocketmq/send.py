@@ -28,7 +28,7 @@ from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from broker.protocol.rocketmq.errors import RemotingError
 from broker.protocol.rocketmq.message import decode_batch
-from broker.service import SendAnswer, ServiceError
+from broker.service.broker_service import SendAnswer, ServiceError
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import LanguageCode, RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.service import ResetAnswer
+from broker.service.broker_service import ResetAnswer
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:

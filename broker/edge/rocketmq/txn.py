@@ -1,4 +1,4 @@
-"""Transactional messages for the official clients, on our half messages (broker/transactions.py):
+"""Transactional messages for the official clients, on our half messages (broker/store/transactions.py):
 
     SEND_MESSAGE(_V2) with TRAN_MSG=true     a half (send.py -> ``service.send_half``): answered with
                                              the half's offset msg id and its offset in the half queue
@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final
 
-from broker.acl import Perm, check
 from broker.edge.rocketmq import messages
 from broker.edge.rocketmq.channels import Channel
 from broker.protocol.auth import AuthError
@@ -43,9 +42,10 @@ from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.security import Principal
-from broker.service import HalfCheck
+from broker.service.broker_service import HalfCheck
+from broker.serving.acl import Perm, check
 from broker.serving.remoting_server import CommandError, Request
+from broker.serving.security import Principal
 
 if TYPE_CHECKING:
     from broker.edge.rocketmq.edge import RocketMQEdge

@@ -1,7 +1,7 @@
-"""The record path of every send and pull (``broker.message``: build, encode, decode, the API's message
+"""The record path of every send and pull (``broker.store.message``: build, encode, decode, the API's message
 map), main's module against this checkout's, in one process (issue 25 added an optional ``sys_flag``):
 
-    git show main:broker/message.py > /tmp/message_main.py
+    git show main:broker/store/message.py > /tmp/message_main.py
     .venv/bin/python -m tests.broker.edge.bench_records /tmp/message_main.py
 
 Prints µs per message, best of 7 rounds of 300 batches of 32 messages (1 KiB bodies), twice each.
@@ -15,7 +15,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-import broker.message as current
+import broker.store.message as current
 
 
 def load(path: str) -> ModuleType:

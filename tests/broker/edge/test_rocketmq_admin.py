@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, parse_broker_config
 from broker.edge.rocketmq.admin import config_table, parse_config_update, runtime_table
 from broker.protocol.properties import HALF_TOPIC
 from broker.protocol.rocketmq import admin_headers as ah
 from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
-from broker.service import RuntimeInfo
+from broker.server.config import BrokerConfig, parse_broker_config
+from broker.service.broker_service import RuntimeInfo
 from broker.serving.remoting_server import CommandError
 from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER
 from tests.broker.edge.rocketmq_support import ACL_OFF, acl_on, client, ok, refused, send, start_cluster

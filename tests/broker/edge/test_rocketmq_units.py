@@ -1,7 +1,7 @@
 """The broker's RocketMQ edge without sockets: our records in RocketMQ's stored layout and back (broker/edge/
 rocketmq/messages.py), the response code of each service error (errors.py), the clients' connections
-(channels.py), orderly consumers' queue locks and subscriptions (broker/consumers.py), and the records'
-optional ``sys_flag`` (broker/message.py)."""
+(channels.py), orderly consumers' queue locks and subscriptions (broker/service/consumers.py), and the records'
+optional ``sys_flag`` (broker/store/message.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.consumers import LOCK_EXPIRY_MS, MAX_LOCKS, ConsumerManager, QueueLocks, Subscription
 from broker.edge.rocketmq import messages
 from broker.edge.rocketmq.channels import CLIENTS_PER_CONNECTION_MAX, Channel, ClientChannels, TooManyClients
 from broker.edge.rocketmq.errors import code_of, command_error
-from broker.message import (
+from broker.protocol.rocketmq import message as rm
+from broker.protocol.rocketmq import properties as rp
+from broker.protocol.rocketmq.codes import ResponseCode as R
+from broker.service.base import ServiceError
+from broker.service.consumers import LOCK_EXPIRY_MS, MAX_LOCKS, ConsumerManager, QueueLocks, Subscription
+from broker.store.message import (
     MESSAGE_MAGIC,
     InvalidInput,
     StoredMessage,
@@ -24,11 +28,7 @@ from broker.message import (
     encode_message,
     make_msg_id,
 )
-from broker.protocol.rocketmq import message as rm
-from broker.protocol.rocketmq import properties as rp
-from broker.protocol.rocketmq.codes import ResponseCode as R
-from broker.record_rules import admit_message
-from broker.service_base import ServiceError
+from broker.store.record_rules import admit_message
 
 STORE = rm.Host(bytes([10, 0, 0, 7]), 10911)
 
