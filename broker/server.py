@@ -34,6 +34,7 @@ from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
+from broker.protocol.auth import broker_scope
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
 from broker.remoting import RemotingLimits, RemotingServer
@@ -112,9 +113,11 @@ class BrokerServer:
             ),
             lambda code, message: {"code": code, "message": message},
         )
-        # Every replica enforces the same ACL file (followers serve pulls too).
+        # Every replica enforces the same ACL file (followers serve pulls too). A signature names
+        # this replica (its scope).
         self.security = Security(
             sec.acl_file, self.wall_ms, self.guard,
+            scope=broker_scope(cfg.cluster, cfg.broker_name, cfg.dledger.self_id),
             anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
         )
         ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
@@ -149,8 +152,10 @@ class BrokerServer:
                 handshake_timeout_s=sec.header_timeout_ms / 1000,
                 frame_timeout_s=sec.body_timeout_ms / 1000,
                 idle_timeout_s=sec.idle_timeout_ms / 1000,
+                unauthenticated_connections_max=max(1, sec.connections_max * 3 // 4),
             ),
             map_error=remoting_error,
+            guard=self.guard,
         )
         self.remoting_address: str | None = None
         self.started_at = self.clock.monotonic()
@@ -429,6 +434,7 @@ class BrokerServer:
             "transactions": self.transactions.status(),
             "security": {
                 "acl": self.security.enabled,
+                "scope": self.security.scope,
                 "tls": self.cfg.security.tls_cert_file is not None,
                 "refused": dict(self.security.refused),
                 "edge": self.guard.stats(),
