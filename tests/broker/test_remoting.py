@@ -4,6 +4,7 @@ in-process with a stand-in dispatcher (the broker's own ops are driven in tests/
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import os
 import struct
@@ -34,7 +35,7 @@ from broker.protocol.frames import (
 )
 from broker.remoting import Call, CallError, RemotingLimits, RemotingServer
 from broker.security import Security
-from tests.acl_fixtures import ADMIN, PRODUCER, STRANGER, write_acl
+from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER, STRANGER, write_acl
 from tests.dledger.harness import wait_until
 
 HOST = "127.0.0.1"
@@ -651,3 +652,43 @@ async def test_a_signed_client_connects_while_half_open_connections_hold_the_una
     finally:
         for _r, w in idle:
             await close_writer(w)
+
+
+async def test_a_sub_accounts_future_stamped_pings_fail_alone(serve: Serve, tmp_path: Any) -> None:
+    """Issue 23, finding 4, over the wire: a SUB account floods PINGs stamped +290 s (refused: more
+    than 10 s ahead) and +9 s (accepted, filling its own key's window far past its cap); the other
+    accounts' requests, signed now, all pass. Before, the window and its floor were shared: once full
+    of the +290 s pings every other account got REQUEST_TOO_OLD for about five minutes."""
+    acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
+    guard = Guard(Limits(), lambda code, message: {"code": code, "message": message})
+    sec = Security(acl, lambda: int(time.time() * 1000), guard, scope=SCOPE, nonces_per_key_max=50)
+    gate = Gate()
+    _server, addr = await serve(gate, security=sec)
+    reader, writer = await open_raw(addr)
+    try:
+        frames = []
+        for i in range(300):
+            ahead_ms = 290_000 if i % 2 else 9_000
+            sig = auth.authorization(CONSUMER, "REMOTING", "PING", b"", int(time.time() * 1000) + ahead_ms, scope=SCOPE)
+            frames.append(encode(Op.PING, i + 1, b"", auth=sig))
+        writer.write(b"".join(frames))
+        await writer.drain()
+        dec = FrameDecoder()
+        got: dict[int, Frame] = {}
+        async with asyncio.timeout(10.0):
+            while len(got) < 300:
+                dec.feed(await reader.read(65536))
+                while (f := dec.next()) is not None:
+                    got[f.request_id] = f
+        codes = collections.Counter(msgpack.unpackb(f.body)["code"] if f.is_error else "OK" for f in got.values())
+        assert codes["TIMESTAMP_OUT_OF_WINDOW"] == 150 and codes["OK"] >= 50, codes  # its own floor refuses the rest
+    finally:
+        await close_writer(writer)
+    assert sec.verifier.nonces.floor_of(CONSUMER.access_key) > int(time.time() * 1000)  # its floor, in the future
+    for creds in (ADMIN, PRODUCER):
+        conn = client(addr, credentials=creds)
+        try:
+            for n in range(20):
+                assert (await conn.call(Op.SEND, {"n": n}, 5.0))["n"] == n
+        finally:
+            await conn.close()
