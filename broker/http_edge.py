@@ -3,7 +3,10 @@ bounded time to send a request, bounded body reads, JSON errors even from the HT
 
 What aiohttp alone leaves open (issue 10, findings 6 and 8), and what this module adds:
 
-- connections: at most ``connections_max`` at once; more are closed at once (``Limits``);
+- connections: at most ``connections_max`` at once; of them at most 3/4 *unproven* (no complete
+  request head yet): a new connection then closes the oldest unproven one, so half-open
+  connections (slowloris) churn among themselves and cannot lock out clients that send requests;
+  beyond ``connections_max`` of proven ones, new connections are closed at once (``Limits``);
 - a request must arrive in time: a new connection, or an idle keep-alive connection once the next
   request's first byte arrived, has ``header_timeout_s`` to deliver a complete request head
   (slowloris); an idle keep-alive connection is closed after ``idle_timeout_s``;
@@ -37,6 +40,7 @@ handler raises as ``{code, message, ...}`` (the server's ``classify`` maps its o
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -202,7 +206,14 @@ class Guard:
         self.timed_out_connections = 0
         self.body_bytes_reserved = 0
         self.busy_refusals = 0
+        self.evicted_connections = 0
         self.response_headers: dict[str, str] = {}  # on every answer (the signing scope)
+        # connections that have not delivered a complete request head yet, oldest first
+        self.unproven: collections.OrderedDict[Any, None] = collections.OrderedDict()
+
+    @property
+    def unproven_max(self) -> int:
+        return max(1, self.limits.connections_max * 3 // 4)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -211,6 +222,8 @@ class Guard:
             "timed_out_connections": self.timed_out_connections,
             "body_bytes_reserved": self.body_bytes_reserved,
             "busy_refusals": self.busy_refusals,
+            "unproven": len(self.unproven),
+            "evicted_connections": self.evicted_connections,
         }
 
     def json_response(
@@ -331,17 +344,24 @@ def http_error_answer(exc: web.HTTPException) -> ErrorAnswer:
 
 # -- the protocol: connection cap, request-receipt timers, JSON parser errors ------------------------
 class _GuardedHandler(RequestHandler):
-    __slots__ = ("_accepted", "_guard", "_idle", "_timer")
+    __slots__ = ("_accepted", "_evicted", "_guard", "_idle", "_timer")
 
     def __init__(self, manager: web.Server, *, guard: Guard, **kwargs: Any):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._accepted = False
+        self._evicted = False
         self._timer: asyncio.TimerHandle | None = None
         self._idle = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
+        while guard.unproven and (
+            guard.connections >= guard.limits.connections_max or len(guard.unproven) >= guard.unproven_max
+        ):
+            oldest = next(iter(guard.unproven))
+            assert isinstance(oldest, _GuardedHandler)
+            oldest._evict()
         if guard.connections >= guard.limits.connections_max:
             guard.refused_connections += 1
             if guard.refused_connections % 1000 == 1:
@@ -351,10 +371,28 @@ class _GuardedHandler(RequestHandler):
             return
         self._accepted = True
         guard.connections += 1
+        guard.unproven[self] = None
         super().connection_made(transport)
         self._arm(guard.limits.header_timeout_s, idle=False)
 
+    def _evict(self) -> None:
+        """Closed to make room: its slot is free now (connection_lost comes later)."""
+        guard = self._guard
+        guard.unproven.pop(self, None)
+        guard.evicted_connections += 1
+        if self._accepted:
+            self._accepted = False
+            self._evicted = True
+            guard.connections -= 1
+        self._disarm()
+        self.force_close()
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._guard.unproven.pop(self, None)
+        if self._evicted:
+            self._evicted = False
+            super().connection_lost(exc)
+            return
         if not self._accepted:
             return
         self._accepted = False
@@ -369,6 +407,7 @@ class _GuardedHandler(RequestHandler):
 
     def request_started(self) -> None:
         self._disarm()
+        self._guard.unproven.pop(self, None)  # a complete request head: a client, not a half-open flood
 
     async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> tuple[Any, bool]:
         result = await super().finish_response(request, resp, start_time)

@@ -42,9 +42,13 @@ class Edge:
 
 @pytest.fixture
 async def edge(tmp_path: Any) -> AsyncIterator[Edge]:
+    async for e in serve_edge(tmp_path, Limits(client_max_size=16 << 20, body_timeout_s=30.0)):
+        yield e
+
+
+async def serve_edge(tmp_path: Any, limits: Limits) -> AsyncIterator[Edge]:
     acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
-    guard = Guard(Limits(client_max_size=16 << 20, body_timeout_s=30.0),
-                  lambda code, message: {"code": code, "message": message})
+    guard = Guard(limits, lambda code, message: {"code": code, "message": message})
     sec = Security(acl, lambda: int(time.time() * 1000), guard, scope=SCOPE)
 
     def classify(exc: Exception) -> ErrorAnswer | None:
@@ -123,3 +127,26 @@ async def test_an_expectation_aiohttp_does_not_serve_is_a_coded_json_error(edge:
     answer = json.loads(raw)
     assert answer["code"] == "EXPECTATION_FAILED" and answer["message"]
     assert headers["dledger-scope"] == SCOPE
+
+
+async def test_half_open_connections_cannot_lock_signed_clients_out(tmp_path: Any) -> None:
+    """The slots of the HTTP port: connections that have not sent a complete request head may hold
+    3/4 of them; a new connection closes the oldest such one. Before, eight silent connections held
+    all eight slots and a signed client's connection was closed at once."""
+    from broker.client.transport import Transport
+
+    async for e in serve_edge(tmp_path, Limits(connections_max=8, header_timeout_s=60.0)):
+        host, _, port = e.addr.rpartition(":")
+        silent = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
+        t = Transport(credentials=ADMIN, tls=None, protocol="http")
+        try:
+            answer = await t.call(e.addr, "POST", "/v1/send", {"n": 1})
+            assert answer == {"ok": True} and e.bodies
+            assert e.guard.stats()["evicted_connections"] >= 2 and e.guard.stats()["unproven"] <= 6
+            more = [await asyncio.open_connection(host, int(port)) for _ in range(8)]  # the flood goes on
+            silent += more
+            assert await t.call(e.addr, "POST", "/v1/send", {"n": 2}) == {"ok": True}  # its kept-alive connection
+        finally:
+            await t.close()
+            for _r, w in silent:
+                w.close()
