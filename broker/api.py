@@ -91,7 +91,7 @@ class BrokerApi:
         """The broker's errors (``error_middleware`` answers the rest): the service's, ACL's, and
         validation and store errors raised in this layer (``BrokerService.translate``)."""
         if isinstance(exc, AuthError):
-            return ErrorAnswer(exc.status, exc.code, exc.message)
+            return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
         mapped = self.svc.translate(exc)
         return None if mapped is None else ErrorAnswer(mapped.status, mapped.code, mapped.message, mapped.extra)
 

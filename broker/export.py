@@ -2,7 +2,9 @@
 (docs/API.md, "Replica export"; used by ``python -m spark_jobs.audit --from-cluster``).
 
 Two routes, both **admin only** (ACL on) and both read-only by construction — files are opened
-``O_RDONLY | O_NOFOLLOW``, nothing is created, repaired or locked:
+``O_RDONLY``, every path component below the replica's directory with ``O_NOFOLLOW`` (a symbolic
+link anywhere on the path is refused, never followed, and listing never descends into one), nothing
+is created, repaired or locked:
 
 ``GET /v1/replica/files?after=PATH&limit=N``
     The files an audit reads, sorted by path, at most ``limit`` (1..10000, default 10000) after
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import stat
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -64,6 +67,8 @@ def _walk(root: str) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     for sub in ("store", "meta", "broker"):
         top = os.path.join(root, sub)
+        if os.path.islink(top):  # os.walk would follow a linked top; below it, followlinks=False
+            continue
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             dirnames[:] = [d for d in dirnames if d != "index"]
             for name in filenames:
@@ -91,16 +96,32 @@ def read_part(root: str, path: str, offset: int, max_bytes: int) -> tuple[bytes,
     """(up to ``max_bytes`` of ``root/path`` from ``offset``, the file's size). Read-only."""
     if not exported_path(path):
         raise ApiError(400, "BAD_PATH", f"{path[:120]!r} is not an exported replica file")
-    full = os.path.join(root, *path.split("/"))
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_below(root, path.split("/"))
     except FileNotFoundError:
         raise ApiError(404, "FILE_GONE", f"{path} does not exist (any more)") from None
-    except OSError as exc:
+    except OSError as exc:  # ELOOP / ENOTDIR: a symbolic link on the path
         raise ApiError(404, "FILE_GONE", f"{path}: {exc.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ApiError(404, "FILE_GONE", f"{path} is not a regular file")
+        size = st.st_size
         return os.pread(fd, max_bytes, offset) if offset < size else b"", size
+    finally:
+        os.close(fd)
+
+
+def _open_below(root: str, parts: list[str]) -> int:
+    """``root/parts...`` opened read-only, each component relative to its parent's descriptor and
+    with ``O_NOFOLLOW``: a symbolic link at any component raises (ELOOP/ENOTDIR), so what is read
+    is always inside ``root`` (``root`` itself may be a link: the operator chose it)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            parent, fd = fd, os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(parent)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
     finally:
         os.close(fd)
 

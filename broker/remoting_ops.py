@@ -31,7 +31,7 @@ def remoting_error(exc: BaseException) -> CallError | None:
     if isinstance(exc, InvalidInput):  # the request's own checks (ApiError included)
         return CallError(exc.status, exc.code, exc.message, **getattr(exc, "extra", {}))
     if isinstance(exc, AuthError):
-        return CallError(exc.status, exc.code, exc.message)
+        return CallError(exc.status, exc.code, exc.message, **exc.extra)
     return None
 
 

@@ -34,10 +34,12 @@ from broker.http_edge import Guard, Limits, server_ssl_context, start_server
 from broker.message import encode_command
 from broker.metrics import BrokerMetrics
 from broker.producers import ProducerTable
+from broker.protocol.auth import broker_scope
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.registration import Registrar
 from broker.remoting import RemotingLimits, RemotingServer
 from broker.remoting_ops import RemotingOps, remoting_error
+from broker.replay import ReplayGuardedNode
 from broker.schedule import SchedulePolicy, ScheduleService
 from broker.security import Security
 from broker.service import BrokerService
@@ -80,8 +82,10 @@ class BrokerServer:
             dedup_max_messages=cfg.duplicate_window_messages, dedup_window_ms=cfg.duplicate_window_ms,
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
-        self.node = DLedgerNode(
-            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
+        # The node carries each signed request's nonce into its Raft entry (broker/replay.py).
+        self.node: DLedgerNode = ReplayGuardedNode(
+            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta,
+            leader_ms=self.wall_ms,
         )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
@@ -112,10 +116,13 @@ class BrokerServer:
             ),
             lambda code, message: {"code": code, "message": message},
         )
-        # Every replica enforces the same ACL file (followers serve pulls too).
+        # Every replica enforces the same ACL file (followers serve pulls too). A signature names
+        # this replica (its scope), and a nonce this group's log admitted is refused here at once.
         self.security = Security(
             sec.acl_file, self.wall_ms, self.guard,
+            scope=broker_scope(cfg.cluster, cfg.broker_name, cfg.dledger.self_id),
             anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
+            extra_check=self.store.nonces.check,
         )
         ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
@@ -149,8 +156,10 @@ class BrokerServer:
                 handshake_timeout_s=sec.header_timeout_ms / 1000,
                 frame_timeout_s=sec.body_timeout_ms / 1000,
                 idle_timeout_s=sec.idle_timeout_ms / 1000,
+                unauthenticated_connections_max=max(1, sec.connections_max * 3 // 4),
             ),
             map_error=remoting_error,
+            guard=self.guard,
         )
         self.remoting_address: str | None = None
         self.started_at = self.clock.monotonic()
@@ -431,6 +440,9 @@ class BrokerServer:
             "transactions": self.transactions.status(),
             "security": {
                 "acl": self.security.enabled,
+                "scope": self.security.scope,
+                "replicated_nonces": len(self.store.nonces),
+                "replays_refused_at_apply": dict(self.store.nonces.refused),
                 "tls": self.cfg.security.tls_cert_file is not None,
                 "refused": dict(self.security.refused),
                 "edge": self.guard.stats(),

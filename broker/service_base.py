@@ -21,6 +21,7 @@ from broker.consumers import MembershipError
 from broker.message import InvalidInput, encode_command
 from broker.metadata import TopicConfig
 from broker.store import CorruptMessage
+from dledger.log_store import StoreClosedError
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -153,6 +154,8 @@ class ServiceBase:
             return ServiceError(status, code, str(exc))
         if isinstance(exc, CorruptMessage):  # logged by the store; other replicas hold a good copy
             return ServiceError(500, "STORE_CORRUPT", f"{exc}: read it from another replica")
+        if isinstance(exc, StoreClosedError):  # the replica is stopping: its log closed under a read
+            return ServiceError(503, "SERVICE_UNAVAILABLE", "this replica is stopping; retry (another replica)")
         if isinstance(exc, TimeoutError):  # the replica's apply thread did not answer in time
             return ServiceError(503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
         return None

@@ -60,6 +60,7 @@ from broker.message import (
 from broker.metadata import GroupConfig, Metadata, TopicConfig
 from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
 from broker.record_rules import RefusalLog, admit_command, admit_message, message_refusal, refused
+from broker.replay import NONCE_OP, NonceLog
 from broker.schedule import ScheduleIndex
 from broker.store_snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
 from broker.store_state import StoreStateEntries
@@ -126,6 +127,7 @@ class MessageStore(StoreStateEntries):
         self.counters = {
             "messages": 0, "commands": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
             "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0, "refused": 0,
+            "replay_skipped": 0,
         }
         # Records refused at apply (broker/record_rules.py): the same on every replica, listed for operators.
         self.refusals = RefusalLog()
@@ -135,6 +137,8 @@ class MessageStore(StoreStateEntries):
         self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
+        # The nonces of state-changing requests (broker/replay.py): a replay is refused at apply.
+        self.nonces = NonceLog()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, log_store: LogReader) -> None:
@@ -156,6 +160,8 @@ class MessageStore(StoreStateEntries):
                 "no store snapshot and the log starts at index %d: queue offsets restart at 0",
                 log_store.first_index,
             )
+        # first: rebuilding queues from the log skips what a refused replay skipped (broker/replay.py)
+        self._restore_nonces(snap.get("nonces") if snap is not None else None)
         for topic, qid, reason in list(self.cqs.damaged):
             log.warning("consume queue %s/%d is damaged (%s): rebuilding it from the log", topic, qid, reason)
         damaged = {(t, q) for t, q, _ in self.cqs.damaged}
@@ -303,6 +309,9 @@ class MessageStore(StoreStateEntries):
     def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | Refused | None:
         """Index one message record; its queue offset (None: a second copy, skipped; ``Refused``:
         a record admission refused)."""
+        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/replay.py)
+            self.counters["replay_skipped"] += 1
+            return None
         h, refusal = admit_message(body)
         if h is None:
             assert refusal is not None
@@ -335,12 +344,17 @@ class MessageStore(StoreStateEntries):
 
     def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | Refused | None]:
         """Apply one command: (whether the NameServers must hear of it, its result)."""
+        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/replay.py)
+            self.counters["replay_skipped"] += 1
+            return False, None
         cmd, refusal = admit_command(body)
         if cmd is None:
             assert refusal is not None
             return False, self._refuse(position, "command", refusal)
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
             return False, None
+        if cmd.get("op") == NONCE_OP:
+            return False, self.nonces.apply(cmd, self._entry_index, position)
         if str(cmd.get("op", "")).startswith("schedule."):
             self.schedule.on_command(cmd)
             return False, {}
@@ -396,6 +410,7 @@ class MessageStore(StoreStateEntries):
             "needs_state_after": self.needs_state_after,
             "dedup": self.dedup.checkpoint(),
             "refusals": self.refusals.view(),
+            "nonces": self.nonces.checkpoint(),
         }
         self._sync_job = self._syncer.submit(self._sync_and_record, pending, snap)
         if wait:
@@ -447,6 +462,7 @@ class MessageStore(StoreStateEntries):
         if log_store.first_index > log_store.last_index:
             return
         first_position = log_store.position_at(log_store.first_index)
+        self.nonces.forget_skipped_before(first_position)
         self.cqs.delete_before_position(first_position)
         self.index.delete_before_position(first_position)
         for h in self.txn.forget_before(first_position):  # the check service discards them

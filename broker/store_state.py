@@ -60,6 +60,7 @@ class StoreStateEntries(StoreRebuild):
             # the pending delayed messages, so the follower skips the same second copies
             "schedule": self.schedule.rows(),
             "transactions": self.txn.rows(),  # pending halves and resolutions (broker/transactions.py)
+            "nonces": self.nonces.checkpoint(),  # the replicated nonce window (broker/replay.py)
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -94,6 +95,7 @@ class StoreStateEntries(StoreRebuild):
         self._flush_dedup_adds()  # nothing dispatched before the state may land after it
         self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
+        self._restore_nonces(cmd.get("nonces"), as_of)  # before the queues: skipped bodies stay skipped
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.txn.load_rows(cmd.get("transactions") or {}, as_of)

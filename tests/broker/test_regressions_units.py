@@ -83,7 +83,7 @@ def _fake_server(ms: MessageStore) -> Any:
     return types.SimpleNamespace(
         store=ms,
         guard=guard,
-        security=Security(None, lambda: 0, guard),  # ACL off
+        security=Security(None, lambda: 0, guard, scope="broker:C/RaftNode00/n0"),  # ACL off
         counters=collections.Counter(),
         applied_seq=0,
         clock=SYSTEM,
