@@ -30,11 +30,12 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
    - a follower that sees an AppendEntries from an older term answers ``dl_stale_term``, so a
      leader on an older term learns that it is stale (pre-vote alone could leave a node whose term
      rose during a partition unable to rejoin).
-   - before campaigning, input already received is read first: a tick thread that stalled must not
-     call an election while the leader's heartbeats wait in its socket buffer.
+   - before campaigning, input already received is read first: a replica whose thread stalled must
+     not call an election while the leader's heartbeats wait in its socket buffer.
    - a stall is not a failure: a tick that comes more than half the minimum election timeout after
-     the previous one (``STALL_FRACTION``: the thread did not run — a garbage collection, a starved
-     or suspended process, every replica of an in-process group at once) restarts the election
+     the previous one (``STALL_FRACTION``: the replica's thread did not run — its event loop held
+     by a long handler, a garbage collection, a starved or suspended process, every replica of an
+     in-process group at once; the loop ticks at least every 50 ms while it runs) restarts the election
      timer, keeps the lease of a known leader for another minimum timeout (votes and pre-votes
      refused), and gives a leader's quorum check one more ``leaderFallbackTimeout``: the node could
      not have heard its peers, so their silence proves nothing. A peer that really failed meanwhile
@@ -45,15 +46,19 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
      leader only up to what it has made durable (``NodeHooks.self_match_index``), and only when
      that entry is of the leader's current term (Raft §5.4.2).
    - votes are counted per voter (a duplicated answer counts once).
-6. Durability before acknowledgement: a follower's ``next_node_idx`` success is sent only after
-   ``NodeHooks.before_ack`` (fdatasync under the sync flush policy), whatever the transport.
+6. Durability before acknowledgement: a follower's ``next_node_idx`` success leaves only when
+   ``NodeHooks.ack_ready`` says the entries it covers are durable; otherwise the replica holds it
+   and sends it (``dl_send_ack``) when the flush that covers them returns, whatever the transport.
 7. Time and randomness: every deadline reads ``dledger.clock`` (the thread's injected clock);
    election timeouts come from the node's own ``random.Random`` (seeded in the simulator); peers
    are ``PeerNode`` objects whose hash does not depend on PYTHONHASHSEED, so iteration orders are
    the same in every run.
 
-Thread ownership: all of this runs on the node's tick thread; nothing here is called from the
-event loop.
+8. The poller: the replica's owner decides who watches the transport's descriptors (the event
+   loop: ``dledger.loop_poller``; the simulator: its inboxes), set before the transport exists.
+
+Thread ownership: all of this runs on the replica's thread (the event loop that serves its
+clients; the simulator's one thread).
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ def check_pinned_version() -> None:
 
 _original_create_journal = _syncobj_mod.createJournal
 # A tick later than this fraction of the minimum election timeout after the previous one is a stall
-# of this thread (ticks wait at most 50 ms for input), not a silence of its peers.
+# of this replica's thread (its loop ticks at least every 50 ms while it runs: DLedgerNode
+# TICK_MAX_S), not a silence of its peers.
 STALL_FRACTION = 0.5
 
 _installed = False
@@ -128,9 +134,9 @@ class PeerNode(TCPNode):
 
 
 class NodeHooks(Protocol):
-    """What DLedgerSyncObj asks of the node that owns it (all called on the tick thread)."""
+    """What DLedgerSyncObj asks of the replica that owns it (all called on the replica's thread)."""
 
-    def before_ack(self) -> None: ...
+    def ack_ready(self, node: Any, next_index: int) -> bool: ...
 
     def self_match_index(self) -> int: ...
 
@@ -222,6 +228,7 @@ class DLedgerSyncObj(SyncObj):
         per_call_budget_bytes: int = 4 << 20,
         max_queued_bytes: int = 8 << 20,
         batch_bytes: int = 1 << 20,
+        poller: Any = None,
     ):
         install()
         conf.journalFile = journal
@@ -273,16 +280,24 @@ class DLedgerSyncObj(SyncObj):
             ),
             0,
         )
+
+        def make_transport(sync_obj: Any, self_node: Any, other_nodes: Any) -> Any:
+            # SyncObj made its own poller a moment ago; ours goes in before the transport registers
+            # a descriptor with it (item 8).
+            if poller is not None:
+                sync_obj._poller = poller
+            return transport_factory(sync_obj, self_node, other_nodes)
+
         super().__init__(
             self_address,
             other_addresses,
             conf=conf,
             nodeClass=PeerNode,
-            transportClass=transport_factory,
+            transportClass=make_transport,
         )
         self.dl_transport: Any = self._SyncObj__transport
 
-    # -- read-only views of SyncObj state (tick thread only) ---------------------------------
+    # -- read-only views of SyncObj state (the replica's thread only) -------------------------
     @property
     def dl_state(self) -> int:
         return int(self._SyncObj__raftState)
@@ -315,6 +330,26 @@ class DLedgerSyncObj(SyncObj):
         if self.dl_state == RAFT_STATE_LEADER:
             self._SyncObj__sendAppendEntries()
 
+    def dl_next_deadline(self) -> float:
+        """When the Raft timer next needs a tick (on the node's clock): a leader's next heartbeat,
+        or a follower's (candidate's) election timeout."""
+        if self.dl_state == RAFT_STATE_LEADER:
+            return float(self._SyncObj__newAppendEntriesTime)
+        return float(self._SyncObj__raftElectionDeadline)
+
+    def dl_send_ack(self, node: Any, next_index: int) -> None:
+        """A success answer the replica held until its entries were durable (item 6)."""
+        self.dl_transport.send(
+            node, {"type": "next_node_idx", "next_node_idx": next_index, "reset": False, "success": True}
+        )
+
+    def _dl_read_pending(self) -> None:
+        read = getattr(self._poller, "read_pending", None)
+        if read is not None:
+            read()
+        else:  # pysyncobj's own pollers (unit tests that build a DLedgerSyncObj by hand)
+            self._poller.poll(0)
+
     # -- item 5: the tick loop --------------------------------------------------------------
     def _onTick(self, timeToWait: float = 0.0) -> None:
         transport = self.dl_transport
@@ -334,7 +369,7 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__numOneSecondDumps += 1
             self._SyncObj__raftLog.onOneSecondTimer()
         if self.dl_state != RAFT_STATE_LEADER and self._SyncObj__raftElectionDeadline < now:
-            self._poller.poll(0)  # heartbeats that already arrived come first
+            self._dl_read_pending()  # heartbeats that already arrived come first
             now = dl_clock.current_monotonic()
             if (
                 self.dl_state != RAFT_STATE_LEADER
@@ -409,7 +444,7 @@ class DLedgerSyncObj(SyncObj):
             self._dl_start_election(transfer=False)
 
     def _dl_after_stall(self, now: float, gap_s: float) -> None:
-        """This tick thread did not run for ``gap_s``: restart what measured the peers' silence."""
+        """This replica's thread did not run for ``gap_s``: restart what measured the peers' silence."""
         self.dl_counters["stalls"] += 1
         if self.dl_state == RAFT_STATE_LEADER:
             self.dl_stall_grace_until = now + self.dl_conf.leaderFallbackTimeout
@@ -419,7 +454,7 @@ class DLedgerSyncObj(SyncObj):
                 self._SyncObj__raftElectionDeadline = restarted
             self.dl_stall_grace_until = now + self.dl_conf.raftMinTimeout
         log.warning(
-            "the Raft tick thread did not run for %.0f ms (%s): election timer and quorum check restarted",
+            "the replica's thread did not tick for %.0f ms (%s): election timer and quorum check restarted",
             gap_s * 1000, "leader" if self.dl_state == RAFT_STATE_LEADER else "follower",
         )
 
@@ -605,10 +640,10 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__sendNextNodeIdx(
         self, node: Any, reset: bool = False, nextNodeIdx: int | None = None, success: bool = False
     ) -> None:
-        if success:
-            self.dl_hooks.before_ack()  # item 6: durable before the follower says so
         if nextNodeIdx is None:
             nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        if success and not self.dl_hooks.ack_ready(node, nextNodeIdx):
+            return  # item 6: held until durable; the replica sends it (dl_send_ack)
         self.dl_transport.send(
             node, {"type": "next_node_idx", "next_node_idx": nextNodeIdx, "reset": reset, "success": success}
         )

@@ -56,15 +56,15 @@ def _ack_before_fsync() -> Iterator[None]:
     def self_match_index(core: ReplicaCore) -> int:
         return int(core.store.last_index)
 
-    original_flush = ReplicaCore._flush_per_policy
+    original_flush = ReplicaCore._maybe_flush
 
-    def flush_per_policy(core: ReplicaCore) -> None:
+    def maybe_flush(core: ReplicaCore) -> None:
         if core.role != "LEADER":
             original_flush(core)
 
     with (
         _patched(ReplicaCore, "self_match_index", self_match_index),
-        _patched(ReplicaCore, "_flush_per_policy", flush_per_policy),
+        _patched(ReplicaCore, "_maybe_flush", maybe_flush),
     ):
         yield
 

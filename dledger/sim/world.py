@@ -33,7 +33,7 @@ from dledger.records import AppendFailedError, AppendTimeoutError, BodyLocation,
 from dledger.replica import Request
 from dledger.sim.checker import Checker, Violation
 from dledger.sim.network import LinkModel, SimNetwork
-from dledger.sim.replica import ClientOp, SimClock, SimReplica
+from dledger.sim.replica import FSYNC_DELAY_S, ClientOp, SimClock, SimReplica
 
 TICK_S = 0.010
 RAFT_LEADER = 2
@@ -126,6 +126,7 @@ class World:
                 random.Random(self.rng.getrandbits(64)),
                 self.poke,
                 segment_bytes,
+                self.after,
             )
         self._install_targeted_crashes()
 
@@ -306,19 +307,23 @@ class World:
             )
             self.after(duration, self._clean_network)
         elif kind == "slow_fsync":
-            node = rng.choice(ids)
-            self.network.send_delay_s[self.replicas[node].address] = rng.uniform(0.005, 0.2)
-            self.after(duration, lambda: self.network.send_delay_s.clear())
+            slow = self.replicas[rng.choice(ids)]
+            slow.fsync_delay_s = rng.uniform(0.005, 0.2)
+            self.after(duration, self._fast_fsync)
         self.after(rng.uniform(0.1, 1.0), self._nemesis)
 
     def _clean_network(self) -> None:
         self.network.model = LinkModel()
 
+    def _fast_fsync(self) -> None:
+        for r in self.replicas.values():
+            r.fsync_delay_s = FSYNC_DELAY_S
+
     def _heal(self) -> None:
         self._faults_on = False
         self.network.heal_all()
         self._clean_network()
-        self.network.send_delay_s.clear()
+        self._fast_fsync()
         for node, r in self.replicas.items():
             r.paused_until = 0.0
             if r.core is None:
