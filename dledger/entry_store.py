@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 import logging
 import os
 import threading
@@ -420,7 +419,11 @@ class EntryStore(StoreRecovery):
         """Caller holds the lock; ``first`` is among the recent entries (so is every later one)."""
         out: list[Entry] = []
         body_bytes = 0
-        for e in itertools.islice(self._recent, first - self._recent[0].index, None):
+        recent = self._recent
+        # By position, not islice: reads are near the end (replicating, applying what was just
+        # written) and a deque is indexed from its nearer end; islice walked from the front.
+        for k in range(first - recent[0].index, len(recent)):
+            e = recent[k]
             size = len(e.body)
             if out and (len(out) >= max_count or body_bytes + size > max_bytes):
                 break

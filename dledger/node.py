@@ -20,9 +20,10 @@ thread and comes back as one callback per job (group commit)::
           leader: counts itself up to what is durable -> tick soon
           follower: the answers held for it leave
     tick: commit index -> apply (state machine) -> futures of appends resolved (this thread)
-    timer (call_later; due times read on the injected clock, at most TICK_MAX_S apart):
-          heartbeats, elections, check-quorum, retention, transport keep-alives; how late it
-          fires is the loop's lag (``status()['loop']``)
+    timer (call_later; due times read on the injected clock, at most TICK_MAX_S apart): the full
+          tick: heartbeats, elections, check-quorum, the stall guard, retention, transport
+          keep-alives; how late it fires is the loop's lag (``status()['loop']``). The ticks after
+          input or appends are light (``ReplicaCore.after_input``): no timers.
 
 Ownership is enforced: ``append``, ``status``, ``transfer_leadership`` and ``run_on_replica_thread``
 raise ``RuntimeError`` on another thread than the loop's (``run_on_replica_thread`` called from
@@ -264,7 +265,7 @@ class DLedgerNode:
         if isinstance(sync.dl_transport, InProcTransport):
             self._poller.drains.append(sync.dl_transport.drain)
         self._running = True
-        self._tick_soon()
+        self._tick(full=True)
 
     @property
     def fatal(self) -> BaseException | None:
@@ -329,20 +330,26 @@ class DLedgerNode:
             )
 
     def _tick_soon(self) -> None:
-        """One tick after this loop turn's callbacks (the appends and input of one turn share it)."""
+        """One light tick after this loop turn's callbacks (the appends and input of one turn
+        share it): ``ReplicaCore.after_input``."""
         if not self._tick_pending and self._running:
             self._tick_pending = True
             assert self._loop is not None
-            self._loop.call_soon(self._tick)
+            self._loop.call_soon(self._light_tick)
 
-    def _tick(self) -> None:
+    def _light_tick(self) -> None:
         self._tick_pending = False
-        if not self._running:
-            return
+        if self._running:
+            self._tick(full=False)
+
+    def _tick(self, *, full: bool) -> None:
         self._enter()
         core = self.core
         try:
-            core.tick(0)
+            if full:
+                core.tick(0)
+            else:
+                core.after_input()
         except BaseException as exc:
             self._die(exc)
             return
@@ -368,7 +375,8 @@ class DLedgerNode:
             if late_s >= LAG_STALL_S:
                 self.loop_stalls += 1
         self._timer_due = float("inf")
-        self._tick()
+        if self._running:
+            self._tick(full=True)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -569,7 +577,8 @@ class _LoopFlusher:
             idle = node._flush_idle
             if idle is not None and not idle.done() and (node._fatal is not None or not node.core.flush_in_flight):
                 idle.set_result(None)
-        node._tick_soon()
+        if node.core.role == "LEADER":
+            node._tick_soon()  # it may count itself now (a follower's held answers left already)
 
     def close(self) -> None:
         self._flusher.close()

@@ -366,9 +366,9 @@ class TcpPeerTransport(Transport):
     def _listen(self, on: bool) -> None:
         assert self._listener is not None
         if on and not self._listening:
-            self._sync._poller.subscribe(self._listener.fileno(), self._on_accept, POLL_EVENT_TYPE.READ)
+            self._sync.dl_poller.subscribe(self._listener.fileno(), self._on_accept, POLL_EVENT_TYPE.READ)
         elif not on and self._listening:
-            self._sync._poller.unsubscribe(self._listener.fileno())
+            self._sync.dl_poller.unsubscribe(self._listener.fileno())
         self._listening = on
 
     def _on_accept(self, _fd: int, _event: int) -> None:
@@ -412,7 +412,7 @@ class TcpPeerTransport(Transport):
         mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if outbound:
             mask |= POLL_EVENT_TYPE.WRITE
-        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+        self._sync.dl_poller.subscribe(conn.fd, self._on_event, mask)
         return conn
 
     # -- connecting -----------------------------------------------------------------------------
@@ -637,7 +637,7 @@ class TcpPeerTransport(Transport):
         mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if conn.outbuf:
             mask |= POLL_EVENT_TYPE.WRITE
-        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+        self._sync.dl_poller.subscribe(conn.fd, self._on_event, mask)
 
     # -- timers (tick callback) ---------------------------------------------------------------------
     def _on_tick(self) -> None:
@@ -668,7 +668,7 @@ class TcpPeerTransport(Transport):
         conn.closed = True
         self._conns.pop(conn.fd, None)
         try:
-            self._sync._poller.unsubscribe(conn.fd)
+            self._sync.dl_poller.unsubscribe(conn.fd)
         except Exception:
             pass
         try:

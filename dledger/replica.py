@@ -231,9 +231,20 @@ class ReplicaCore:
         return sync
 
     def tick(self, wait_s: float) -> None:
+        """The full tick: pysyncobj's timers (elections, heartbeats, check-quorum, the stall
+        guard), the transport's, then the replica's own work (``_on_tick``)."""
         self._owned()
         assert self.sync is not None
         self.sync.doTick(wait_s)
+
+    def after_input(self) -> None:
+        """The light tick, after input or submitted appends: the leader's commit index, then the
+        replica's own work (appends, replication, flush, apply, answers); no timers."""
+        self._owned()
+        sync = self.sync
+        assert sync is not None
+        sync.dl_after_input()
+        self._on_tick()
 
     @property
     def flush_in_flight(self) -> bool:

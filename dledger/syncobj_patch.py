@@ -55,7 +55,8 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
    the same in every run.
 
 8. The poller: the replica's owner decides who watches the transport's descriptors (the event
-   loop: ``dledger.loop_poller``; the simulator: its inboxes), set before the transport exists.
+   loop: ``dledger.loop_poller``; the simulator: its inboxes): ``dl_poller``, which the transport
+   and the tick use (SyncObj's own poller is left unused).
 
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
@@ -258,6 +259,8 @@ class DLedgerSyncObj(SyncObj):
         self.dl_max_append_gap_s = 0.0
         self.dl_last_leader_contact: float | None = None
         self.dl_last_tick_at: float | None = None
+        self.dl_next_second = float("-inf")  # the journal's one-second timer (commit hint)
+        self.dl_tick_callbacks: list[Callable[[], None]] = []
         self.dl_stall_grace_until = float("-inf")  # after a stall: lease kept / quorum check waits
         self.dl_prevote_round = 0
         self.dl_prevote_term: int | None = None
@@ -280,13 +283,16 @@ class DLedgerSyncObj(SyncObj):
             ),
             0,
         )
+        # Who watches the transport's descriptors (item 8): the owner's (the event loop's), or, for
+        # an object built by hand (unit tests), the poller SyncObj made for itself.
+        self.dl_poller: Any = poller
+        made: list[Any] = []
 
         def make_transport(sync_obj: Any, self_node: Any, other_nodes: Any) -> Any:
-            # SyncObj made its own poller a moment ago; ours goes in before the transport registers
-            # a descriptor with it (item 8).
-            if poller is not None:
-                sync_obj._poller = poller
-            return transport_factory(sync_obj, self_node, other_nodes)
+            if self.dl_poller is None:
+                self.dl_poller = sync_obj._poller
+            made.append(transport_factory(sync_obj, self_node, other_nodes))
+            return made[-1]
 
         super().__init__(
             self_address,
@@ -295,7 +301,7 @@ class DLedgerSyncObj(SyncObj):
             nodeClass=PeerNode,
             transportClass=make_transport,
         )
-        self.dl_transport: Any = self._SyncObj__transport
+        self.dl_transport: Any = made[0]
 
     # -- read-only views of SyncObj state (the replica's thread only) -------------------------
     @property
@@ -344,11 +350,11 @@ class DLedgerSyncObj(SyncObj):
         )
 
     def _dl_read_pending(self) -> None:
-        read = getattr(self._poller, "read_pending", None)
+        read = getattr(self.dl_poller, "read_pending", None)
         if read is not None:
             read()
         else:  # pysyncobj's own pollers (unit tests that build a DLedgerSyncObj by hand)
-            self._poller.poll(0)
+            self.dl_poller.poll(0)
 
     # -- item 5: the tick loop --------------------------------------------------------------
     def _onTick(self, timeToWait: float = 0.0) -> None:
@@ -359,15 +365,15 @@ class DLedgerSyncObj(SyncObj):
             except TransportNotReadyError:
                 pass
             if not transport.ready:
-                self._poller.poll(timeToWait)
+                self.dl_poller.poll(timeToWait)
                 return
         now = dl_clock.current_monotonic()
         last_tick, self.dl_last_tick_at = self.dl_last_tick_at, now
         if last_tick is not None and now - last_tick > STALL_FRACTION * self.dl_conf.raftMinTimeout:
             self._dl_after_stall(now, now - last_tick)
-        if now - self._SyncObj__startTime > self._SyncObj__numOneSecondDumps:
-            self._SyncObj__numOneSecondDumps += 1
-            self._SyncObj__raftLog.onOneSecondTimer()
+        if now >= self.dl_next_second:
+            self.dl_next_second = now + 1.0
+            self.dl_journal.onOneSecondTimer()
         if self.dl_state != RAFT_STATE_LEADER and self._SyncObj__raftElectionDeadline < now:
             self._dl_read_pending()  # heartbeats that already arrived come first
             now = dl_clock.current_monotonic()
@@ -386,11 +392,34 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftLastApplied = self._SyncObj__raftCommitIndex
         if self.dl_state == RAFT_STATE_LEADER and now > self._SyncObj__newAppendEntriesTime:
             self._SyncObj__sendAppendEntries()
-        with self._SyncObj__onTickCallbacksLock:
-            callbacks = list(self._SyncObj__onTickCallbacks)
-        for callback in callbacks:
+        for callback in self.dl_tick_callbacks:
             callback()
-        self._poller.poll(timeToWait)
+        self.dl_poller.poll(timeToWait)
+
+    def dl_after_input(self) -> None:
+        """The light tick, after input or appends (the replica's own work follows it): what input
+        may have moved — a leader's commit index, from answers or its own flush. The timers
+        (elections, heartbeats, check-quorum, the stall guard, the transport's keep-alives and
+        connects) wait for the full tick (``_onTick``), which the owner runs at least every 50 ms."""
+        if self.dl_state == RAFT_STATE_LEADER:
+            self._dl_advance_commit()
+        if self._SyncObj__raftCommitIndex > self._SyncObj__raftLastApplied:
+            self._SyncObj__raftLastApplied = self._SyncObj__raftCommitIndex
+
+    # Tick callbacks (ours, the transport's) in a list of our own: the full tick runs them.
+    def addOnTickCallback(self, callback: Callable[[], None]) -> None:
+        self.dl_tick_callbacks.append(callback)
+
+    def removeOnTickCallback(self, callback: Callable[[], None]) -> None:
+        if callback in self.dl_tick_callbacks:
+            self.dl_tick_callbacks.remove(callback)
+
+    # The log's end, read from the store (SyncObj reads it through the journal, an object per call).
+    def _SyncObj__getCurrentLogIndex(self) -> int:
+        return int(self.dl_journal.store.last_index)
+
+    def _SyncObj__getCurrentLogTerm(self) -> int:
+        return int(self.dl_journal.store.last_term)
 
     def _SyncObj__generateRaftTimeout(self) -> float:
         low, high = self.dl_conf.raftMinTimeout, self.dl_conf.raftMaxTimeout
@@ -509,7 +538,7 @@ class DLedgerSyncObj(SyncObj):
         )
         if new != commit:
             self._SyncObj__raftCommitIndex = new
-            self._SyncObj__raftLog.setRaftCommitIndex(new)
+            self.dl_journal.setRaftCommitIndex(new)
         self._SyncObj__leaderCommitIndex = new
 
     def _dl_check_quorum(self, now: float) -> None:

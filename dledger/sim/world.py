@@ -86,6 +86,7 @@ class World:
         self.network.model = LinkModel()
         self.trace_crc = 0
         self._next_tick: dict[str, float] = {}
+        self._light_pending: set[str] = set()
         self.ops: list[ClientOp] = []
         self.events = 0
         self._faults_on = False
@@ -150,8 +151,34 @@ class World:
 
     # -- replicas -----------------------------------------------------------------------------------
     def poke(self, node: str) -> None:
-        """A message reached ``node``: it ticks soon (its poll returns on input)."""
-        self._schedule_tick(node, 0.0005)
+        """Input reached ``node`` (a message, or its flush job returned): as its event loop would,
+        it hands the input over and runs a light tick soon (``ReplicaCore.after_input``); the
+        timers wait for its full ticks (every TICK_S)."""
+        if node in self._light_pending:
+            return
+        self._light_pending.add(node)
+        self.after(0.0005, lambda: self._light_tick(node))
+
+    def _light_tick(self, node: str) -> None:
+        self._light_pending.discard(node)
+        r = self.replicas[node]
+        if r.core is None:
+            return
+        if self.now < r.paused_until:
+            self.after(r.paused_until - self.now, lambda: self.poke(node))
+            return
+        dl_clock.use(r.clock)
+        if r.transport is not None:
+            r.transport.drain()
+        if r.core is None:  # crashed while handling the input (a targeted crash)
+            return
+        r.core.after_input()
+        r.observe()
+        sync = r.core.sync if r.core is not None else None
+        if sync is not None:
+            self._trace(
+                "l", node, round(self.now, 6), sync.dl_state, sync.raftCurrentTerm, r.store.last_index
+            )
 
     def _schedule_tick(self, node: str, delay_s: float) -> None:
         at = self.now + delay_s
