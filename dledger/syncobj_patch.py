@@ -302,6 +302,8 @@ class DLedgerSyncObj(SyncObj):
             transportClass=make_transport,
         )
         self.dl_transport: Any = made[0]
+        # The group's other members, fixed (no membership changes), in one order for every process.
+        self.dl_peers: tuple[Any, ...] = tuple(sorted(self.otherNodes, key=lambda n: n.id))
 
     # -- read-only views of SyncObj state (the replica's thread only) -------------------------
     @property
@@ -321,8 +323,8 @@ class DLedgerSyncObj(SyncObj):
     def dl_last_response(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)
 
-    def dl_others(self) -> list[Any]:
-        return sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
+    def dl_others(self) -> tuple[Any, ...]:
+        return self.dl_peers
 
     def dl_skip_replay(self, applied_index: int) -> None:
         """Before the first tick: SyncObj need not re-run entries that are already applied."""
@@ -380,7 +382,7 @@ class DLedgerSyncObj(SyncObj):
             if (
                 self.dl_state != RAFT_STATE_LEADER
                 and self._SyncObj__raftElectionDeadline < now
-                and self._SyncObj__connectedToAnyone()
+                and any(self.isNodeConnected(n) for n in self.dl_peers)
             ):
                 self._dl_campaign(now)
         if self.dl_state == RAFT_STATE_LEADER:
@@ -426,7 +428,7 @@ class DLedgerSyncObj(SyncObj):
         return float(low + (high - low) * self.dl_rng.random())
 
     def _dl_majority(self, count: int) -> bool:
-        return count > (len(self._SyncObj__otherNodes) + 1) / 2
+        return count > (len(self.dl_peers) + 1) / 2
 
     def _dl_in_lease(self, now: float) -> bool:
         """Heard from a live leader within the minimum election timeout (or is the leader)."""
@@ -494,7 +496,7 @@ class DLedgerSyncObj(SyncObj):
         self._SyncObj__raftLeader = None
         self._SyncObj__setState(RAFT_STATE_CANDIDATE)
         # Durable before the request leaves: our own vote is a vote like any other.
-        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm + 1, self._SyncObj__selfNode.id)
+        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm + 1, self.selfNode.id)
         self._SyncObj__votesCount = 1
         self.dl_voters = set()
         message = {
@@ -512,7 +514,7 @@ class DLedgerSyncObj(SyncObj):
 
     def _dl_become_leader(self) -> None:
         self.dl_counters["became_leader"] += 1
-        self.dl_probing = set(self._SyncObj__otherNodes)
+        self.dl_probing = set(self.dl_peers)
         self._SyncObj__onBecomeLeader()
 
     def _dl_step_down(self, term: int | None, reason: str) -> None:
@@ -532,7 +534,7 @@ class DLedgerSyncObj(SyncObj):
         new = quorum_commit_index(
             commit,
             min(self.dl_hooks.self_match_index(), self._SyncObj__getCurrentLogIndex()),
-            [match.get(n, 0) for n in self._SyncObj__otherNodes],
+            [match.get(n, 0) for n in self.dl_peers],
             self._SyncObj__raftCurrentTerm,
             self._dl_term_at,
         )
@@ -546,7 +548,7 @@ class DLedgerSyncObj(SyncObj):
             return  # this leader stalled: the followers' answers have not had time to come
         deadline = now - self.dl_conf.leaderFallbackTimeout
         responses = self._SyncObj__lastResponseTime
-        heard = 1 + sum(1 for n in self._SyncObj__otherNodes if responses.get(n, deadline) > deadline)
+        heard = 1 + sum(1 for n in self.dl_peers if responses.get(n, deadline) > deadline)
         if not self._dl_majority(heard):
             self._dl_step_down(None, "check_quorum")
 
@@ -769,13 +771,12 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:
         self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self.dl_conf.appendEntriesPeriod
         self.dl_commit_sent = int(self._SyncObj__raftCommitIndex)
-        nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
+        nodes = self.dl_peers
         if not nodes:
             return
         self.dl_rotation = (self.dl_rotation + 1) % len(nodes)
-        connected = self._SyncObj__connectedNodes
         for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
-            if node in connected:
+            if self.isNodeConnected(node):
                 self._dl_replicate_to(node)
 
     def _dl_replicate_to(self, node: Any) -> None:
