@@ -273,15 +273,14 @@ class ReplicaCore:
     def ack_ready(self, node: Any, next_index: int) -> bool:
         """May a success answer for entries below ``next_index`` leave now? Under the sync policy
         only once they are durable: otherwise it is held (the highest per leader) and sent by the
-        flush that covers it (``_flush_done``), and a flush is started if none is in flight."""
+        flush that covers it (``_flush_done``); the tick after this input starts that flush."""
         if self.settings.flush_policy != "sync" or next_index - 1 <= self._durable_index:
             return True
         held = self._held_acks.get(node)
         if held is None or held[0] < next_index:
             assert self.sync is not None
             self._held_acks[node] = (next_index, int(self.sync.raftCurrentTerm), self._log_epoch)
-        self._maybe_flush()
-        return False
+        return False  # the tick that follows this input starts the flush (_on_tick, last)
 
     def self_match_index(self) -> int:
         """How far the leader may count itself toward a majority: what it made durable (sync)."""
@@ -346,7 +345,6 @@ class ReplicaCore:
             # Replicate before the local flush so followers write while the leader syncs. Safe: the
             # leader counts itself only up to what it made durable (self_match_index).
             sync.dl_send_now()
-        self._maybe_flush()
         self.commit_index = sync.raftCommitIndex
         self._tell_commit(sync)
         if self.applied_index < self.commit_index:
@@ -361,6 +359,9 @@ class ReplicaCore:
         ):
             self._last_retention = now
             self._retention_tick(sync)
+        # Last: the flusher wakes as this thread goes back to its loop (and lets go of the GIL),
+        # not while it still runs Python here (measured: the hand-over then costs a GIL wait).
+        self._maybe_flush()
 
     def _tell_commit(self, sync: DLedgerSyncObj) -> None:
         """Followers learn a new commit index from the next append, or from an empty one sent
