@@ -42,6 +42,7 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "enableDLegerCommitLog",
         "flushDiskType",
         "flushIntervalCommitLog",
+        "dLegerFlusher",
         "mappedFileSizeCommitLog",
         "dLegerElectionTimeoutMinMs",
         "dLegerElectionTimeoutMaxMs",

@@ -507,7 +507,7 @@ class DLedgerNode:
         status["loop"] = {
             "lag_ms_max": round(self.loop_lag_ms_max, 3),
             "stalls_100ms": self.loop_stalls,
-            "flush_jobs": self._flusher.jobs_done if self._flusher is not None else 0,
+            "flush_jobs": getattr(self._flusher, "jobs_done", 0),
         }
         return status
 
