@@ -404,6 +404,7 @@ class BrokerServer:
                 + node["counters"].get("stepdowns_stale_term", 0),
                 "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
                 "max_append_gap_ms": node["max_append_gap_ms"],
+                "loop": node.get("loop"),  # the serving loop's lag (it owns the replica) and flush jobs
                 "live_followers": node["live_followers"],
                 "retention_floor": node["retention_floor"],
             },

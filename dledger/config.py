@@ -156,7 +156,7 @@ class DLedgerConfig:
     # During a rolling change of the peer password: the old one, still accepted from peers that
     # have not switched yet (connections this node opens use peer_password).
     peer_password_previous: str | None = field(default=None, repr=False)
-    flusher: str = "auto"  # dLegerFlusher: where fdatasync runs (auto | io_uring | thread)
+    flusher: str = "thread"  # dLegerFlusher: where fdatasync runs (thread | io_uring | auto)
 
     @property
     def node_dir(self) -> str:
@@ -445,7 +445,7 @@ def parse_dledger_config(
         store_path_root_dir=store_root,
         flush_policy=flush_policy,
         flush_interval_ms=r.integer("flushIntervalCommitLog", 10, 1, 10_000),
-        flusher=r.choice("dLegerFlusher", "auto", ("auto", "io_uring", "thread")),
+        flusher=r.choice("dLegerFlusher", "thread", ("thread", "io_uring", "auto")),
         segment_bytes=segment_bytes,
         election_timeout_min_ms=election_min_ms,
         election_timeout_max_ms=election_max_ms,

@@ -103,3 +103,25 @@ def test_the_sync_flusher_runs_at_once() -> None:
     seen: list[object] = []
     SyncFlusher().submit(lambda: seen.append("job"), seen.append)
     assert seen == ["job", None]
+
+
+async def test_a_group_on_io_uring_replicates_and_counts_only_what_the_kernel_synced(tmp_path: Path) -> None:
+    """The replica end to end with ``dLegerFlusher=io_uring``: appends commit on a majority, every
+    replica's flush jobs went to the kernel (no flusher thread started)."""
+    from tests.dledger.harness import InProcCluster, wait_until
+
+    _uring_or_skip(asyncio.get_running_loop()).close()
+    cluster = InProcCluster(str(tmp_path), overrides={"flusher": "io_uring"})
+    await cluster.start()
+    try:
+        leader = await cluster.leader()
+        locs = [await leader.append([f"m{i}".encode()]) for i in range(20)]
+        last = locs[-1][0].index
+        await wait_until(lambda: all(n.applied_index >= last for n in cluster.nodes.values()), 10, "applied")
+        for node in cluster.nodes.values():
+            assert isinstance(node._flusher, UringFlusher) and node._flusher.jobs_done > 0
+            assert node.core.counters["fsync"] > 0 and node._flusher._thread is None
+        assert leader.core.self_match_index() >= last  # the leader counted itself once synced
+        assert not any(t.name.startswith("dledger-flush-") for t in threading.enumerate())
+    finally:
+        await cluster.stop()
