@@ -6,7 +6,7 @@ so nothing goes to prometheus_client's global registry):
 - Event series, updated where the event happens: send/pull message and byte counters and latency
   histograms per topic (``rocketmq_messages_in_total``, ``rocketmq_send_latency_seconds``...), the
   replica's fsync latency and group-commit batch sizes (``dledger_fsync_latency_seconds``,
-  ``dledger_group_commit_batch_size``, observed on the tick thread: prometheus_client's metrics are
+  ``dledger_group_commit_batch_size``, observed on the replica's thread (the loop): prometheus_client's metrics are
   thread-safe).
 - State series, read once per scrape (``Snapshot``, built by ``scrape()`` on the serving loop and
   handed to the collector): Raft term, role, commit/applied index, follower match lag, elections,
@@ -161,9 +161,9 @@ class BrokerMetrics:
         self._lock = asyncio.Lock()
         reg.register(_StateCollector(self))
 
-    # -- events (serving loop, tick thread for observe) -------------------------------------------
+    # -- events (serving loop; observe too) ------------------------------------------------------
     def observe(self, name: str, value: float) -> None:
-        """The replica's hook (``ReplicaCore.observe``), called on the tick thread."""
+        """The replica's hook (``ReplicaCore.observe``), called on the replica's thread (the loop)."""
         if name == "fsync_seconds":
             self.fsync.observe(value)
         elif name == "batch_bodies":
@@ -272,7 +272,7 @@ class _StateCollector(Collector):
             ("dledger_applied_index", "Raft applied index", node["applied_index"]),
             ("dledger_first_index", "First index in the Raft log", node["first_index"]),
             ("dledger_last_index", "Last index in the Raft log", node["last_index"]),
-            ("dledger_append_queue_requests", "Append requests queued for the tick thread",
+            ("dledger_append_queue_requests", "Append requests queued for the next tick",
              node.get("queued_requests", 0)),
             ("dledger_append_queued_bytes", "Bytes of appends queued (bounded by maxPendingBytes)",
              node.get("queued_bytes", 0)),

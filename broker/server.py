@@ -94,10 +94,7 @@ class BrokerServer:
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
-        # What the tick thread may read of the long polls (see on_applied): an immutable snapshot
-        # of the queues someone waits on, replaced by the loop; and the applies so far (tick thread).
-        self._waited: frozenset[tuple[str, int]] = frozenset()
-        self.applied_seq = 0
+        self.applied_seq = 0  # apply calls so far (see on_applied, wait_for_queue)
         self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -208,12 +205,13 @@ class BrokerServer:
         )
 
     async def _watch_replica(self) -> None:
-        """Fail-stop: a replica whose tick thread died can neither vote nor replicate, yet would keep
-        answering HTTP (and look alive to a health check that only opens a socket). ``failed`` is
-        set so that the process exits (``serve``) and its supervisor restarts it from its log."""
+        """Fail-stop: a replica that failed (its tick, a peer handler or a flush raised) can neither
+        vote nor replicate, yet would keep answering HTTP (and look alive to a health check that
+        only opens a socket). ``failed`` is set so that the process exits (``serve``) and its
+        supervisor restarts it from its log."""
         while self.node.fatal is None:
             await asyncio.sleep(0.2)
-        log.critical("the replica's tick thread died (%s): stopping the broker", self.node.fatal)
+        log.critical("the replica failed (%s): stopping the broker", self.node.fatal)
         self.failed.set()
 
     async def stop(self, *, unregister: bool = True) -> None:
@@ -241,7 +239,7 @@ class BrokerServer:
         await self.remoting.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        # The store's last snapshot runs on the tick thread after its last apply, with the log open.
+        # The store's last snapshot runs after the replica's last apply, with the log open.
         await self.node.stop(before_log_close=self.store.close)
 
     # -- roles ----------------------------------------------------------------------------------
@@ -336,42 +334,34 @@ class BrokerServer:
             remoting_address=self.remoting_address,
         )
 
-    # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
+    # -- applies wake the long polls (the loop's thread: it owns the replica) ----------------------
     def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
-        """Tick thread. Wakes the loop only if a long poll waits on a touched queue (or metadata
-        changed): a follower nobody reads from is not woken once per entry. No wake is lost: the
-        sequence number moves before the waited set is read, and a poll registers before it reads
-        the number it saw before its last look at the queue (``wait_for_queue(since=...)``)."""
+        """Called by the store's apply, on this loop (which owns the replica): wakes the long polls
+        waiting on a touched queue, and re-registers at once when topics changed. An apply nobody
+        waits for costs a counter and a set test."""
         self.applied_seq += 1
-        waited = self._waited
-        if metadata_changed or (waited and not waited.isdisjoint(touched)):
-            self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
+        if metadata_changed or (self._waiters and not self._waiters.keys().isdisjoint(touched)):
+            self._wake_waiters(touched, metadata_changed)
 
-    def _on_applied_loop(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
-        woke = False
+    def _wake_waiters(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
         for key in touched:
             for fut in self._waiters.pop(key, ()):
-                woke = True
                 if not fut.done():
                     fut.set_result(None)
-        if woke:
-            self._waited = frozenset(self._waiters)
         if metadata_changed:
             self.registrar.trigger()
 
     async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None:
         """Until an apply touches the queue, or ``timeout_s``. ``since``: ``applied_seq`` as read
-        before the caller last found the queue empty; if an apply happened since, return at once
-        (the caller looks again) — the apply may have seen no waiter and woken nobody."""
+        before the caller last found the queue empty; if an apply happened since (the caller
+        awaited something between its look and this wait), return at once: the caller looks again."""
         key = (topic, queue_id)
+        if since is not None and self.applied_seq != since:
+            return
         fut: asyncio.Future[None] = self.loop.create_future()
         waiters = self._waiters.setdefault(key, set())
         waiters.add(fut)
-        if key not in self._waited:
-            self._waited = frozenset(self._waiters)
         try:
-            if since is not None and self.applied_seq != since:
-                return
             await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             pass
@@ -379,7 +369,6 @@ class BrokerServer:
             waiters.discard(fut)
             if not waiters and self._waiters.get(key) is waiters:
                 del self._waiters[key]
-                self._waited = frozenset(self._waiters)
 
     # -- status ---------------------------------------------------------------------------------
     def first_log_position(self) -> int:
@@ -425,6 +414,7 @@ class BrokerServer:
                 + node["counters"].get("stepdowns_stale_term", 0),
                 "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
                 "max_append_gap_ms": node["max_append_gap_ms"],
+                "loop": node.get("loop"),  # the serving loop's lag (it owns the replica) and flush jobs
                 "live_followers": node["live_followers"],
                 "retention_floor": node["retention_floor"],
             },
@@ -467,7 +457,7 @@ class BrokerServer:
             if not due and installs == installs_seen:
                 continue
             try:
-                cmd = await self.node.run_on_tick_thread(self.store.capture_state, 5.0)
+                cmd = await self.node.run_on_replica_thread(self.store.capture_state, 5.0)
                 record = encode_command(cmd)
                 if len(record) + 1024 > self.node.settings.max_entry_bytes:
                     raise ValueError(
@@ -486,7 +476,7 @@ class BrokerServer:
             self.producers.expire(self.monotonic_ms())
 
 
-EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)
+EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica failed (see BrokerServer.failed)
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:

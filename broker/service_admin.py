@@ -337,7 +337,7 @@ class AdminOps(ServiceBase):
     @translated
     async def clean_expired_queues(self) -> list[tuple[str, int]]:
         """Remove the consume queues of topics that no longer exist; runs between two ticks."""
-        removed = await self.s.node.run_on_tick_thread(self.s.store.clean_expired_queues, 10.0)
+        removed = await self.s.node.run_on_replica_thread(self.s.store.clean_expired_queues, 10.0)
         return list(removed)
 
     @translated

@@ -2,12 +2,16 @@
 consume queues, a key index and replicated metadata.
 
 Threads
-- ``apply`` runs on the dledger tick thread, in log order, committed entries only (invariant 4:
-  consume queues hold exactly the committed messages of their queue, in log order).
-- Readers (HTTP handlers on the event loop) use ``read_message``, the consume queues and
-  ``metadata_view``; metadata is guarded by ``_md_lock``, consume queues guard themselves.
-- ``listener.on_applied(touched_queues, metadata_changed)`` is called on the tick thread after every
-  apply batch; the server hops to its loop from there (the one bridge).
+- ``apply`` runs on the replica's thread (the broker's event loop, which owns the dledger
+  replica), in log order, committed entries only (invariant 4: consume queues hold exactly the
+  committed messages of their queue, in log order).
+- Readers (the handlers on the same loop; tools on other threads) use ``read_message``, the
+  consume queues and ``metadata_view``; metadata is guarded by ``_md_lock``, consume queues guard
+  themselves.
+- ``listener.on_applied(touched_queues, metadata_changed)`` is called after every apply batch, on
+  the same thread: the server wakes its long polls directly.
+- The store-sync thread fsyncs what a snapshot covers (queues, index, the log itself) and writes
+  the snapshot record: the replica's thread never waits for a disk here.
 
 Durability (the store owns it; dledger only asks ``applied_index()`` at start)
 Every ``snapshot_interval_ms`` apply writes out and fsyncs the consume queues and the key index,
@@ -217,8 +221,8 @@ class MessageStore(StoreStateEntries):
         return self._durable_applied
 
     def _owned(self) -> None:
-        """Applying and capturing state run on one thread (the replica's tick thread): the first
-        one to apply owns the store; any other raises instead of racing it."""
+        """Applying and capturing state run on one thread (the replica's: the broker's loop): the
+        first one to apply owns the store; any other raises instead of racing it."""
         me = threading.get_ident()
         if self._owner is None:
             self._owner = me
@@ -226,7 +230,7 @@ class MessageStore(StoreStateEntries):
             raise RuntimeError(f"MessageStore applied on thread {threading.current_thread().name!r}, not its owner's")
 
     def checkpoint(self) -> None:
-        """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        """Snapshot an idle store whose last applies are not on disk yet (the replica's thread)."""
         self._owned()
         if self._applied > self._durable_applied and (
             self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
@@ -379,22 +383,19 @@ class MessageStore(StoreStateEntries):
         return os.path.join(self.root, "snapshot")
 
     def snapshot(self, *, wait: bool = False) -> None:
-        """Make everything applied so far durable: queues and index first, then the record.
+        """Make everything applied so far durable: the log, queues and index first, then the record.
 
         The apply thread only writes out buffers and captures the record; the fsyncs run on the
         store's sync thread (they took 5-10 ms per second on the apply thread, straight into the
-        commit latency of whatever was in flight). A round still syncing makes this one wait for
-        the next interval, unless ``wait`` (close, install) forces a synchronous round."""
+        commit latency of whatever was in flight), the log's included (a flush on another thread
+        covers what was written before it). A round still syncing makes this one wait for the
+        next interval, unless ``wait`` (close, install) forces a synchronous round."""
         if self._sync_job is not None and not self._sync_job.done():
             if not wait:
                 return
             self._sync_job.result()
         self._last_snapshot = self._clock.monotonic()
         self._apply_retention()
-        # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH a
-        # crash that loses unflushed log writes would otherwise leave queues pointing at nothing.
-        if self._log is not None and self._log.dirty:
-            self._log.flush()
         pending = self.cqs.begin_flush_all()
         self.schedule.commit(self._applied)
         self.txn.commit(self._applied)
@@ -419,11 +420,16 @@ class MessageStore(StoreStateEntries):
     def _sync_and_record(self, pending: list[PendingSync], snap: dict[str, Any]) -> None:
         started = self._clock.monotonic()
         try:
+            # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH
+            # a crash that loses unflushed log writes would otherwise leave queues pointing at
+            # nothing. Everything applied was written before this job was submitted.
+            if self._log is not None:
+                self._log.flush()
             for p in pending:
                 finish_flush(p)
             self.index.flush()
             write_snapshot(self._snapshot_path(), snap)
-            self._durable_applied = int(snap["applied_index"])  # one int store: read by the tick thread
+            self._durable_applied = int(snap["applied_index"])  # one int store: read by the replica
         except Exception:
             log.exception("store snapshot failed (recovery replays from the previous one)")
             raise
@@ -433,7 +439,7 @@ class MessageStore(StoreStateEntries):
         self.counters["snapshot_us_max"] = max(self.counters.get("snapshot_us_max", 0), took_us)
 
     def clean_expired_queues(self) -> list[tuple[str, int]]:
-        """RocketMQ's cleanExpiredCQ for this replica (tick thread): remove the consume queues of
+        """RocketMQ's cleanExpiredCQ for this replica (its thread): remove the consume queues of
         topics its replicated metadata no longer holds (left behind by a crash between a topic's
         deletion and the removal of its files), then snapshot so that recovery agrees. Queues of
         live topics and of the schedule topic are never touched; units below the log's retention

@@ -3,7 +3,7 @@ missing consume queues (counted back from the snapshot's max offsets), the key i
 de-duplication window, and the scans of the log's message and command records they share.
 
 ``StoreRebuild`` is a base of ``MessageStore``: it runs while the store opens (before the node
-applies) or on the tick thread when a state entry is loaded (``store_state.py``)."""
+applies) or on the replica's thread when a state entry is loaded (``store_state.py``)."""
 
 
 from __future__ import annotations

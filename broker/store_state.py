@@ -1,6 +1,6 @@
 """State entries (``broker/store.py``: followers behind retention): the ``state`` command a leader
 captures, and, on a follower in needs-state mode, waiting for a usable one, loading it and re-applying
-the entries after its ``as_of`` from the follower's own log. Runs on the tick thread.
+the entries after its ``as_of`` from the follower's own log. Runs on the replica's thread (the broker's loop).
 
 ``StoreStateEntries`` is a base of ``MessageStore`` (over ``StoreRebuild``, whose queue rebuild it uses)."""
 
@@ -48,7 +48,7 @@ class StoreStateEntries(StoreRebuild):
         def _flush_dedup_adds(self) -> None: ...
 
     def capture_state(self) -> dict[str, Any]:
-        """The ``state`` command for this replica's state now (call on the tick thread)."""
+        """The ``state`` command for this replica's state now (call on the replica's thread)."""
         self._owned()
         with self._md_lock:
             md = self.metadata.to_snapshot()

@@ -99,6 +99,7 @@ class RaftSettings:
     live_follower_s: float = 10.0
     password_previous: str | None = None  # also accepted from peers (rolling password change)
     replication_batch_bytes: int = 1 << 20  # entries per AppendEntries message, by body bytes
+    flusher: str = "thread"  # where fdatasync runs: 'thread' | 'io_uring' | 'auto' (dledger.flusher)
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).
     raft_addresses: dict[str, str] | None = None
@@ -110,7 +111,7 @@ class RaftSettings:
 class BodyLocation(NamedTuple):
     """Where one appended body lives: its Raft entry, its place in the entry, its log position.
 
-    A named tuple, not a dataclass: one is made per acknowledged message on the tick thread,
+    A named tuple, not a dataclass: one is made per acknowledged message on the replica's thread,
     and a frozen dataclass costs three times as much to build."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index, which nobody calls on it
@@ -150,7 +151,8 @@ class RoleChange:
 
 
 class StateMachine(Protocol):
-    """Applied on the tick thread, in log order; keep it fast. It owns its durability.
+    """Applied on the replica's thread (the loop that serves clients), in log order; keep it fast:
+    it runs between client requests. It owns its durability (fsync off that thread).
 
     ``apply`` may return, per entry, one result per body (what applying it produced, e.g. the
     queue offset a message got); the append that wrote the entry resolves with them
@@ -169,7 +171,7 @@ class StateMachine(Protocol):
         ...
 
     def checkpoint(self) -> None:
-        """Called on the tick thread before each retention check: a chance to make what is
+        """Called on the replica's thread before each retention check: a chance to make what is
         applied durable when no new entries arrive (an idle state machine would otherwise hold
         retention back for ever)."""
         ...

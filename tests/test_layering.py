@@ -26,10 +26,7 @@ PACKAGES = ("dledger", "broker", "namesrv", "chaos", "spark_jobs")
 SUBUNITS = {"broker": ("client", "tools", "protocol"), "dledger": ("apps", "sim")}
 
 # (file, private name): why it is allowed
-ALLOWED: dict[tuple[str, str], str] = {
-    ("dledger/node.py", "_poller"): "pysyncobj's poller (pinned 0.3.17, patched in syncobj_patch.py)",
-    ("dledger/peer_tcp.py", "_poller"): "pysyncobj's poller: our transport registers its sockets there",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 # files that reach into internals on purpose: planted defects (docs/CHAOS.md) break them to show
 # that the audit and the simulator catch the damage
 ALLOWED_FILES: dict[str, str] = {

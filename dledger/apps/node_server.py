@@ -178,7 +178,7 @@ class HttpApi:
         return web.json_response({"ok": True})
 
     async def retention(self, request: web.Request) -> web.Response:
-        await self.node.run_on_tick_thread(self.node.run_retention_now, 5.0)
+        await self.node.run_on_replica_thread(self.node.run_retention_now, 5.0)
         return web.json_response(await self.node.status())
 
 

@@ -567,14 +567,19 @@ class InProcBrokerCluster:
             return cluster
         raise AssertionError("unreachable")
 
-    async def stop(self) -> None:
+    async def stop(self, *, replicas_may_fail: bool = False) -> None:
         """Stop everything; a part whose stop fails does not keep the others running (the first
-        failure is raised once all were stopped)."""
+        failure is raised once all were stopped). A replica that failed during the test (its tick,
+        a peer handler or a flush raised: ``DLedgerNode.fatal``) fails the stop too, unless
+        ``replicas_may_fail`` (the failure is what the test is about)."""
         for tap in [r.tap for g in self.groups for r in g.replicas] + [ns.tap for ns in self.namesrvs]:
             tap.release()
         failures: list[BaseException] = []
         for g in self.groups:
             for r in g.replicas:
+                fatal = r.server.node.fatal if r.server is not None else None
+                if fatal is not None and not replicas_may_fail:
+                    failures.append(AssertionError(f"replica {g.name}/{r.nid} failed: {fatal!r}"))
                 if r.alive:
                     try:
                         await g.kill(r.nid)  # the NameServers stop too: nobody to unregister from
@@ -596,8 +601,8 @@ class InProcBrokerCluster:
 
     @staticmethod
     async def assert_nothing_left(baseline: tuple[set[asyncio.Task[Any]], set[threading.Thread]]) -> None:
-        """After ``stop()`` (and the SDK clients' shutdown): no thread (tick threads, store syncers,
-        the SDK's loop threads) and no task started since ``baseline`` is left. The loop's own
+        """After ``stop()`` (and the SDK clients' shutdown): no thread (replicas' flushers, store
+        syncers, the SDK's loop threads) and no task started since ``baseline`` is left. The loop's own
         executor threads (``asyncio_N``) end with the loop."""
         baseline_tasks, baseline_threads = baseline
         threads = [
@@ -683,8 +688,9 @@ class InProcBrokerCluster:
 
 
 def fail_on_thread_exceptions(items: list[pytest.Item], under: Path) -> None:
-    """For conftests: a tick thread (or any thread) dying in a test under ``under`` fails the test,
-    instead of only warning."""
+    """For conftests: a thread dying in a test under ``under`` (a replica's flusher, a store's
+    syncer, the SDK's loop thread) fails the test, instead of only warning. A replica that fails on
+    its loop is caught by ``InProcBrokerCluster.stop``."""
     for item in items:
         if under in item.path.parents:
             item.add_marker(pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"))

@@ -133,7 +133,7 @@ async def test_snapshot_never_runs_ahead_of_the_durable_log(tmp_path: Any) -> No
     durable queues pointing at log entries that are gone (found by the chaos crash fault)."""
     # No periodic snapshot (it would flush the log first, which is the behaviour under test) and
     # the longest flush interval; the timer may still flush on a slow machine, so the precondition
-    # (a dirty log) and the snapshot are read in one tick-thread call, and a send is retried when
+    # (a dirty log) and the snapshot are read in one call on the replica's thread, and a send is retried when
     # the timer got there first.
     c = BrokerCluster(str(tmp_path), flushDiskType="ASYNC_FLUSH", flushIntervalCommitLog=10_000,
                       storeSnapshotIntervalMs=600_000)
@@ -153,7 +153,7 @@ async def test_snapshot_never_runs_ahead_of_the_durable_log(tmp_path: Any) -> No
                     b.store.snapshot(wait=True)
                     return dirty_before, b.node.store.dirty
 
-                before, after = await b.node.run_on_tick_thread(snapshot_over_dirty_log, 5.0)
+                before, after = await b.node.run_on_replica_thread(snapshot_over_dirty_log, 5.0)
                 if before:  # the precondition held: the snapshot had to flush the log first
                     assert not after, f"{b.cfg.dledger.self_id}: snapshot taken over an unflushed log"
                     pending.discard(name)

@@ -114,6 +114,28 @@ def test_a_node_rejoining_after_a_partition_does_not_depose_the_leader(seed: int
     assert isolated.commit_index >= committed_at_heal  # caught up by replication
 
 
+def _cut_from_the_leader(world: World, follower: str) -> None:
+    """The follower loses its link to the leader only: it still reaches the other follower, so
+    its elections (or pre-votes) go somewhere."""
+    leader = world.leader()
+    assert leader is not None
+    world.network.cut(world.replicas[follower].address, leader.address)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_follower_cut_from_the_leader_only_does_not_depose_it(seed: int) -> None:
+    world = _settled_world(seed)
+    leader = world.leader()
+    assert leader is not None and leader.core is not None
+    term = leader.core.term
+    follower = next(n for n in world.replicas if n != leader.id)
+    _cut_from_the_leader(world, follower)
+    world.run_for(10.0)  # its pre-votes are refused by the other follower, which hears the leader
+    world.heal()
+    world.run_for(5.0)
+    assert world.leader() is leader and leader.core.term == term
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_a_paused_follower_does_not_depose_the_leader(seed: int) -> None:
     world = _settled_world(seed)
@@ -159,8 +181,13 @@ def test_without_prevote_a_rejoining_node_would_depose_the_leader(monkeypatch: p
     assert leader is not None and leader.core is not None
     term = leader.core.term
     follower = next(n for n in world.replicas if n != leader.id)
-    world.isolate(follower)
+    # Cut from the leader only (a fully isolated node does not campaign: it reaches nobody; its
+    # race with the leader's first heartbeat at the heal is a matter of timing, issue 26): without
+    # pre-vote it runs elections against the other follower and its term climbs.
+    _cut_from_the_leader(world, follower)
     world.run_for(10.0)
+    rejoining = world.replicas[follower].core
+    assert rejoining is not None and rejoining.term > term
     world.heal()
     world.run_for(5.0)
     new = world.leader()

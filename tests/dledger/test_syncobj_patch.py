@@ -29,8 +29,9 @@ class Hooks:
         self.acks = 0
         self.floor = 0
 
-    def before_ack(self) -> None:
+    def ack_ready(self, node: Any, next_index: int) -> bool:
         self.acks += 1
+        return True
 
     def on_install_anchor(self, anchor_index: int) -> None:
         pass
