@@ -22,6 +22,9 @@ class NotLeaderError(DLedgerError):
         super().__init__(f"this node is not the leader (leader: {leader_id or 'unknown'})")
         self.leader_id = leader_id
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.leader_id,), self.__dict__
+
 
 class AppendFailedError(DLedgerError):
     """The entry is known NOT to be committed (it was overwritten by a newer leader)."""
@@ -64,6 +67,12 @@ class StateMachineError(DLedgerError):
         )
         self.first_index = first_index
         self.last_index = last_index
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what it was made of, not from ``args`` (the message): a simulator worker
+        # hands its failure to the parent by pickling it, and a copy must keep the indexes.
+        return type(self), (self.first_index, self.last_index, self.cause), self.__dict__
 
 
 class EntryRemovedError(DLedgerError):
