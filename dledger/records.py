@@ -108,7 +108,6 @@ class RaftSettings:
     live_follower_s: float = 10.0
     password_previous: str | None = None  # also accepted from peers (rolling password change)
     replication_batch_bytes: int = 1 << 20  # entries per AppendEntries message, by body bytes
-    flusher: str = "thread"  # where fdatasync runs: 'thread' | 'io_uring' | 'auto' (dledger.flusher)
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).
     raft_addresses: dict[str, str] | None = None
