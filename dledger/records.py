@@ -57,7 +57,8 @@ class NotCommittedError(DLedgerError):
 class StateMachineError(DLedgerError):
     """The state machine raised while applying committed entries (``StateMachine.apply``): a bug or
     an environment failure (disk, memory) the replica cannot decide the same way as its peers. The
-    tick thread stops with it (the process exits 70): applying on would diverge from the group.
+    replica fails stop with it (``DLedgerNode.fatal``; the process exits 70): applying on would
+    diverge from the group.
     A record the state machine can decide to be inapplicable is *refused* instead (``Refused``)."""
 
     def __init__(self, first_index: int, last_index: int, cause: BaseException):

@@ -25,7 +25,7 @@ Invariants:
 - Entries are applied in log order, once: the state machine's durable ``applied_index()`` is
   where applying resumes after a restart. A body the state machine cannot apply is refused by it
   (``Refused``, the same on every replica); an exception out of ``apply`` is a broken state
-  machine, raised as ``StateMachineError`` naming the entries: the tick thread stops, loudly.
+  machine, raised as ``StateMachineError`` naming the entries: the replica fails stop, loudly.
 - A leader that steps down answers every append still waiting with "outcome unknown" at once
   (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
   for their deadline.
