@@ -39,6 +39,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
@@ -46,7 +47,7 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 
 from broker.protocol import route_wire as wire
-from broker.protocol.auth import AuthError
+from broker.protocol.auth import AuthError, namesrv_scope
 from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq.command import Bounds
 from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
@@ -198,8 +199,11 @@ class NamesrvService:
             ),
             wire.error_to_dict,
         )
+        # A signature names this NameServer process (a random instance id: its table and its nonce
+        # window live in memory only, so a request signed for an earlier process is void).
         self.security = Security(
-            cfg.acl_file, wall_clock_ms, self.guard, anonymous=lambda request: request.method in ("GET", "HEAD")
+            cfg.acl_file, wall_clock_ms, self.guard, scope=namesrv_scope(secrets.token_hex(8)),
+            anonymous=lambda request: request.method in ("GET", "HEAD"),
         )
         self.kv = KvConfigTable()  # owned by the table task, like the RouteTable
         self.authenticator = RemotingAuthenticator(self._acl_rules, AclV1Policy(cfg.remoting_acl_v1))
@@ -524,6 +528,7 @@ class NamesrvService:
             },
             "security": {
                 "acl": self.security.enabled,
+                "scope": self.security.scope,
                 "tls": self.cfg.tls_cert_file is not None,
                 "refused": dict(self.security.refused),
                 "edge": self.guard.stats(),
@@ -552,8 +557,8 @@ def _reply(request: web.Request, body: dict[str, Any], status: int = 200) -> web
     return web.Response(body=wire.dump_body(body, fmt), status=status, content_type=content_type)
 
 
-def error_response(status: int, code: str, message: str) -> web.Response:
-    body = wire.dump_body(wire.error_to_dict(code, message), "json")
+def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    body = wire.dump_body({**wire.error_to_dict(code, message), **extra}, "json")
     return web.Response(body=body, status=status, content_type=wire.JSON_TYPE)
 
 
@@ -576,12 +581,12 @@ def _classify(exc: Exception) -> ErrorAnswer | None:
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
         return ErrorAnswer(status, exc.code, exc.message)
     if isinstance(exc, AuthError):
-        return ErrorAnswer(exc.status, exc.code, exc.message)
+        return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
     return None
 
 
 def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
-    return error_response(answer.status, answer.code, answer.message)
+    return error_response(answer.status, answer.code, answer.message, **answer.extra)
 
 
 def _internal(exc: Exception) -> ErrorAnswer:  # a bug, not bad input: still answer JSON, and keep serving

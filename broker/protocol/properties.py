@@ -31,6 +31,7 @@ PROP_HALF_POS: Final = "__TXN_HALF_POS"  # on a committed message: the half it c
 
 RESERVED_PROPS: Final = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DUE_MS, PROP_SCHED_POS, PROP_LEVEL, PROP_HALF_POS)
 BROKER_TOPICS: Final = (SCHEDULE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC)  # nobody sends to or pulls these
+AUTO_CREATE_TOPIC: Final = "TBW102"  # RocketMQ's default topic: producers route unknown topics by it
 
 # -- consumer retries and dead-letter queues (broker/store/retry.py) --------------------------------------
 RETRY_PREFIX: Final = "%RETRY%"

@@ -12,6 +12,7 @@ restarts (edit its config file to keep it)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from broker.server.config import BrokerConfig
@@ -84,4 +85,20 @@ def update(cfg: BrokerConfig, key: str, value: str) -> BrokerConfig:
     return dataclasses.replace(cfg, **{field: parsed})
 
 
-__all__ = ["ConfigError", "NotUpdatable", "config_view", "update"]
+def check_updates(cfg: BrokerConfig, updates: Mapping[str, str]) -> BrokerConfig:
+    """``updates`` applied in order to a copy of ``cfg`` (the result): every key must be hot and
+    every value valid, so that a caller changes all of them or none. Raises NotUpdatable (naming
+    every key that is not hot) or ConfigError (the first bad value)."""
+    cold = sorted(k for k in updates if k not in HOT_KEYS)
+    if cold:
+        raise NotUpdatable(
+            f"{', '.join(repr(k[:80]) for k in cold[:8])} cannot change on a running broker "
+            f"(updatable: {', '.join(sorted(HOT_KEYS))}); edit the config file and restart the replica"
+        )
+    trial = cfg
+    for key, value in updates.items():
+        trial = update(trial, key, value)
+    return trial
+
+
+__all__ = ["ConfigError", "NotUpdatable", "check_updates", "config_view", "update"]

@@ -28,9 +28,8 @@ import dataclasses
 import shutil
 
 from broker.protocol.properties import retry_topic
-from broker.server.config import BrokerConfig
 from broker.service.admin import AdminOps, ResetAnswer
-from broker.service.base import INT64_MAX, ServiceError, translated, translated_sync
+from broker.service.base import INT64_MAX, ServiceConfig, ServiceError, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
 
 CLONE_TOPICS_MAX = 1024  # topics one clone copies (a group consumes a few)
@@ -105,7 +104,7 @@ class StatsOps(AdminOps):
             halves_pending=s.store.txn.pending_count(),
         )
 
-    def broker_config(self) -> BrokerConfig:
+    def broker_config(self) -> ServiceConfig:
         """The replica's configuration in effect (``update_config`` replaces it)."""
         return self.s.cfg
 
@@ -158,7 +157,7 @@ class StatsOps(AdminOps):
         now = s.wall_ms()
         out = []
         for qid in range(tc.write_queue_nums):
-            cq = s.store.cqs.get(topic, qid)
+            cq = s.store.queue(topic, qid)
             first = cq.get(cq.min_offset) if cq is not None else None
             last = cq.last_unit() if cq is not None else None
             min_ts = first.store_ts if first is not None else -1
@@ -186,7 +185,7 @@ class StatsOps(AdminOps):
         committed = s.store.metadata_view().group_offsets(group, topic)
         offsets = {}
         for qid in range(tc.read_queue_nums):
-            cq = s.store.cqs.get(topic, qid)
+            cq = s.store.queue(topic, qid)
             if cq is None:
                 target = 0
             else:

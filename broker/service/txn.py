@@ -284,7 +284,7 @@ class TxnOps(SendOps):
             return []
         got = s.transactions.queue.take_now(group, max_count, pending=lambda p: s.store.txn.half(p) is not None,
                                              wanted=wanted)
-        cq = s.store.cqs.get(HALF_TOPIC, 0)
+        cq = s.store.queue(HALF_TOPIC, 0)
         out = []
         for r in got:
             if r.message is None:

@@ -1,6 +1,6 @@
 """State entries (``broker/store/message_store.py``: followers behind retention): the ``state`` command a leader
 captures, and, on a follower in needs-state mode, waiting for a usable one, loading it and re-applying
-the entries after its ``as_of`` from the follower's own log. Runs on the tick thread.
+the entries after its ``as_of`` from the follower's own log. Runs on the replica's thread (the broker's loop).
 
 ``StoreStateEntries`` is a base of ``MessageStore`` (over ``StoreRebuild``, whose queue rebuild it uses)."""
 
@@ -48,7 +48,7 @@ class StoreStateEntries(StoreRebuild):
         def _flush_dedup_adds(self) -> None: ...
 
     def capture_state(self) -> dict[str, Any]:
-        """The ``state`` command for this replica's state now (call on the tick thread)."""
+        """The ``state`` command for this replica's state now (call on the replica's thread)."""
         self._owned()
         with self._md_lock:
             md = self.metadata.to_snapshot()
@@ -60,6 +60,7 @@ class StoreStateEntries(StoreRebuild):
             # the pending delayed messages, so the follower skips the same second copies
             "schedule": self.schedule.rows(),
             "transactions": self.txn.rows(),  # pending halves and resolutions (broker/store/transactions.py)
+            "nonces": self.nonces.checkpoint(),  # the replicated nonce window (broker/store/replay.py)
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -94,6 +95,7 @@ class StoreStateEntries(StoreRebuild):
         self._flush_dedup_adds()  # nothing dispatched before the state may land after it
         self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
+        self._restore_nonces(cmd.get("nonces"), as_of)  # before the queues: skipped bodies stay skipped
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.txn.load_rows(cmd.get("transactions") or {}, as_of)

@@ -46,7 +46,7 @@ from dledger.records import (
 from dledger.replica import Request
 from dledger.sim.checker import Checker, Violation
 from dledger.sim.network import LinkModel, SimNetwork
-from dledger.sim.replica import POISON, ClientOp, SimClock, SimReplica
+from dledger.sim.replica import FSYNC_DELAY_S, POISON, ClientOp, SimClock, SimReplica
 
 TICK_S = 0.010
 RAFT_LEADER = 2
@@ -103,6 +103,7 @@ class World:
         self.network.model = LinkModel()
         self.trace_crc = 0
         self._next_tick: dict[str, float] = {}
+        self._light_pending: set[str] = set()
         self.ops: list[ClientOp] = []
         self.events = 0
         self._faults_on = False
@@ -143,6 +144,7 @@ class World:
                 random.Random(self.rng.getrandbits(64)),
                 self.poke,
                 segment_bytes,
+                self.after,
             )
         self._install_targeted_crashes()
 
@@ -166,8 +168,46 @@ class World:
 
     # -- replicas -----------------------------------------------------------------------------------
     def poke(self, node: str) -> None:
-        """A message reached ``node``: it ticks soon (its poll returns on input)."""
-        self._schedule_tick(node, 0.0005)
+        """Input reached ``node`` (a message, or its flush job returned): as its event loop would,
+        it hands the input over and runs a light tick soon (``ReplicaCore.after_input``); the
+        timers wait for its full ticks (every TICK_S)."""
+        if node in self._light_pending:
+            return
+        self._light_pending.add(node)
+        self.after(0.0005, lambda: self._light_tick(node))
+
+    def _light_tick(self, node: str) -> None:
+        self._light_pending.discard(node)
+        r = self.replicas[node]
+        if r.core is None:
+            return
+        if self.now < r.paused_until:
+            self.after(r.paused_until - self.now, lambda: self.poke(node))
+            return
+        dl_clock.use(r.clock)
+        if r.transport is not None:
+            r.transport.drain()
+        if r.core is None:  # crashed while handling the input (a targeted crash)
+            return
+        self._drive(node, r.core.after_input)
+        r.observe()
+        sync = r.core.sync if r.core is not None else None
+        if sync is not None:
+            self._trace(
+                "l", node, round(self.now, 6), sync.dl_state, sync.raftCurrentTerm, r.store.last_index
+            )
+
+    def _drive(self, node: str, step: Callable[[], None]) -> None:
+        """Run one step of ``node``'s core: its full tick or its light tick (either applies
+        committed entries). A ``StateMachineError`` out of it is the replica stopping (in
+        production its process exits 70): a violation, as is the checker's own, raised inside
+        ``apply`` and wrapped by the core."""
+        try:
+            step()
+        except StateMachineError as exc:
+            if isinstance(exc.__cause__, Violation):
+                raise exc.__cause__ from None
+            self.checker.on_apply_failed(node, exc)
 
     def _schedule_tick(self, node: str, delay_s: float) -> None:
         at = self.now + delay_s
@@ -187,12 +227,8 @@ class World:
             self._schedule_tick(node, r.paused_until - self.now)
             return
         dl_clock.use(r.clock)
-        try:
-            r.core.tick(0)
-        except StateMachineError as exc:  # in production the process exits 70: a broken replica
-            if isinstance(exc.__cause__, Violation):  # the checker's own, raised inside apply
-                raise exc.__cause__ from None
-            self.checker.on_apply_failed(node, exc)
+        core = r.core
+        self._drive(node, lambda: core.tick(0))
         r.observe()
         sync = r.core.sync if r.core is not None else None
         if sync is not None:
@@ -331,19 +367,23 @@ class World:
             )
             self.after(duration, self._clean_network)
         elif kind == "slow_fsync":
-            node = rng.choice(ids)
-            self.network.send_delay_s[self.replicas[node].address] = rng.uniform(0.005, 0.2)
-            self.after(duration, lambda: self.network.send_delay_s.clear())
+            slow = self.replicas[rng.choice(ids)]
+            slow.fsync_delay_s = rng.uniform(0.005, 0.2)
+            self.after(duration, self._fast_fsync)
         self.after(rng.uniform(0.1, 1.0), self._nemesis)
 
     def _clean_network(self) -> None:
         self.network.model = LinkModel()
 
+    def _fast_fsync(self) -> None:
+        for r in self.replicas.values():
+            r.fsync_delay_s = FSYNC_DELAY_S
+
     def _heal(self) -> None:
         self._faults_on = False
         self.network.heal_all()
         self._clean_network()
-        self.network.send_delay_s.clear()
+        self._fast_fsync()
         for node, r in self.replicas.items():
             r.paused_until = 0.0
             if r.core is None:

@@ -50,9 +50,10 @@ from urllib.parse import quote as _quote
 import msgpack
 
 from broker.client.remoting import RemotingConnection
+from broker.client.signer import Signer
 from broker.client.transport import ClientError, Transport
 from broker.protocol import frames
-from broker.protocol.auth import Credentials, authorization
+from broker.protocol.auth import UNKNOWN_SCOPE, Credentials, authorization
 from tests.acl_fixtures import ADMIN, BROKER_G0
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.dledger.harness import wait_until
@@ -325,7 +326,7 @@ def encode(g: Gen, method: str, path: str, body: Any, query: dict[str, Any], hos
     ctype, data = "", b""
     if path == "/v1/admin/transfer":  # a body the broker must refuse, never mangled into a real transfer
         data = json.dumps(body).encode()
-        auth = authorization(ADMIN, method, path, data, int(time.time() * 1000))
+        auth = authorization(ADMIN, method, path, data, int(time.time() * 1000), scope=scope_of(host))
         return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\n"
                 f"Authorization: {auth}\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data, True
     if body is not None:
@@ -360,7 +361,8 @@ def encode(g: Gen, method: str, path: str, body: Any, query: dict[str, Any], hos
         headers.append("X-Big: " + "h" * r.choice([100, 9000]))
     if r.random() < 0.9:
         signed_as = ADMIN if r.random() < 0.95 else BROKER_G0
-        headers.append("Authorization: " + authorization(signed_as, method, target, data, int(time.time() * 1000)))
+        headers.append("Authorization: " + authorization(signed_as, method, target, data, int(time.time() * 1000),
+                                                         scope=scope_of(host)))
     elif r.random() < 0.5:
         headers.append("Authorization: DLEDGER-HMAC-SHA256 AccessKey=admin, Timestamp=1, Nonce=" + "0" * 32
                        + ", Signature=" + "A" * 43 + "=")
@@ -478,7 +480,7 @@ def binary_request(g: Gen) -> tuple[int, Any]:
     return op, send_body(g) if op == frames.Op.SEND else pull_body(g)
 
 
-def raw_frames(g: Gen) -> tuple[bytes, int | None]:
+def raw_frames(g: Gen, addr: str) -> tuple[bytes, int | None]:
     """Hand-built bytes for a fresh binary connection and the request id an answer must carry
     (None: the stream is malformed, the broker may close it after an error frame)."""
     r = g.r
@@ -487,24 +489,26 @@ def raw_frames(g: Gen) -> tuple[bytes, int | None]:
     body = frames.pack_body(packable(r.choice([{"topic": "T", "queue_id": 0, "offset": 0},
                                                {"topic": "T", "messages": [{"body": b"x"}]}, {}, {"x": g.junk()}])))
     now_ms = int(time.time() * 1000)
+    scope = scope_of(addr)
     kind = r.randrange(12)
     if kind == 0:  # forged signature
         auth = "DLEDGER-HMAC-SHA256 AccessKey=admin, Timestamp=1, Nonce=" + "0" * 32 + ", Signature=" + "A" * 43 + "="
         return frames.encode(op, rid, body, auth=auth), rid
     if kind == 1:  # a signature an hour old
         return frames.encode(op, rid, body, auth=authorization(ADMIN, frames.AUTH_METHOD, frames.op_name(op), body,
-                                                               now_ms - 3_600_000)), rid
+                                                               now_ms - 3_600_000, scope=scope)), rid
     if kind == 2:  # signed for another op
-        return frames.encode(op, rid, body, auth=authorization(ADMIN, frames.AUTH_METHOD, "PING", body, now_ms)), rid
+        return frames.encode(op, rid, body, auth=authorization(ADMIN, frames.AUTH_METHOD, "PING", body, now_ms,
+                                                               scope=scope)), rid
     if kind == 3:  # signed over another body
         return frames.encode(op, rid, body, auth=authorization(ADMIN, frames.AUTH_METHOD, frames.op_name(op), b"x",
-                                                               now_ms)), rid
+                                                               now_ms, scope=scope)), rid
     if kind == 4:  # a body that is no msgpack map
         data = r.choice([b"\xc1", frames.pack_body([1, 2]), r.randbytes(20)])
         return frames.encode(op, rid, data, auth=authorization(ADMIN, frames.AUTH_METHOD, frames.op_name(op), data,
-                                                               now_ms)), rid
+                                                               now_ms, scope=scope)), rid
     if kind == 5:  # two requests in one write, the second unsigned
-        signed = authorization(ADMIN, frames.AUTH_METHOD, frames.op_name(op), body, now_ms)
+        signed = authorization(ADMIN, frames.AUTH_METHOD, frames.op_name(op), body, now_ms, scope=scope)
         return frames.encode(op, rid, body, auth=signed) + frames.encode(op, rid + 1, body), rid
     auth = b""
     if kind == 6:  # an unknown version
@@ -582,6 +586,13 @@ def _check_frames(figures: Figures, got: list[frames.Frame], where: str) -> None
 
 
 # -- a run ---------------------------------------------------------------------------------------------
+SCOPES: dict[str, str] = {}  # each server's signing scope, by address (filled by ``prepare``)
+
+
+def scope_of(addr: str) -> str:
+    return SCOPES.get(addr, UNKNOWN_SCOPE)
+
+
 @dataclasses.dataclass
 class Endpoints:
     brokers: list[str]  # HTTP
@@ -643,7 +654,7 @@ async def _binary_one(figures: Figures, g: Gen, ends: Endpoints, conns: dict[tup
     addr = r.choice(ends.remoting)
     if r.random() < 0.3:
         figures.raw_frames += 1
-        data, rid = raw_frames(g)
+        data, rid = raw_frames(g, addr)
         where += f" raw {data[:80]!r}"
         try:
             got = await asyncio.wait_for(_raw_exchange(addr, data, rid), HANG_S)
@@ -664,7 +675,7 @@ async def _binary_one(figures: Figures, g: Gen, ends: Endpoints, conns: dict[tup
     signer = r.choices(list(SIGNERS), weights=[85, 5, 10])[0]
     conn = conns.get((addr, signer))
     if conn is None:
-        conn = conns[(addr, signer)] = RemotingConnection(addr, error=ClientError, credentials=SIGNERS[signer])
+        conn = conns[(addr, signer)] = RemotingConnection(addr, error=ClientError, signer=Signer(SIGNERS[signer]))
     op, body = binary_request(g)
     body = packable(body)
     where += f" binary op {op} as {signer}: {str(body)[:160]}"
@@ -711,6 +722,10 @@ async def prepare(cluster: InProcBrokerCluster) -> Endpoints:
         known += [x["msg_id"] for x in sent["results"]]
     remoting = [r.broker.remoting_address for r in g.replicas]
     assert all(remoting), "the binary port is off"
+    for r in g.replicas:  # a signature names its server (issue 23): the fuzz signs for the right one
+        SCOPES[r.addr] = SCOPES[r.broker.remoting_address] = r.broker.security.scope
+    for ns in cluster.namesrvs:
+        SCOPES[ns.addr] = ns.service.security.scope
     return Endpoints([r.addr for r in g.replicas], [a for a in remoting if a], [ns.addr for ns in cluster.namesrvs],
                      known)
 

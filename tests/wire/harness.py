@@ -92,15 +92,16 @@ def acl_signature(ext: dict[str, str], body: bytes, secret_key: str) -> str:
     return base64.b64encode(hmac.new(secret_key.encode(), content, hashlib.sha1).digest()).decode()
 
 
-def remoting_probe(addr: str, credentials: tuple[str, str] | None, timeout_s: float = 5.0) -> tuple[bool, str]:
-    """One GET_BROKER_CLUSTER_INFO (code 106) in RocketMQ's remoting framing, JSON header, signed when ACL is on,
-    as the 4.9.8 client sends it. True when a response frame with the same opaque comes back (any code)."""
+def remoting_call(addr: str, code: int, credentials: tuple[str, str] | None,
+                  timeout_s: float = 5.0) -> tuple[bool, str, bytes]:
+    """One request ``code`` in RocketMQ's remoting framing, JSON header, signed when ACL is on, as the 4.9.8
+    client sends it. (True, summary, body) when a response frame with the same opaque comes back (any code)."""
     ext: dict[str, str] = {}
     if credentials:
         ext["AccessKey"] = credentials[0]
         ext["Signature"] = acl_signature(ext, b"", credentials[1])
     opaque = 7
-    header = json.dumps({"code": 106, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": opaque,
+    header = json.dumps({"code": code, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": opaque,
                          "serializeTypeCurrentRPC": "JSON", "version": 409}, separators=(",", ":")).encode()
     frame = struct.pack("!ii", 4 + len(header), len(header)) + header
     host, port = addr.rsplit(":", 1)
@@ -125,25 +126,43 @@ def remoting_probe(addr: str, credentials: tuple[str, str] | None, timeout_s: fl
                     more = sock.recv(60)
                 except OSError:
                     more = b""
-                return False, f"not a remoting frame: it answered {first + more!r}"
+                return False, f"not a remoting frame: it answered {first + more!r}", b""
             rest = read(length)
             (ori,) = struct.unpack("!i", rest[:4])
             hlen = ori & 0xFFFFFF
+            body = rest[4 + hlen:]
             if (ori >> 24) & 0xFF != 0:
-                return True, "answered with a ROCKETMQ (binary) header"
+                return True, "answered with a ROCKETMQ (binary) header", body
             h = json.loads(rest[4:4 + hlen])
             if h.get("opaque") != opaque or not int(h.get("flag", 0)) & 1:
-                return False, f"answer is not the response to opaque {opaque}: {h}"
-            return True, f"response code {h.get('code')} remark {h.get('remark')!r}"
+                return False, f"answer is not the response to opaque {opaque}: {h}", b""
+            return True, f"response code {h.get('code')} remark {h.get('remark')!r}", body
     except (OSError, ValueError, struct.error, ConnectionError) as e:
-        return False, f"{type(e).__name__}: {e}"
+        return False, f"{type(e).__name__}: {e}", b""
+
+
+def remoting_probe(namesrv: str, credentials: tuple[str, str] | None) -> tuple[bool, str]:
+    """GET_BROKER_CLUSTER_INFO (106) to the NameServer, then GET_BROKER_RUNTIME_INFO (28) to every broker address
+    its answer lists (the brokerAddrs values, read with a pattern since fastjson writes unquoted integer keys).
+    True when every one of them answered with a remoting response frame."""
+    ok, why, body = remoting_call(namesrv, 106, credentials)
+    if not ok:
+        return False, f"NameServer {namesrv}: {why}"
+    addrs = sorted(set(re.findall(r'"(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})"', body.decode("utf-8", "replace"))))
+    if not addrs:
+        return False, f"NameServer {namesrv}: {why}, but no broker address in its cluster info: {body[:300]!r}"
+    for addr in addrs:
+        ok, why_b, _ = remoting_call(addr, 28, credentials)
+        if not ok:
+            return False, f"NameServer {namesrv} answers ({why}); broker {addr}: {why_b}"
+    return True, f"NameServer {namesrv} and brokers {', '.join(addrs)} answer remoting"
 
 
 def require_remoting(target: Target) -> None:
-    """Fails the calling test at once when the target's NameServer did not answer the remoting probe (so the
-    tier fails in seconds, not after every client's time-outs, while the server side lacks the protocol)."""
+    """Fails the calling test at once when the target's NameServer or a broker did not answer the remoting probe
+    (so the tier fails in seconds, not after every client's time-outs, while the server side lacks the protocol)."""
     ok, why = target.extra.get("probe", (True, ""))
-    assert ok, f"[{target.label()}] the NameServer at {target.namesrv} does not answer RocketMQ remoting: {why}"
+    assert ok, f"[{target.label()}] the target does not answer RocketMQ remoting: {why}"
 
 
 # ------------------------------------------------------------------------------------------------ targets

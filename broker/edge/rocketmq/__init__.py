@@ -6,6 +6,8 @@ service (``broker.service.broker_service.BrokerService``), the same methods the 
   check in front of every handler), the clients' connections, the broker's requests to clients;
 - ``send``, ``pull``, ``clients``, ``offsets``: the handlers, by what they serve (each module's
   ``register(edge)`` adds its codes; ``edge.HANDLER_MODULES`` lists the modules);
+- ``txn``, ``query``, ``admin``, ``stats``: transactions, message queries, mqadmin's codes;
+- ``host``      ``EdgeHost``: the edge as the handlers see it (they do not import ``edge``);
 - ``messages``  pure conversions: our stored records as RocketMQ's stored layout, a RocketMQ send as
   our messages;
 - ``channels``  the clients' connections (``ClientChannels``);

@@ -20,7 +20,8 @@
     GET_BROKER_CONFIG (26)                 ``key=value`` lines: ``service.config`` + RocketMQ's names
                                               of what it holds (``config_table``); header version
     UPDATE_BROKER_CONFIG (25)              ``key=value`` lines -> ``service.update_config``, every key
-                                              checked first (only hot keys: all or none change)
+                                              checked first (``service.check_config_update``: only
+                                              hot keys, valid values; all or none change)
     CLEAN_EXPIRED_CONSUMEQUEUE (306)       -> ``service.clean_expired_queues`` (this replica's queues of
                                               topics that no longer exist)
 
@@ -33,20 +34,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from broker.protocol.properties import BROKER_TOPICS
+from broker.protocol.properties import AUTO_CREATE_TOPIC, BROKER_TOPICS
 from broker.protocol.rocketmq import admin_headers as ah
 from broker.protocol.rocketmq import bodies
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import VERSION_V4_9_8, RemotingCommand
 from broker.protocol.rocketmq.header_fields import to_ext
-from broker.server import admin_config
-from broker.server.admin_config import HOT_KEYS
-from broker.server.config import BrokerConfig
+from broker.service.base import ServiceConfig
 from broker.service.broker_service import RuntimeInfo, ServiceError
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 BROKER_VERSION: Final = VERSION_V4_9_8
 BROKER_VERSION_DESC: Final = "V4_9_8"
@@ -86,7 +85,7 @@ def runtime_table(info: RuntimeInfo) -> dict[str, str]:
     return table
 
 
-def config_table(view: Mapping[str, str], cfg: BrokerConfig, broker_id: int) -> dict[str, str]:
+def config_table(view: Mapping[str, str], cfg: ServiceConfig, broker_id: int) -> dict[str, str]:
     """GET_BROKER_CONFIG's properties: our configuration (``service.config``: our key names, secrets
     left out) and, under RocketMQ's names, the values RocketMQ's tools look for."""
     out = dict(view)
@@ -108,28 +107,16 @@ def config_table(view: Mapping[str, str], cfg: BrokerConfig, broker_id: int) -> 
     return out
 
 
-def parse_config_update(raw: bytes, cfg: BrokerConfig) -> dict[str, str]:
-    """UPDATE_BROKER_CONFIG's body: ``key=value`` lines, bounded; every key must be hot and every
-    value valid (checked on a copy of ``cfg``), so that all of them change or none."""
+def parse_config_update(raw: bytes) -> dict[str, str]:
+    """UPDATE_BROKER_CONFIG's body: ``key=value`` lines, bounded (the service checks the keys and
+    values: ``check_config_update``)."""
     if len(raw) > CONFIG_BODY_BYTES_MAX:
         raise CommandError(ResponseCode.SYSTEM_ERROR, f"BAD_BODY: at most {CONFIG_BODY_BYTES_MAX} bytes")
-    props = bodies.decode_properties_text(raw, entries_max=CONFIG_KEYS_MAX)
-    cold = sorted(k for k in props if k not in HOT_KEYS)
-    if cold:
-        raise CommandError(ResponseCode.NO_PERMISSION,
-                           f"NOT_UPDATABLE: {', '.join(k[:80] for k in cold[:8])} cannot change on a running broker "
-                           f"(updatable: {', '.join(sorted(HOT_KEYS))}); edit its config file and restart it")
-    trial = cfg
-    for key, value in props.items():
-        try:
-            trial = admin_config.update(trial, key, value)
-        except admin_config.ConfigError as exc:
-            raise CommandError(ResponseCode.SYSTEM_ERROR, f"BAD_PARAMETER: {exc}") from None
-    return props
+    return bodies.decode_properties_text(raw, entries_max=CONFIG_KEYS_MAX)
 
 
 # -- handlers ------------------------------------------------------------------------------------------------
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Admin(edge)
     edge.route(RequestCode.UPDATE_AND_CREATE_TOPIC, h.put_topic, writes=True)
     edge.route(RequestCode.DELETE_TOPIC_IN_BROKER, h.delete_topic, writes=True)
@@ -145,7 +132,7 @@ def register(edge: RocketMQEdge) -> None:
 
 
 class Admin:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 
@@ -179,10 +166,6 @@ class Admin:
         return req.ok(body=bodies.encode(wrapper))
 
     async def system_topics(self, req: Request) -> RemotingCommand:
-        from broker.server.broker_server import (
-            AUTO_CREATE_TOPIC,  # (the server builds the edge: no import at load)
-        )
-
         cfg = self.svc.broker_config()
         names = (*BROKER_TOPICS, AUTO_CREATE_TOPIC, cfg.msg_trace_topic_name)
         return req.ok(body=bodies.encode(bodies.TopicList(topic_list=tuple(dict.fromkeys(names)))))
@@ -228,7 +211,8 @@ class Admin:
         return req.ok()
 
     async def update_config(self, req: Request) -> RemotingCommand:
-        props = parse_config_update(req.cmd.body, self.svc.broker_config())
+        props = parse_config_update(req.cmd.body)
+        self.svc.check_config_update(props)  # every key hot, every value valid: all change or none
         for key, value in props.items():
             self.svc.update_config(key, value)
         return req.ok()

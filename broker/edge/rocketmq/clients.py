@@ -37,7 +37,7 @@ from broker.serving.acl import Perm
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 log = logging.getLogger("broker.edge.rocketmq")
 CLIENT_EXPIRY_MS: Final = 120_000
@@ -45,7 +45,7 @@ CLIENT_EXPIRY_MS: Final = 120_000
 heartbeat every 30 s). A client whose connection closes leaves at once."""
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Clients(edge)
     edge.route(RequestCode.HEART_BEAT, h.heartbeat)
     edge.route(RequestCode.UNREGISTER_CLIENT, h.unregister)
@@ -57,7 +57,7 @@ def register(edge: RocketMQEdge) -> None:
 
 
 class Clients:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 

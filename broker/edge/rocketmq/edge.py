@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from types import ModuleType
 from typing import Any, Final
 
 from broker.edge.rocketmq import admin, clients, offsets, pull, query, send, stats, txn
 from broker.edge.rocketmq.channels import Channel, ClientChannels
 from broker.edge.rocketmq.errors import command_error
+from broker.edge.rocketmq.host import Handler
 from broker.edge.rocketmq.messages import HostCache
 from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq.codes import RequestCode
@@ -53,8 +54,6 @@ from broker.serving.remoting_server import (
 from broker.serving.security import Principal
 
 log = logging.getLogger("broker.edge.rocketmq")
-
-Handler = Callable[[Request], Awaitable[RemotingCommand | None]]
 
 HANDLER_MODULES: Final[tuple[ModuleType, ...]] = (send, pull, clients, offsets, txn, query, admin, stats)
 """Modules whose ``register(edge)`` adds their codes."""
@@ -94,7 +93,7 @@ class EdgeServer(RemotingServer):
 
 class RocketMQEdge:
     """One per broker replica: the remoting server (its protocol factory is ``server``) and the
-    handlers of the codes the broker serves."""
+    handlers of the codes the broker serves (they see it as an ``EdgeHost``, broker/edge/rocketmq/host.py)."""
 
     def __init__(self, service: BrokerService, *, broker_name: str, store_host: Host,
                  authenticator: Authenticator | None = None, limits: RemotingLimits | None = None,

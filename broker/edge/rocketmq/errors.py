@@ -17,6 +17,8 @@ thrown to the application at once. So:
     BUSY, TOO_MANY_CLIENTS                        SYSTEM_BUSY              back-pressure: not retried
     TOPIC_NOT_EXIST                               TOPIC_NOT_EXIST
     NO_PERMISSION, NOT_SUBSCRIBED, CLIENT_ID_TAKEN NO_PERMISSION
+      NOT_UPDATABLE (a broker config key that only
+      changes with a restart)
     SUBSCRIPTION_PARSE_FAILED                     SUBSCRIPTION_PARSE_FAILED
     a send's bad message (INVALID_*, MESSAGE_TOO_LARGE, RECORD_REFUSED, ...)
                                                   MESSAGE_ILLEGAL          not retried (it would fail again)
@@ -44,6 +46,7 @@ CODES: Final[dict[str, int]] = {
     "NO_PERMISSION": ResponseCode.NO_PERMISSION,
     "NOT_SUBSCRIBED": ResponseCode.NO_PERMISSION,
     "CLIENT_ID_TAKEN": ResponseCode.NO_PERMISSION,
+    "NOT_UPDATABLE": ResponseCode.NO_PERMISSION,
     "SUBSCRIPTION_PARSE_FAILED": ResponseCode.SUBSCRIPTION_PARSE_FAILED,
 }
 SEND_TIMEOUT: Final = "SEND_TIMEOUT"

@@ -26,12 +26,12 @@ from broker.protocol.rocketmq.command import RemotingCommand
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 NOT_FOUND_REMARK = "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Offsets(edge)
     edge.route(RequestCode.QUERY_CONSUMER_OFFSET, h.query)
     edge.route(RequestCode.UPDATE_CONSUMER_OFFSET, h.update, writes=True)
@@ -46,7 +46,7 @@ def _offset(req: Request, offset: int) -> RemotingCommand:
 
 
 class Offsets:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.svc = edge.service
 
     async def query(self, req: Request) -> RemotingCommand:

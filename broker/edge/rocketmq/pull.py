@@ -40,21 +40,21 @@ from broker.service.broker_service import PullAnswer
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 PULL_ANSWER_BYTES_MAX: Final = 4 << 20
 EXPRESSION_TAG: Final = "TAG"
 EXPRESSION_SQL92: Final = "SQL92"
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     handler = Puller(edge)
     edge.route(RequestCode.PULL_MESSAGE, handler.pull)
     edge.route(RequestCode.LITE_PULL_MESSAGE, handler.pull)
 
 
 class Puller:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 

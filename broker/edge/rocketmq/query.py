@@ -34,20 +34,20 @@ from broker.serving.remoting_server import Request
 from broker.store.message import check_keys, check_topic, check_unique_id
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 ANSWER_BYTES_MAX: Final = 4 << 20  # well under the clients' 16 MiB frame
 NOT_FOUND_REMARK: Final = "can not find message, maybe time range not correct"
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Queries(edge)
     edge.route(RequestCode.QUERY_MESSAGE, h.query)
     edge.route(RequestCode.VIEW_MESSAGE_BY_ID, h.view)
 
 
 class Queries:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 

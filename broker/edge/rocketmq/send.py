@@ -32,20 +32,20 @@ from broker.service.broker_service import SendAnswer, ServiceError
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 MSG_REGION: Final = "DefaultRegion"
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     handler = Sender(edge)
     for code in SEND_CODES:
         edge.route(code, handler.send, writes=True)
 
 
 class Sender:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 

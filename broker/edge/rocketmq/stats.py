@@ -43,13 +43,13 @@ from broker.service.broker_service import ResetAnswer
 from broker.serving.remoting_server import Request
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 RELAY_TIMEOUT_S: Final = 5.0  # what mqadmin waits for the whole call by default
 OTHER_LANGUAGE: Final = LanguageCode.OTHER.name  # a member known by HTTP heartbeats (our SDK)
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Stats(edge)
     edge.route(RequestCode.GET_TOPIC_STATS_INFO, h.topic_stats)
     edge.route(RequestCode.GET_CONSUME_STATS, h.consume_stats)
@@ -82,7 +82,7 @@ def subscription_data(topic: str, expression_type: str, expression: str) -> bodi
 
 
 class Stats:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
 

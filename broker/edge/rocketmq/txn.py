@@ -48,7 +48,7 @@ from broker.serving.remoting_server import CommandError, Request
 from broker.serving.security import Principal
 
 if TYPE_CHECKING:
-    from broker.edge.rocketmq.edge import RocketMQEdge
+    from broker.edge.rocketmq.host import EdgeHost
 
 STATE_OF: Final = {
     rp.TRANSACTION_COMMIT_TYPE: "COMMIT_MESSAGE",
@@ -59,7 +59,7 @@ PUSH_BATCH: Final = 64  # check requests taken per step of a push
 PUSH_TIMEOUT_S: Final = 5.0  # writing one check to a producer's connection
 
 
-def register(edge: RocketMQEdge) -> None:
+def register(edge: EdgeHost) -> None:
     h = Transactions(edge)
     edge.route(RequestCode.END_TRANSACTION, h.end, writes=True)
     edge.service.watch_transaction_checks(h.checks_queued)
@@ -79,7 +79,7 @@ def may_publish(principal: Principal, topic: str) -> bool:
 
 
 class Transactions:
-    def __init__(self, edge: RocketMQEdge):
+    def __init__(self, edge: EdgeHost):
         self.edge = edge
         self.svc = edge.service
         self._pushing: set[str] = set()

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 
 from broker.edge.rocketmq.admin import config_table, parse_config_update, runtime_table
+from broker.edge.rocketmq.errors import code_of
 from broker.protocol.properties import HALF_TOPIC
 from broker.protocol.rocketmq import admin_headers as ah
 from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
+from broker.server.admin_config import NotUpdatable, check_updates
 from broker.server.config import BrokerConfig, parse_broker_config
 from broker.service.broker_service import RuntimeInfo
 from broker.serving.remoting_server import CommandError
+from dledger.config import ConfigError
 from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER
 from tests.broker.edge.rocketmq_support import ACL_OFF, acl_on, client, ok, refused, send, start_cluster
 from tests.broker.inproc_cluster import InProcBrokerCluster
@@ -61,17 +64,23 @@ def test_config_table_names_what_rocketmqs_tools_read_and_no_secret() -> None:
 
 
 def test_config_update_all_or_nothing() -> None:
+    """The edge parses the body (bounded); the server's check tries every key on a copy first
+    (``check_updates``, behind ``service.check_config_update``): all change or none."""
     cfg = _cfg()
-    assert parse_config_update(b"autoCreateTopicEnable=false\nlongPollingMaxMs=1000\n", cfg) == {
-        "autoCreateTopicEnable": "false", "longPollingMaxMs": "1000"}
-    with pytest.raises(CommandError) as cold:
-        parse_config_update(b"autoCreateTopicEnable=false\nbrokerName=other\n", cfg)
-    assert cold.value.code == ResponseCode.NO_PERMISSION and "brokerName" in cold.value.remark
-    with pytest.raises(CommandError) as bad:
-        parse_config_update(b"autoCreateTopicEnable=false\nlongPollingMaxMs=-5\n", cfg)
-    assert bad.value.code == ResponseCode.SYSTEM_ERROR and "BAD_PARAMETER" in bad.value.remark
+    props = parse_config_update(b"autoCreateTopicEnable=false\nlongPollingMaxMs=1000\n")
+    assert props == {"autoCreateTopicEnable": "false", "longPollingMaxMs": "1000"}
+    trial = check_updates(cfg, props)
+    assert (trial.auto_create_topic, trial.long_polling_max_ms) == (False, 1000)
+    assert (cfg.auto_create_topic, cfg.long_polling_max_ms) == (True, 30_000)  # the copy changed, not cfg
+    with pytest.raises(NotUpdatable, match="brokerName"):
+        check_updates(cfg, parse_config_update(b"autoCreateTopicEnable=false\nbrokerName=other\n"))
+    with pytest.raises(ConfigError):
+        check_updates(cfg, parse_config_update(b"autoCreateTopicEnable=false\nlongPollingMaxMs=-5\n"))
+    # ... answered as the server's ServiceError codes map to RocketMQ's (broker/edge/rocketmq/errors.py)
+    assert code_of("NOT_UPDATABLE") == ResponseCode.NO_PERMISSION
+    assert code_of("BAD_PARAMETER") == ResponseCode.SYSTEM_ERROR
     with pytest.raises(CommandError):
-        parse_config_update(b"x=" + b"y" * (65 << 10), cfg)
+        parse_config_update(b"x=" + b"y" * (65 << 10))
 
 
 # -- on a cluster ------------------------------------------------------------------------------------------------

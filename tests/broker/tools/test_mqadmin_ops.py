@@ -396,7 +396,7 @@ async def test_clean_expired_cq(mqadmin: Mqadmin, cluster: InProcBrokerCluster) 
         def orphan(store: Any = store) -> None:
             store.cqs.get_or_create("Ghost", 0).append(0, 10, 0, 0)
 
-        await rep.broker.node.run_on_tick_thread(orphan, 5)
+        await rep.broker.node.run_on_replica_thread(orphan, 5)
     assert all(rep.broker.store.cqs.get("Ghost", 0) is not None for rep in g0.replicas)
     r = await mqadmin("cleanExpiredCQ", "-c", "DefaultCluster")
     assert r.rc == 0, r.err
