@@ -270,7 +270,7 @@ class NamesrvService:
             if self.cfg.tls_cert_file
             else None
         )
-        limits = SniffLimits(pending_max=self.cfg.connections_max,
+        limits = SniffLimits(pending_max=self.guard.unproven_max,  # 3/4 of the cap, as HTTP's unproven ones
                              first_byte_timeout_s=self.cfg.header_timeout_ms / 1000,
                              tls_handshake_timeout_s=self.guard.limits.tls_handshake_timeout_s)
         runner, site = await start_dual_server(self.app(), self.guard, host, port, remoting=self.remoting,

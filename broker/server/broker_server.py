@@ -242,7 +242,8 @@ class BrokerServer:
         sec = self.cfg.security
         ssl_ctx = server_ssl_context(sec.tls_cert_file, sec.tls_key_file or "") if sec.tls_cert_file else None
         await self._resolve_store_host()
-        sniff = SniffLimits(pending_max=sec.connections_max, first_byte_timeout_s=sec.header_timeout_ms / 1000,
+        # connections that sent nothing yet: as many as HTTP's unproven ones (3/4 of the cap), oldest evicted
+        sniff = SniffLimits(pending_max=self.guard.unproven_max, first_byte_timeout_s=sec.header_timeout_ms / 1000,
                             tls_handshake_timeout_s=self.guard.limits.tls_handshake_timeout_s)
         tls_mode = TlsMode(self.cfg.tls_mode)
         self._runner, self._site = await start_dual_server(

@@ -18,8 +18,12 @@ the chosen protocol (``set_protocol``, ``connection_made``, then the bytes repla
 standard loop and on uvloop (``DLEDGER_EVENT_LOOP``). (``loop.start_tls`` after reading the first
 bytes would need those bytes of the ClientHello fed back into the loop's TLS protocol: not an API.)
 
-Bounds: at most ``pending_max`` connections between accept and hand-over (more are closed at once);
-the first byte must come within ``first_byte_timeout_s``; a TLS handshake gets
+Bounds: at most ``pending_max`` connections between accept and hand-over. When they are all taken, a
+new connection closes the oldest one that has sent nothing yet (``evicted_connections``), as the HTTP
+guard does with half-open requests (issue 23): a flood of silent connections churns among itself
+and never locks out a client that speaks at once; only when every slot is in a TLS handshake is a
+new connection closed at once (``refused_connections``). The first byte must come within
+``first_byte_timeout_s``; a TLS handshake gets
 ``tls_handshake_timeout_s`` and then ``first_byte_timeout_s`` for its first record. After the
 hand-over each protocol keeps its own bounds (``broker.serving.http_edge``'s guard, ``RemotingServer``).
 
@@ -95,6 +99,7 @@ class SniffStats:
         self.accepted = 0
         self.pending = 0
         self.refused_connections = 0
+        self.evicted_connections = 0  # silent ones closed to make room for a new connection
         self.timed_out_connections = 0
         self.plain_refused = 0
         self.tls_handshakes = 0
@@ -222,10 +227,14 @@ class SniffingListener:
                     log.debug("accept failed: %s", exc)
                 return
             self.stats.accepted += 1
+            while self.stats.pending >= self.limits.pending_max and self._pending:
+                oldest = next(iter(self._pending.values()))  # dicts keep insertion order: the oldest
+                self.stats.evicted_connections += 1
+                self._drop(oldest)
             if self.stats.pending >= self.limits.pending_max:
                 self.stats.refused_connections += 1
                 if self.stats.refused_connections % 1000 == 1:
-                    log.warning("connection refused: %d connections sent nothing yet (limit %d)",
+                    log.warning("connection refused: %d connections in their TLS handshake (limit %d)",
                                 self.stats.pending, self.limits.pending_max)
                 conn.close()
                 continue

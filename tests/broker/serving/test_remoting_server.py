@@ -401,10 +401,16 @@ def test_connection_flood_is_capped_and_the_server_recovers(loop_name: str) -> N
     async def scenario() -> None:
         s = await serve(Gate(), limits=RemotingLimits(connections_max=20), sniff=SniffLimits(pending_max=10))
         try:
-            # 30 connections that send nothing: 10 wait in the sniffer, the others are closed at once
+            # 30 connections that send nothing: 10 wait in the sniffer; each new one closes the oldest
             silent = [await raw(s.addr) for _ in range(30)]
-            await wait_until(lambda: s.site.listener.stats.refused_connections == 20, 10, "20 refused")
-            assert s.site.listener.stats.pending == 10
+            await wait_until(lambda: s.site.listener.stats.evicted_connections == 20, 10, "20 evicted")
+            assert s.site.listener.stats.pending == 10 and s.site.listener.stats.refused_connections == 0
+            # a client that speaks at once is served while the flood holds every slot (issue 23): it
+            # evicts the oldest silent connection, which the server closed
+            c = await RmqClient.connect(s.addr)
+            assert (await c.call(ECHO, {"x": "during"})).ext("echo") == "during"
+            await c.close()
+            assert await asyncio.wait_for(silent[20][0].read(), 10) == b""  # the oldest then: closed
             for _, w in silent:
                 w.close()
             await wait_until(lambda: s.site.listener.stats.pending == 0, 10, "silent connections gone")
