@@ -88,6 +88,7 @@ def _fake_server(ms: MessageStore) -> Any:
         counters=collections.Counter(),
         applied_seq=0,
         clock=SYSTEM,
+        wall_ms=lambda: int(SYSTEM.wall() * 1000),  # BrokerHost.wall_ms (the service's start time)
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
         wait_for_queue=wait_for_queue,
         metrics=types.SimpleNamespace(  # broker/server/metrics.py's event hooks, not under test here
