@@ -28,6 +28,17 @@ REPO = os.path.dirname(os.path.dirname(WIRE))
 JAVA_DIR = os.path.join(WIRE, "java")
 GO_BIN = os.path.join(WIRE, ".build", "wirego")
 CLIENTS = {"4.9.8": "rmq4", "5.3.1": "rmq5"}
+
+
+def java_clients(own: str) -> list[str]:
+    """The Java client versions a scenario runs with: ``WIRE_CLIENTS=both`` every scenario with 4.9.8 and
+    5.3.1 (issue 25's full matrix); ``each`` (the default, CI's budget) only the scenario's own version
+    ``own`` — the scenarios alternate between them, and the send scenario runs with both as a smoke."""
+    choice = os.environ.get("WIRE_CLIENTS", "each")
+    if choice not in ("each", "both"):
+        raise ValueError(f"WIRE_CLIENTS must be each or both, not {choice!r}")
+    assert own in CLIENTS, own
+    return list(CLIENTS) if choice == "both" else [own]
 ADMIN_PROFILE = "admin4"
 MQADMIN_MAIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
 

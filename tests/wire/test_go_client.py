@@ -24,38 +24,45 @@ def run(scenario: str, target: Target, home: str, **kw: Any) -> Run:
     return r
 
 
+@pytest.mark.wire_acl("on")
 def test_go_sync_async_oneway_batch(target: Target, home: str) -> None:
     res = run("send", target, home, count=40).result
     assert res["acked"] == 2 * 40 and res["read"] >= 4 * 40   # sync + async by id; batch and oneway by body
 
 
+@pytest.mark.wire_acl("off")
 def test_go_push_consumer_with_tags(target: Target, home: str) -> None:
     res = run("push-tags", target, home, count=30).result
     assert res["clustering_received"] == 2 * 30 + res["queues"]
 
 
+@pytest.mark.wire_acl("on")
 def test_go_pull_consumer(target: Target, home: str) -> None:
     res = run("pull", target, home, count=40).result
     assert res["received"] == 40
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.wire_acl("off")
 def test_go_ordered_messages_across_a_leader_kill(target: Target, home: str) -> None:
     res = run("orderly", target, home, count=200, kill=True, timeout_s=300).result
     assert res["sent_acked"] == 200 and res["consumed"] >= 200
 
 
+@pytest.mark.wire_acl("on")
 def test_go_delay_levels(target: Target, home: str) -> None:
     res = run("delay", target, home, count=3).result
     assert res["sent"] == 6
 
 
 @pytest.mark.timeout(360)
+@pytest.mark.wire_acl("off")
 def test_go_transactions_commit_rollback_check_back(target: Target, home: str) -> None:
     res = run("txn", target, home, count=2, timeout_s=240).result
     assert sorted(res["check_backs"]) == ["check-commit-0", "check-commit-1", "check-rollback-0", "check-rollback-1"]
 
 
+@pytest.mark.wire_acl("on")
 def test_go_sql92_selector(target: Target, home: str) -> None:
     res = run("sql92", target, home, count=30).result
     colors = ["red", "blue", "green", "red", "yellow"]

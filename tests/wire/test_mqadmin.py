@@ -55,6 +55,7 @@ def leader_addr(target: Target, home: str) -> str:
     return leaders[0]
 
 
+@pytest.mark.wire_acl("off")
 def test_cluster_list(target: Target, admin_home: str) -> None:
     """One row per replica of the group: the leader as BID 0, the two followers as other BIDs, each with an
     address and a version."""
@@ -70,6 +71,7 @@ def test_cluster_list(target: Target, admin_home: str) -> None:
     assert len({r[3] for r in group}) == 3
 
 
+@pytest.mark.wire_acl("on")
 def test_topic_create_list_route_status_delete(target: Target, admin_home: str) -> None:
     require_remoting(target)
     topic = fresh("admin_topic")
@@ -107,6 +109,7 @@ def test_topic_create_list_route_status_delete(target: Target, admin_home: str) 
     wait_for(f"{topic} gone from topicList", 30, gone)
 
 
+@pytest.mark.wire_acl("on")
 def test_update_sub_group(target: Target, admin_home: str) -> None:
     require_remoting(target)
     group = fresh("admin_sub")
@@ -117,6 +120,7 @@ def test_update_sub_group(target: Target, admin_home: str) -> None:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.wire_acl("off")
 def test_consumer_and_message_commands(target: Target, admin_home: str, home: str) -> None:
     """consumerConnection, consumerProgress, queryMsgById, queryMsgByKey and resetOffsetByTime with a live
     4.9.8 producer and push consumer (the Java ``hold`` scenario)."""
@@ -184,6 +188,7 @@ def test_consumer_and_message_commands(target: Target, admin_home: str, home: st
     assert final.get("ok") is True, f"{final} {held.stderr_tail()}"
 
 
+@pytest.mark.wire_acl("on")
 def test_broker_status_and_config(target: Target, admin_home: str) -> None:
     require_remoting(target)
     leader = leader_addr(target, admin_home)
