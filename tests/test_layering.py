@@ -46,9 +46,10 @@ ALLOWED_FILES: dict[str, str] = {
 # broker.protocol.rocketmq (RocketMQ's remoting wire) is a pure codec every side shares: the standard
 # library and the rest of the wire contract only (no msgpack, no server module).
 ROCKETMQ_WIRE_MAY_IMPORT = ("broker.protocol",)
-# dledger.apps are processes, the top layer: they may use the broker's HTTP edge (one error
-# middleware, bounded parameters). The dledger library itself imports nothing above it.
-DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main")
+# dledger.apps are processes, the top layer: they may use the serving kit's HTTP edge (one error
+# middleware, bounded parameters, the one coded error) and its process start-up. The dledger
+# library itself imports nothing above it.
+DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main", "broker.protocol.errors")
 
 
 def _unit(module: str) -> str:
@@ -231,7 +232,8 @@ ARROWS: dict[str, frozenset[str]] = {
     # + dledger.apps: the benchmarks' histogram and the local cluster (mq-bench, failover bench)
     "broker.tools": frozenset({"broker.protocol", "broker.serving", "broker.client", "dledger", "dledger.apps"}),
     "namesrv": frozenset({"broker.protocol", "broker.serving", "dledger"}),
-    "dledger.apps": frozenset({"dledger", "broker.serving"}),
+    # + broker.protocol: the one coded error, which dledger-node answers like every HTTP server
+    "dledger.apps": frozenset({"dledger", "broker.serving", "broker.protocol"}),
     # + broker.store: the record and consume-queue codecs the replica reader decodes with (constants
     # and pure functions); broker.edge: the export's paths and page size (spark_jobs/remote.py)
     "spark_jobs": frozenset(

@@ -83,25 +83,6 @@ RETRY_PAUSE_MAX_S = 1.0
 PUBLISHABLE_TOPICS_MAX = 1024  # topics whose writable queue list a producer keeps
 DISCOVERY_STEP_S = 0.1  # how often a paused retry asks the group's replicas for the new leader
 
-# Errors after which another attempt (another group, or the same one later) may succeed.
-RETRY_CODES = frozenset(
-    {
-        "CONNECT_FAILED",
-        "CONNECTION_LOST",
-        "TIMEOUT",
-        "SEND_TIMEOUT",
-        "NOT_LEADER",
-        "NO_LEADER",
-        "NO_ROUTE",
-        "NOT_READY",
-        "BUSY",
-        "APPEND_FAILED",
-        "SHUTTING_DOWN",
-        "DISK_FULL",
-        "NO_PERMISSION",
-        "TOPIC_NOT_EXIST",
-    }
-)
 # Errors that say the cached route may be wrong: refresh it before the next attempt.
 REFRESH_CODES = frozenset(
     {
@@ -133,10 +114,6 @@ PAUSE_CODES = frozenset(
 )
 
 SendCallback = Callable[[SendResult | None, BaseException | None], Any]
-
-
-def retriable(exc: ClientError) -> bool:
-    return exc.code in RETRY_CODES or exc.status >= 500
 
 
 def send_outcome_unknown(earlier_unknown: bool, exc: ClientError) -> bool:
@@ -444,7 +421,7 @@ class Producer:
                     fixed = mq  # where it may be stored: that group's window answers the retry
                 maybe_stored = send_outcome_unknown(maybe_stored, exc)
                 exc.outcome_unknown = maybe_stored
-                if not retriable(exc):
+                if not exc.retryable:
                     raise
                 last_exc = exc
                 last_broker = mq.broker_name if mq is not None else last_broker
@@ -492,7 +469,7 @@ class Producer:
                 timeout_s=max(deadline - start, 0.001),
             )
         except ClientError as exc:
-            self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=retriable(exc))
+            self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=exc.retryable)
             raise
         self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=False)
         return answer

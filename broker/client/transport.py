@@ -134,49 +134,12 @@ def resolve_security(credentials: CredentialsArg, tls: TlsArg) -> tuple[Credenti
     return creds, ctx
 
 
-# A failure is *definite* ("the request cannot have taken effect": a send cannot have been stored)
-# only when the request never reached a broker (no connection, a check in the client) or a broker
-# refused it before acting on it: a 4xx answer, or 503 NOT_READY / 507 DISK_FULL. Everything else
-# may have taken effect. APPEND_FAILED (409) is not definite: the entry was replaced on the replica
-# that answered, but another replica holding it may still be elected and commit it (Raft §5.4.2,
-# Figure 8). A garbled answer or a 5xx may come after the append.
-UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST", "APPEND_FAILED", "BAD_ANSWER"})
-REFUSED_5XX_CODES = frozenset({"NOT_READY", "DISK_FULL"})
-
-
-def outcome_unknown(code: str, status: int) -> bool:
-    """True when a call that failed with ``code`` (HTTP ``status``, 0 without an answer) may still
-    have taken effect (see ``UNKNOWN_OUTCOME_CODES``)."""
-    if code in UNKNOWN_OUTCOME_CODES:
-        return True
-    return status >= 500 and code not in REFUSED_5XX_CODES
 # Methods safe to send again when a reused connection closes after the request went out (RFC 9110 9.2.2).
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
-class ClientError(Exception):
-    """A failed call: ``code`` names what happened; ``status`` is the HTTP status (0: no answer)."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        status: int = 0,
-        addr: str | None = None,
-        leader_addr: str | None = None,
-        answer: Mapping[str, Any] | None = None,
-    ):
-        super().__init__(f"{code}: {message}" + (f" ({addr})" if addr else ""))
-        self.code = code
-        self.message = message
-        self.status = status
-        self.addr = addr
-        self.leader_addr = leader_addr
-        self.answer = answer  # the server's whole error map, when there was one
-        # True when the request may have taken effect (a send to retry with the same unique ids);
-        # the producer also sets it when an earlier attempt of the same send had an unknown outcome.
-        self.outcome_unknown = outcome_unknown(code, status)
+# The SDK's name for the coded error (docs/CLIENT.md, "Errors"): what every failed call raises.
+ClientError = ProtocolError
 
 
 def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:

@@ -38,6 +38,7 @@ from typing import Any, Final
 import msgpack
 
 from broker.protocol.auth import HEADER_CHARS_MAX
+from broker.protocol.errors import ProtocolError
 
 VERSION: Final = 1
 HEADER: Final = struct.Struct(">IBBHIH")
@@ -70,13 +71,8 @@ def op_name(op: int) -> str:
     return OP_NAMES.get(op, f"OP_{op}")
 
 
-class FrameError(Exception):
+class FrameError(ProtocolError):
     """A malformed frame or stream: ``code`` for the error frame, then the connection closes."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_decimal, is_topic
 from broker.protocol.properties import (
     BROKER_TOPICS,
@@ -50,7 +51,7 @@ from broker.protocol.properties import (
     SCHEDULE_TOPIC,
 )
 from broker.protocol.routes import TopicConfig
-from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message
+from broker.store.message import StoredMessage, encode_command, encode_message
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class SchedulePolicy:
         """(due ms, level; 0 for a deliver time) of a message sent at ``store_ts``, None: not delayed."""
         for name in RESERVED_PROPS:
             if name in props:
-                raise InvalidInput("BAD_REQUEST", f"{where}: property {name} is reserved for the broker")
+                raise ProtocolError("BAD_REQUEST", f"{where}: property {name} is reserved for the broker", 400)
         timer = None
         for name, scale, absolute in (
             (PROP_TIMER_DELIVER_MS, 1, True),
@@ -106,10 +107,10 @@ class SchedulePolicy:
                 break
         if timer is not None:
             if timer - store_ts > self.timer_max_delay_ms:
-                raise InvalidInput(
+                raise ProtocolError(
                     "TIMER_DELAY_TOO_LONG",
                     f"{where}: deliver time {timer} is more than timerMaxDelaySec "
-                    f"({self.timer_max_delay_ms // 1000} s) after the store time {store_ts}",
+                    f"({self.timer_max_delay_ms // 1000} s) after the store time {store_ts}", 400,
                 )
             return (timer, 0) if timer > store_ts else None
         if PROP_DELAY in props:
@@ -123,7 +124,7 @@ class SchedulePolicy:
     def prepare(self, m: StoredMessage, where: str) -> StoredMessage:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
         if m.topic in BROKER_TOPICS:
-            raise InvalidInput("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
+            raise ProtocolError("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
         if not m.properties:  # most messages: nothing reserved, nothing delayed
             return m
         due = self.due_of(m.properties, m.store_ts, where)
@@ -147,7 +148,7 @@ def _int_prop(value: str, name: str, where: str) -> int:
     text = value.strip()
     # ASCII digits only: str.isdigit() also accepts '²', which int() refuses (a 500 once).
     if not is_decimal(text.removeprefix("-")) or len(text) > 19:
-        raise InvalidInput("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}")
+        raise ProtocolError("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}", 400)
     return int(text)
 
 

@@ -46,6 +46,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_decimal
 from broker.protocol.properties import (
     HALF_TOPIC,
@@ -57,7 +58,7 @@ from broker.protocol.properties import (
     PROP_REAL_TOPIC,
     PROP_TRAN_MSG,
 )
-from broker.store.message import InvalidInput, StoredMessage
+from broker.store.message import StoredMessage
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ def immunity_ms(props: Mapping[str, str], where: str) -> int | None:
         return None
     text = raw.strip()
     if not is_decimal(text) or not 0 <= int(text) <= IMMUNITY_MAX_S:  # ASCII digits ('²'.isdigit() holds)
-        raise InvalidInput(
-            "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}"
+        raise ProtocolError(
+            "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}", 400
         )
     return int(text) * 1000
 
@@ -265,7 +266,7 @@ class TransactionIndex(SnapshotIndex):
             return
         try:
             immunity = immunity_ms(props, "half")
-        except InvalidInput:
+        except ProtocolError:
             immunity = None
         with self._lock:
             self._db.execute(
