@@ -259,7 +259,7 @@ class ScheduleIndex(SnapshotIndex):
                 h = admitted_header(body)
                 if h is None:
                     continue
-                self.on_message(position, len(body), h[0], h[5])
+                self.on_message(position, len(body), h.topic, h.properties)
             elif kind == COMMAND_MAGIC:
                 cmd, _refused = admit_command(body)
                 if cmd is None:

@@ -333,7 +333,7 @@ class TransactionIndex(SnapshotIndex):
             if body[:1] in MESSAGE_MAGICS:
                 h = admitted_header(body)
                 if h is not None:
-                    self.on_message(position, len(body), h[0], h[5], h[8])
+                    self.on_message(position, len(body), h.topic, h.properties, h.store_ts)
             elif body[:1] == COMMAND_MAGIC:
                 cmd, _refused = admit_command(body)
                 if cmd is not None and str(cmd.get("op", "")).startswith("txn."):
