@@ -73,6 +73,7 @@ from broker.client.transport import (
     Transport,
     resolve_security,
 )
+from broker.protocol.frames import Op
 from broker.protocol.routes import PERM_READ, PERM_WRITE, QueueData
 
 log = logging.getLogger(__name__)
@@ -384,7 +385,7 @@ class Producer:
         arg: Any,
         timeout_s: float | None,
         retries: int,
-        path: str = "/v1/send",  # TransactionProducer's halves: /v1/transaction/half
+        target: Op | str = Op.SEND,  # TransactionProducer's halves: "/v1/transaction/half"
     ) -> SendResult:
         loop = asyncio.get_running_loop()
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
@@ -412,8 +413,8 @@ class Producer:
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
-                result = await self._send_to(mq, msgs, born_ts, deadline, path)
-                if self.trace is not None and topic != self.trace_topic and path == "/v1/send":
+                result = await self._send_to(mq, msgs, born_ts, deadline, target)
+                if self.trace is not None and topic != self.trace_topic and target is Op.SEND:
                     self._trace_send(msgs, result, born_ts, loop.time() - started)
                 return result
             except ClientError as exc:
@@ -441,12 +442,12 @@ class Producer:
         raise last_exc
 
     async def _send_to(
-        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, path: str = "/v1/send"
+        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, target: Op | str = Op.SEND
     ) -> SendResult:
         body = send_request(mq, msgs, producer_group=self.group, born_ts=born_ts, born_host=self._born_host)
-        if path == "/v1/send" and self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
+        if target is Op.SEND and self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
             return await self._batcher.send(mq, body["messages"][0], deadline)
-        return send_result_from_answer(await self._send_body(mq, body, deadline, path), mq)
+        return send_result_from_answer(await self._send_body(mq, body, deadline, target), mq)
 
     async def _send_items(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
         """One auto-batch: the messages of several callers in one request (its answer, whole)."""
@@ -454,7 +455,7 @@ class Producer:
         return await self._send_body(mq, body, deadline)
 
     async def _send_body(
-        self, mq: MessageQueue, body: dict[str, Any], deadline: float, path: str = "/v1/send"
+        self, mq: MessageQueue, body: dict[str, Any], deadline: float, target: Op | str = Op.SEND
     ) -> Any:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -464,7 +465,7 @@ class Producer:
                 self.routes,
                 mq.topic,
                 mq.broker_name,
-                path,
+                target,
                 body,
                 timeout_s=max(deadline - start, 0.001),
             )

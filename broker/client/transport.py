@@ -38,6 +38,7 @@ from broker.protocol.auth import (
     load_credentials,
 )
 from broker.protocol.errors import ProtocolError
+from broker.protocol.frames import HTTP_PATH, Op
 from broker.protocol.limits import ANSWER_BYTES_MAX, ANSWER_HEADERS_MAX
 from broker.protocol.routes import ClusterInfo, TopicRouteData
 
@@ -49,8 +50,6 @@ ENV_TLS_CA_FILE: Final = "DLEDGER_TLS_CA_FILE"
 ENV_TLS: Final = "DLEDGER_TLS"
 ENV_TRANSPORT: Final = "DLEDGER_TRANSPORT"  # "http" forces HTTP for the data path (default: binary)
 PROTOCOLS: Final = ("auto", "http")
-# Routes the binary protocol serves (broker.protocol.frames.Op): the SDK's data path.
-REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2}
 IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 # A body this large is not sent to a server whose scope is unknown: a refusal would come before the
@@ -286,6 +285,25 @@ class Transport:
             conn.last_used = time.monotonic()
             idle.append(conn)
 
+    async def operation(
+        self, addr: str, op: Op, body: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> Any:
+        """One data-path operation (``Op.SEND``, ``Op.PULL``) on the broker at ``addr`` (its HTTP
+        address): over its binary port when a route advertised one (``learn_route``), else over
+        its HTTP route (``HTTP_PATH``); the same answer either way, or ``ClientError``."""
+        raddr = self.remoting_addr(addr) if self._remoting_addrs else None
+        if raddr is not None:
+            conn = self._remoting_connection(raddr)
+            try:
+                return await conn.call(op, dict(body), timeout_s if timeout_s is not None else self.timeout_s)
+            except ClientError as exc:
+                if exc.code != "CONNECT_FAILED":
+                    exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
+                    raise
+                # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
+                # forwards HTTP), so this call goes over HTTP.
+        return await self.call(addr, "POST", HTTP_PATH[op], body, timeout_s=timeout_s)
+
     async def call(
         self,
         addr: str,
@@ -296,20 +314,7 @@ class Transport:
         params: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        """One request; returns the decoded msgpack answer or raises ``ClientError``."""
-        op = REMOTING_OPS.get((method, path)) if not params else None
-        if op is not None and self._remoting_addrs:
-            raddr = self.remoting_addr(addr)
-            if raddr is not None:
-                conn = self._remoting_connection(raddr)
-                try:
-                    return await conn.call(op, dict(body or {}), timeout_s if timeout_s is not None else self.timeout_s)
-                except ClientError as exc:
-                    if exc.code != "CONNECT_FAILED":
-                        exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
-                        raise
-                    # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
-                    # forwards HTTP), so this call goes over HTTP.
+        """One HTTP request; returns the decoded msgpack answer or raises ``ClientError``."""
         data = msgpack.packb(body, use_bin_type=True) if body is not None else b""
         qs = {k: str(v) for k, v in (params or {}).items() if v is not None}
         target = quote(path, safe="/%:@!$&'()*+,;=-._~") + ("?" + urlencode(qs) if qs else "")

@@ -56,12 +56,17 @@ AUTH_METHOD: Final = "REMOTING"
 
 
 class Op(enum.IntEnum):
-    """Operations; each takes the map the HTTP API's route of the same name takes."""
+    """Operations; each takes and answers the map its HTTP route (``HTTP_PATH``) takes and answers."""
 
-    SEND = 1  # POST /v1/send (one message or a batch)
-    PULL = 2  # POST /v1/pull
+    SEND = 1  # one message or a batch
+    PULL = 2
     # 3 is reserved (consumer heartbeats, which stay on HTTP for now)
     PING = 4  # no body; answers {} (liveness, tests)
+
+
+# The HTTP API's route (POST) of each data-path operation: the same request map, the same answer.
+# Where a client sends the operation when the broker has no binary port (docs/API.md).
+HTTP_PATH: Final[dict[Op, str]] = {Op.SEND: "/v1/send", Op.PULL: "/v1/pull"}
 
 
 OP_NAMES: Final = {int(op): op.name for op in Op}
