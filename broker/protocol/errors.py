@@ -72,18 +72,9 @@ class ProtocolError(Exception):
     ``addr``: the server that answered or was called (the SDK's errors; None on a server);
     ``answer``: the whole error map that server answered with (None when it answered none)."""
 
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        status: int = 0,
-        *,
-        retryable: bool | None = None,
-        outcome_unknown: bool | None = None,
-        addr: str | None = None,
-        answer: Mapping[str, Any] | None = None,
-        **extra: Any,
-    ):
+    def __init__(self, code: str, message: str, status: int = 0, *, retryable: bool | None = None,
+                 outcome_unknown: bool | None = None, addr: str | None = None,
+                 answer: Mapping[str, Any] | None = None, **extra: Any):
         super().__init__(f"{code}: {message}" + (f" ({addr})" if addr else ""))
         self.code = code
         self.message = message

@@ -83,7 +83,8 @@ def raise_if_refused(result: Any, what: str = "record") -> Any:
 
 
 class ServiceConfig(Protocol):
-    """What the service reads of the replica's configuration (``BrokerConfig`` is one)."""
+    """What the service reads of the replica's configuration (``BrokerConfig`` is one; read-only
+    members, as its fields are)."""
 
     @property
     def dledger(self) -> DLedgerConfig: ...

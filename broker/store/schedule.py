@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_decimal, is_topic
@@ -51,11 +51,9 @@ from broker.protocol.properties import (
     SCHEDULE_TOPIC,
 )
 from broker.protocol.routes import TopicConfig
+from broker.store.host import LeaderHost
 from broker.store.message import StoredMessage, encode_command, encode_message
 from broker.store.snapshot_index import SnapshotIndex
-
-if TYPE_CHECKING:
-    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.schedule")
 
@@ -294,20 +292,11 @@ class DeliveryStore(Protocol):
     def topic(self, name: str) -> TopicConfig | None: ...
 
 
-class DeliveryHost(Protocol):
+class DeliveryHost(LeaderHost, Protocol):
     """What the delivery loop uses of the replica it runs on (``BrokerServer`` is one)."""
 
     @property
-    def node(self) -> DLedgerNode: ...
-    @property
     def store(self) -> DeliveryStore: ...
-    @property
-    def send_timeout_s(self) -> float: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
-    def wall_ms(self) -> int: ...
 
 
 class ScheduleService:

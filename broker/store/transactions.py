@@ -58,12 +58,12 @@ from broker.protocol.properties import (
     PROP_REAL_TOPIC,
     PROP_TRAN_MSG,
 )
+from broker.store.host import LeaderHost
 from broker.store.message import StoredMessage
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
     from dledger.clock import Clock
-    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.transactions")
 
@@ -481,24 +481,15 @@ class NamedBroker(Protocol):
     def broker_name(self) -> str: ...
 
 
-class CheckHost(Protocol):
+class CheckHost(LeaderHost, Protocol):
     """What the check-back service uses of the replica it runs on (``BrokerServer`` is one)."""
 
-    @property
-    def node(self) -> DLedgerNode: ...
+    clock: Clock
+
     @property
     def store(self) -> CheckStore: ...
     @property
     def cfg(self) -> NamedBroker: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def send_timeout_s(self) -> float: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
-    def wall_ms(self) -> int: ...
 
 
 class TransactionService:
