@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -64,6 +65,13 @@ def _private(name: str) -> bool:
 
 
 def _sources() -> Iterator[tuple[str, str, ast.Module]]:
+    yield from _parsed()
+
+
+@functools.cache
+def _parsed() -> tuple[tuple[str, str, ast.Module], ...]:
+    """Every source file, parsed once for all the checks (they only read the trees)."""
+    out = []
     for top in PACKAGES:
         for dirpath, _dirs, files in os.walk(os.path.join(ROOT, top)):
             for name in sorted(files):
@@ -72,7 +80,8 @@ def _sources() -> Iterator[tuple[str, str, ast.Module]]:
                     rel = os.path.relpath(path, ROOT)
                     module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
                     with open(path, encoding="utf-8") as f:
-                        yield rel, module, ast.parse(f.read(), rel)
+                        out.append((rel, module, ast.parse(f.read(), rel)))
+    return tuple(out)
 
 
 def _defined_names(tree: ast.Module) -> set[str]:
