@@ -133,15 +133,16 @@ def raised(files: list[tuple[str, ast.Module]]) -> tuple[dict[tuple[int, str], l
     return found, unexplained
 
 
-def documented() -> set[tuple[int, str]]:
-    """(status, code) of every code in docs/API.md's "Error codes" table (not those in parentheses)."""
-    with open(os.path.join(ROOT, "docs", "API.md"), encoding="utf-8") as f:
+def _documented(doc: str, heading: str, end: str, row: str) -> set[tuple[int, str]]:
+    """(status, code) of every code in a table of docs/``doc`` (from ``heading`` to ``end``): ``row``
+    matches a row's status and the cell of its codes; codes in parentheses are not counted."""
+    with open(os.path.join(ROOT, "docs", doc), encoding="utf-8") as f:
         text = f.read()
-    section = text[text.index("### Error codes") :]
-    section = section[: section.index("\n### ", 1)]
+    section = text[text.index(heading) :]
+    section = section[: section.index(end, 1)]
     out: set[tuple[int, str]] = set()
     for line in section.splitlines():
-        m = re.match(r"\|\s*(\d{3})\s*\|(.*)\|\s*$", line)
+        m = re.match(row, line)
         if not m:
             continue
         cell = m.group(2)
@@ -149,6 +150,11 @@ def documented() -> set[tuple[int, str]]:
             cell = re.sub(r"\([^()]*\)", "", cell)
         out.update((int(m.group(1)), code) for code in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell))
     return out
+
+
+def documented() -> set[tuple[int, str]]:
+    """(status, code) of every code in docs/API.md's "Error codes" table (not those in parentheses)."""
+    return _documented("API.md", "### Error codes", "\n### ", r"\|\s*(\d{3})\s*\|(.*)\|\s*$")
 
 
 def test_every_code_raised_is_documented_with_its_status_and_every_documented_code_is_raised() -> None:
@@ -299,16 +305,8 @@ def namesrv_raised(
 
 
 def namesrv_documented() -> set[tuple[int, str]]:
-    with open(os.path.join(ROOT, "docs", "NAMESRV.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text[text.index("### Errors") :]
-    section = section[: section.index("\n## ", 1)]
-    out: set[tuple[int, str]] = set()
-    for line in section.splitlines():
-        m = re.match(r"\|\s*(\d{3})\s*\|([^|]*)\|", line)
-        if m:
-            out.update((int(m.group(1)), code) for code in re.findall(r"`([A-Z][A-Z0-9_]+)`", m.group(2)))
-    return out
+    """(status, code) of every code in docs/NAMESRV.md's "Errors" table (its second column)."""
+    return _documented("NAMESRV.md", "### Errors", "\n## ", r"\|\s*(\d{3})\s*\|([^|]*)\|")
 
 
 def test_every_code_the_namesrv_raises_is_in_its_error_table_and_the_table_holds_nothing_else() -> None:
