@@ -32,11 +32,12 @@ from aiohttp import web
 
 from broker.client.transport import Transport, client_ssl_context
 from broker.edge.binary import RemotingLimits, RemotingServer
-from broker.edge.binary_ops import RemotingOps, remoting_error
+from broker.edge.binary_ops import RemotingOps
 from broker.edge.http_api import BrokerApi
 from broker.edge.rocketmq.edge import RocketMQEdge
 from broker.edge.rocketmq.messages import NO_HOST, parse_host
 from broker.protocol.auth import broker_scope
+from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import AUTO_CREATE_TOPIC
 from broker.protocol.rocketmq.command import Bounds
 from broker.protocol.rocketmq.message import Host
@@ -46,7 +47,6 @@ from broker.server.admin_config import update as update_config
 from broker.server.config import BrokerConfig, load_broker_config
 from broker.server.metrics import BrokerMetrics
 from broker.server.registration import Registrar
-from broker.service.base import ServiceError
 from broker.service.broker_service import BrokerService
 from broker.service.consumers import ConsumerManager, QueueLocks
 from broker.service.producers import ProducerTable
@@ -77,13 +77,13 @@ log = logging.getLogger("broker.server")
 
 @contextlib.contextmanager
 def _config_errors() -> Iterator[None]:
-    """A refused configuration change as the service's error."""
+    """A refused configuration change as the coded error the service answers with."""
     try:
         yield
     except NotUpdatable as exc:
-        raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
+        raise ProtocolError("NOT_UPDATABLE", str(exc), 400) from None
     except ConfigError as exc:
-        raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
+        raise ProtocolError("BAD_PARAMETER", str(exc), 400) from None
 
 class BrokerServer:
     def __init__(
@@ -182,7 +182,6 @@ class BrokerServer:
                 idle_timeout_s=sec.idle_timeout_ms / 1000,
                 unauthenticated_connections_max=max(1, sec.connections_max * 3 // 4),
             ),
-            map_error=remoting_error,
             guard=self.guard,
         )
         self.remoting_address: str | None = None
@@ -222,13 +221,13 @@ class BrokerServer:
         return config_view(self.cfg)
 
     def update_config(self, key: str, value: str) -> None:
-        """Change one hot key until this replica restarts; a refused change is a ``ServiceError``."""
+        """Change one hot key until this replica restarts; a refused change is a ``ProtocolError``."""
         with _config_errors():
             self.cfg = update_config(self.cfg, key, value)
 
     def check_config(self, updates: Mapping[str, str]) -> None:
         """Whether every one of ``updates`` would apply (hot keys, valid values); else the
-        ``ServiceError`` ``update_config`` would raise, and nothing changes."""
+        ``ProtocolError`` ``update_config`` would raise, and nothing changes."""
         with _config_errors():
             check_updates(self.cfg, updates)
 

@@ -18,10 +18,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import is_client_id, is_decimal, is_stored_group, is_stored_topic, is_topic
 from broker.protocol.sql_filter import SqlFilterError, compile_filter
-from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
+from broker.service.base import INT64_MAX, ServiceBase, translated, translated_sync
 from broker.service.consumers import (
     EXPRESSION_CHARS_MAX,
     EXPRESSION_TYPES,
@@ -33,7 +34,6 @@ from broker.store.message import check_group, check_int, check_topic, encodable,
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
 
 log = logging.getLogger("broker.service")
-
 
 
 def offsets_answer(offsets: Mapping[int, int]) -> dict[str, int]:
@@ -72,7 +72,7 @@ COMMITS_PENDING_MAX = 100_000  # (group, topic, queue) offsets waiting for a beh
 
 def check_client_id(client_id: Any) -> str:
     if not is_client_id(client_id):
-        raise ServiceError(400, "INVALID_CLIENT_ID", "client id must be 1..255 printable ASCII chars without spaces")
+        raise ProtocolError("INVALID_CLIENT_ID", "client id must be 1..255 printable ASCII chars without spaces", 400)
     return str(client_id)
 
 
@@ -103,7 +103,7 @@ class AdminOps(ServiceBase):
             "order": order,
         }
         if not isinstance(order, bool):
-            raise ServiceError(400, "BAD_REQUEST", "order must be a boolean")
+            raise ProtocolError("BAD_REQUEST", "order must be a boolean", 400)
         result = await self.command(cmd)
         return dict(result.get("topic", {}))
 
@@ -157,7 +157,7 @@ class AdminOps(ServiceBase):
         cmd: dict[str, Any] = {"op": "group.put", "group": check_group(group)}
         for flag, value in (("consume_enable", consume_enable), ("consume_broadcast_enable", consume_broadcast_enable)):
             if not isinstance(value, bool):
-                raise ServiceError(400, "BAD_REQUEST", f"{flag} must be a boolean")
+                raise ProtocolError("BAD_REQUEST", f"{flag} must be a boolean", 400)
             cmd[flag] = value
         cmd["retry_max_times"] = check_int(retry_max_times, "retry_max_times", 0, 1000)
         result = await self.command(cmd)
@@ -182,13 +182,13 @@ class AdminOps(ServiceBase):
     def offsets_map(self, raw: Any, tc: TopicConfig) -> dict[int, int]:
         """Validate a map of queue id (int or decimal string) -> offset against the topic's queues."""
         if not isinstance(raw, dict) or len(raw) > OFFSETS_PER_COMMIT_MAX:
-            raise ServiceError(
-                400, "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {OFFSETS_PER_COMMIT_MAX} entries)"
+            raise ProtocolError(
+                "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {OFFSETS_PER_COMMIT_MAX} entries)", 400
             )
         out = {}
         for k, v in raw.items():
             if isinstance(k, bool) or not (isinstance(k, int) or (is_decimal(k) and len(k) < 8)):
-                raise ServiceError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer")
+                raise ProtocolError("INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer", 400)
             qid = int(k)
             check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
             out[qid] = check_int(v, f"offsets[{qid}]", 0, INT64_MAX, "INVALID_OFFSET")
@@ -214,20 +214,20 @@ class AdminOps(ServiceBase):
         if not result:  # the apply result is gone (not tracked): decide from what was applied since
             result = self._commit_outcome(group, topic, cmd, fence)
         if result.get("refused") == REFUSED_TOPIC_RECREATED:
-            raise ServiceError(
-                409,
+            raise ProtocolError(
                 "TOPIC_RECREATED",
                 f"topic {topic!r} was deleted and created again (epoch {result.get('topic_epoch')}) after "
                 f"this client read its offsets (epoch {cmd['topic_epoch']}): they belong to the old topic",
+                409,
                 topic_epoch=result.get("topic_epoch"),
             )
         if result.get("refused") == REFUSED_OFFSET_RESET:
             generation = int(result["reset_generation"])
-            raise ServiceError(
-                409,
+            raise ProtocolError(
                 "OFFSET_RESET",
                 f"the offsets of {group!r} on {topic!r} were reset (generation {generation}) after this "
                 f"client read them (generation {fence}): read them again",
+                409,
                 reset_generation=generation,
                 offsets=offsets_answer(result["offsets"]),
             )
@@ -300,7 +300,7 @@ class AdminOps(ServiceBase):
         group, topic = check_group(group), check_topic(topic)
         tc = self.topic(topic)
         if (ts is None) == (offsets is None):
-            raise ServiceError(400, "BAD_REQUEST", "give exactly one of ts or offsets")
+            raise ProtocolError("BAD_REQUEST", "give exactly one of ts or offsets", 400)
         if ts is not None:
             ts = check_int(ts, "ts", 0, INT64_MAX)
             parsed = {}
@@ -408,11 +408,11 @@ class AdminOps(ServiceBase):
         whose member list changed (their members rebalance: RocketMQ notifies them)."""
         check_client_id(client_id)
         if len(groups) > MAX_GROUPS_PER_CLIENT:
-            raise ServiceError(400, "BAD_REQUEST", f"a client is in at most {MAX_GROUPS_PER_CLIENT} groups")
+            raise ProtocolError("BAD_REQUEST", f"a client is in at most {MAX_GROUPS_PER_CLIENT} groups", 400)
         for group, model, topics in groups:
             check_group(group)
             if model not in ("CLUSTERING", "BROADCASTING"):
-                raise ServiceError(400, "BAD_REQUEST", f"group {group!r}: model must be CLUSTERING or BROADCASTING")
+                raise ProtocolError("BAD_REQUEST", f"group {group!r}: model must be CLUSTERING or BROADCASTING", 400)
             for topic in topics:
                 check_topic(topic)
         for subs in (filters or {}).values():
@@ -421,7 +421,7 @@ class AdminOps(ServiceBase):
         changed = self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin,
                                              filters=filters, expiry_ms=expiry_ms)
         if changed is None:
-            raise ServiceError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
+            raise ProtocolError("TOO_MANY_CLIENTS", "the broker tracks too many clients", 429)
         return changed
 
     @translated_sync
@@ -440,19 +440,19 @@ class AdminOps(ServiceBase):
         """A subscription expression a heartbeat or a pull may use: TAG (any text) or SQL92 (compiled;
         ``FILTER_NOT_SUPPORTED`` when ``enablePropertyFilter`` is off, ``SUBSCRIPTION_PARSE_FAILED``)."""
         if expression_type not in EXPRESSION_TYPES:
-            raise ServiceError(400, "FILTER_NOT_SUPPORTED", f"expression type {expression_type[:20]!r} is not one of "
-                               f"{', '.join(EXPRESSION_TYPES)}")
+            raise ProtocolError("FILTER_NOT_SUPPORTED", f"expression type {expression_type[:20]!r} is not one of "
+                                f"{', '.join(EXPRESSION_TYPES)}", 400)
         if len(expression) > EXPRESSION_CHARS_MAX or not encodable(expression):
-            raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED",
-                               f"a subscription expression is at most {EXPRESSION_CHARS_MAX} UTF-8 characters")
+            raise ProtocolError("SUBSCRIPTION_PARSE_FAILED",
+                                f"a subscription expression is at most {EXPRESSION_CHARS_MAX} UTF-8 characters", 400)
         if expression_type == "SQL92":
             if not self.s.cfg.enable_property_filter:
-                raise ServiceError(400, "FILTER_NOT_SUPPORTED",
-                                   "this broker does not filter by SQL92 (enablePropertyFilter=false)")
+                raise ProtocolError("FILTER_NOT_SUPPORTED",
+                                    "this broker does not filter by SQL92 (enablePropertyFilter=false)", 400)
             try:
                 compile_filter(expression)
             except SqlFilterError as exc:
-                raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED", str(exc), position=exc.position) from None
+                raise ProtocolError("SUBSCRIPTION_PARSE_FAILED", str(exc), 400, position=exc.position) from None
 
     def subscription_of(self, group: str, topic: str) -> Subscription | None:
         """What ``group`` consumes of ``topic`` by its members' heartbeats here (None: nobody)."""
@@ -475,7 +475,7 @@ class AdminOps(ServiceBase):
         out: list[QueueKey] = []
         for topic, qid in queues:
             if len(out) >= LOCK_QUEUES_MAX:
-                raise ServiceError(400, "BAD_REQUEST", f"at most {LOCK_QUEUES_MAX} queues per lock request")
+                raise ProtocolError("BAD_REQUEST", f"at most {LOCK_QUEUES_MAX} queues per lock request", 400)
             out.append((check_topic(topic), check_int(qid, "queue id", 0, QUEUE_NUMS_MAX - 1, "INVALID_QUEUE_ID")))
         return out
 
@@ -540,7 +540,7 @@ class AdminOps(ServiceBase):
         """Hand leadership to ``target`` (a peer id) or to the best follower (None); the new leader."""
         node = self.s.node
         if target is not None and (not isinstance(target, str) or target not in node.settings.peers):
-            raise ServiceError(400, "BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}")
+            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}", 400)
         if target is not None and target == node.leader_id == node.settings.self_id:
             return target  # already there: nothing to do
         leader: str | None = await node.transfer_leadership(target)

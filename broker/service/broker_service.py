@@ -4,7 +4,7 @@ typed arguments and results. No transport here: ``broker/edge/http_api.py`` (HTT
 request, checks ACL, calls one method and encodes the answer; a binary transport does the same.
 
     transport (broker/edge/http_api.py, ...) ──decode, ACL──▶ BrokerService ──▶ MessageStore / DLedgerNode
-             ◀──encode (to_dict / view)──  SendAnswer, PullAnswer, ... | ServiceError
+             ◀──encode (to_dict / view)──  SendAnswer, PullAnswer, ... | ProtocolError
 
 The contract (every method validates its own arguments: a transport may pass what it decoded):
 
@@ -37,8 +37,8 @@ The contract (every method validates its own arguments: a transport may pass wha
 - operators' figures (broker/service/stats.py): ``runtime_info``, ``consume_stats``,
   ``topic_consumer_groups``, ``consume_time_span``, ``reset_offsets_by_time``, ``clone_group_offsets``.
 
-Errors: every method raises ``ServiceError`` only (``code``, ``message``, ``status`` as an HTTP
-hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
+Errors: every method raises the coded ``ProtocolError`` only (``code``, ``message``, ``status``,
+``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
 store and validation errors are translated at this boundary (broker/service/base.py). ACL is the
 transport's job (it knows the caller); the service trusts the principal it is handed.
 
@@ -57,7 +57,7 @@ broker/service/stats.py (figures for operators).
 from __future__ import annotations
 
 from broker.service.admin import CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
-from broker.service.base import BrokerHost, ServiceError
+from broker.service.base import BrokerHost
 from broker.service.query import PullAnswer, PulledMessage, QueryOps
 from broker.service.send import MessageIn, SendAnswer, SendBackAnswer, SendResult
 from broker.service.stats import ConsumeStats, QueueSpan, QueueStats, RuntimeInfo, StatsOps
@@ -81,7 +81,6 @@ __all__ = [
     "SendAnswer",
     "SendBackAnswer",
     "SendResult",
-    "ServiceError",
     "offsets_answer",
 ]
 

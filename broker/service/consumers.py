@@ -28,6 +28,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from broker.protocol.errors import ProtocolError
+
 MAX_CLIENTS = 10_000
 MAX_GROUPS_PER_CLIENT = 64
 MAX_TOPICS_PER_CLIENT = 1024
@@ -36,16 +38,6 @@ MAX_CLIENTS_PER_OWNER = 1000
 ANYONE = "*"  # the owner when ACL is off
 EXPRESSION_CHARS_MAX: Final = 4096
 EXPRESSION_TYPES: Final = ("TAG", "SQL92")
-
-
-class MembershipError(Exception):
-    """A heartbeat refused: ``code`` (TOO_MANY_CLIENTS, TOO_MANY_SUBSCRIPTIONS, CLIENT_ID_TAKEN)."""
-
-    def __init__(self, code: str, message: str, status: int = 429):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.status = status
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,26 +88,26 @@ class ConsumerManager:
         are left at once); ``filters``: per group, per topic, the subscription expressions (absent:
         every message); ``expiry_ms``: how long this client stays without heartbeats (None: the
         manager's). Returns the groups whose member list changed (joined or left), or None
-        when the table is full and the client is new; raises ``MembershipError`` for a client id
+        when the table is full and the client is new; raises a ``ProtocolError`` for a client id
         of another owner or too many subscriptions."""
         if len(groups) > MAX_GROUPS_PER_CLIENT:
             raise ValueError(f"a client may be in at most {MAX_GROUPS_PER_CLIENT} groups")
         topics_total = sum(len(t) for _g, _m, t in groups)
         if topics_total > MAX_TOPICS_PER_CLIENT:
-            raise MembershipError(
+            raise ProtocolError(
                 "TOO_MANY_SUBSCRIPTIONS", f"a client subscribes to at most {MAX_TOPICS_PER_CLIENT} topics", 400
             )
         holder = self._owner.get(client_id)
         if holder is not None and holder != owner and not admin:
-            raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
+            raise ProtocolError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
         old = self._client_groups.get(client_id)
         if old is None and len(self._client_groups) >= MAX_CLIENTS:
             return None
         if holder is None and owner != ANYONE and self._owned.get(owner, 0) >= MAX_CLIENTS_PER_OWNER:
-            raise MembershipError("TOO_MANY_CLIENTS", f"{owner!r} already holds {MAX_CLIENTS_PER_OWNER} client ids")
+            raise ProtocolError("TOO_MANY_CLIENTS", f"{owner!r} already holds {MAX_CLIENTS_PER_OWNER} client ids", 429)
         current = sum(len(self._groups[g][client_id].topics) for g in old or ())
         if self.subscriptions - current + topics_total > MAX_SUBSCRIPTIONS:
-            raise MembershipError("TOO_MANY_SUBSCRIPTIONS", f"the broker tracks {MAX_SUBSCRIPTIONS} subscriptions")
+            raise ProtocolError("TOO_MANY_SUBSCRIPTIONS", f"the broker tracks {MAX_SUBSCRIPTIONS} subscriptions", 429)
         named = {g for g, _m, _t in groups}
         changed = {group for group in (old or set()) - named if self._leave(group, client_id)}
         for group, model, topics in groups:
@@ -174,7 +166,7 @@ class ConsumerManager:
         """The client leaves ``group`` (None: every group); the groups it left."""
         holder = self._owner.get(client_id)
         if holder is not None and holder != owner and not admin:
-            raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
+            raise ProtocolError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
         groups = list(self._client_groups.get(client_id, ())) if group is None else [group]
         return {g for g in groups if self._leave(g, client_id)}
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import retry_topic
 from broker.service.admin import AdminOps, ResetAnswer
-from broker.service.base import INT64_MAX, ServiceConfig, ServiceError, translated, translated_sync
+from broker.service.base import INT64_MAX, ServiceConfig, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
 
 CLONE_TOPICS_MAX = 1024  # topics one clone copies (a group consumes a few)
@@ -179,7 +180,7 @@ class StatsOps(AdminOps):
         group, topic = check_group(group), check_topic(topic)
         ts = check_int(ts, "timestamp", -1, INT64_MAX)
         if not isinstance(force, bool):
-            raise ServiceError(400, "BAD_REQUEST", "force must be a boolean")
+            raise ProtocolError("BAD_REQUEST", "force must be a boolean", 400)
         self.require_writable()  # a follower's queues may lag: only the ready leader plans a reset
         tc = self.topic(topic)
         committed = s.store.metadata_view().group_offsets(group, topic)
@@ -205,7 +206,7 @@ class StatsOps(AdminOps):
         topics = [check_topic(topic)] if topic is not None else [
             t for t in md.group_topics(src) if t != retry_topic(src)]
         if len(topics) > CLONE_TOPICS_MAX:
-            raise ServiceError(400, "BAD_REQUEST", f"{src!r} committed on more than {CLONE_TOPICS_MAX} topics")
+            raise ProtocolError("BAD_REQUEST", f"{src!r} committed on more than {CLONE_TOPICS_MAX} topics", 400)
         out: dict[str, ResetAnswer] = {}
         for t in topics:
             offsets = md.group_offsets(src, t)

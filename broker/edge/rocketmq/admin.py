@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import AUTO_CREATE_TOPIC, BROKER_TOPICS
 from broker.protocol.rocketmq import admin_headers as ah
 from broker.protocol.rocketmq import bodies
@@ -41,7 +42,7 @@ from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import VERSION_V4_9_8, RemotingCommand
 from broker.protocol.rocketmq.header_fields import to_ext
 from broker.service.base import ServiceConfig
-from broker.service.broker_service import RuntimeInfo, ServiceError
+from broker.service.broker_service import RuntimeInfo
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Admin:
         topic = req.header(ah.TopicHeader).topic
         try:
             await self.svc.delete_topic(topic)
-        except ServiceError as exc:
+        except ProtocolError as exc:
             if exc.code != "TOPIC_NOT_EXIST":
                 raise
         return req.ok()

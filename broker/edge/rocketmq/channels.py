@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq.bodies import ConsumerData
 from broker.serving.remoting_server import RemotingConnection
 from broker.serving.security import ALL, Principal
@@ -25,8 +26,11 @@ CLIENTS_MAX: Final = 10_000
 CLIENTS_PER_CONNECTION_MAX: Final = 64
 
 
-class TooManyClients(Exception):
-    pass
+class TooManyClients(ProtocolError):
+    """A heartbeat refused: this connection, or the broker, holds too many client ids (SYSTEM_BUSY)."""
+
+    def __init__(self, message: str):
+        super().__init__("TOO_MANY_CLIENTS", message, 429)
 
 
 @dataclasses.dataclass(slots=True)

@@ -28,10 +28,10 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from broker.edge.rocketmq.channels import Channel
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq import bodies, headers
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.service.broker_service import ServiceError
 from broker.service.consumers import Subscription
 from broker.serving.acl import Perm
 from broker.serving.remoting_server import Request
@@ -89,7 +89,7 @@ class Clients:
     async def _create_retry_topic(self, group: str) -> None:
         try:
             await self.svc.ensure_retry_topic(group)
-        except ServiceError as exc:  # not the leader any more, ...: the next heartbeat tries again
+        except ProtocolError as exc:  # not the leader any more, ...: the next heartbeat tries again
             log.info("retry topic of %s not created: %s", group, exc.message)
 
     async def unregister(self, req: Request) -> RemotingCommand:

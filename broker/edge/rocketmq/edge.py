@@ -8,7 +8,7 @@ VIP channel, ``listenPort - 2``), answered by the one broker service.
 
 Per request the handler decodes the header and body with ``broker.protocol.rocketmq``, calls one
 ``BrokerService`` method (the same the HTTP API and the binary port call; no broker logic here) and
-encodes its answer; ``errors.py`` gives a ``ServiceError`` the response code the clients act on.
+encodes its answer; ``errors.py`` gives a coded ``ProtocolError`` the response code the clients act on.
 
 The dispatch table is extended by modules: each handler module has ``register(edge)``, which calls
 ``edge.route(code, handler, ...)`` for its codes; ``HANDLER_MODULES`` lists them. ``route`` puts the
@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from broker.edge.rocketmq import admin, clients, offsets, pull, query, send, stats, txn
 from broker.edge.rocketmq.channels import Channel, ClientChannels
-from broker.edge.rocketmq.errors import command_error
+from broker.edge.rocketmq.errors import CODES
 from broker.edge.rocketmq.host import Handler
 from broker.edge.rocketmq.messages import HostCache
 from broker.protocol.rocketmq import headers
@@ -105,7 +105,7 @@ class RocketMQEdge:
         self.channels = ClientChannels()
         self.authenticator = authenticator or Authenticator()
         self.server = EdgeServer(self, authenticator=self.authenticator, limits=limits, budget=budget,
-                                 map_error=command_error)
+                                 response_codes=CODES)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.notifications = 0
         self.notifications_dropped = 0

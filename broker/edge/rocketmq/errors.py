@@ -24,18 +24,19 @@ thrown to the application at once. So:
                                                   MESSAGE_ILLEGAL          not retried (it would fail again)
     anything else                                 SYSTEM_ERROR
 
-The remark is ``CODE: message`` (the clients show it in their exceptions).
+The remark is ``CODE: message`` (the clients show it in their exceptions). The remoting server
+answers every coded error in one place with this table (``RemotingServer(response_codes=CODES)``);
+a send maps its own (``command_error(send=True)``), for MESSAGE_ILLEGAL and FLUSH_SLAVE_TIMEOUT.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from broker.edge.rocketmq.channels import TooManyClients
+from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq.codes import ResponseCode
-from broker.service.consumers import MembershipError
 from broker.serving.remoting_server import CommandError
-from broker.store.message import InvalidInput
 
 NOT_STORED: Final = frozenset({"NOT_LEADER", "NOT_READY", "APPEND_FAILED", "SERVICE_UNAVAILABLE", "DISK_FULL"})
 CODES: Final[dict[str, int]] = {
@@ -63,11 +64,10 @@ def code_of(service_code: str, *, send: bool = False) -> int:
     return ResponseCode.SYSTEM_ERROR
 
 
-def command_error(exc: Exception, *, send: bool = False) -> CommandError | None:
-    """The answer for an error a handler raised (the remoting server's ``map_error``); None: not
-    one of ours (a bug: logged and answered SYSTEM_ERROR by the server)."""
-    if isinstance(exc, (InvalidInput, MembershipError)):  # ServiceError is an InvalidInput
-        return CommandError(code_of(exc.code, send=send), f"{exc.code}: {exc.message}")
-    if isinstance(exc, TooManyClients):
-        return CommandError(ResponseCode.SYSTEM_BUSY, f"TOO_MANY_CLIENTS: {exc}")
-    return None
+def command_error(exc: ProtocolError, *, send: bool = False) -> CommandError:
+    """The answer to a coded error a send raised (``send``: its validation errors are
+    MESSAGE_ILLEGAL); every other handler's coded errors are answered by the remoting server with
+    ``CODES`` (``RocketMQEdge`` gives it the table: ``RemotingServer(response_codes=...)``). A refused
+    signature or permission is NO_PERMISSION either way."""
+    code = ResponseCode.NO_PERMISSION if isinstance(exc, AuthError) else code_of(exc.code, send=send)
+    return CommandError(code, f"{exc.code}: {exc.message}")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from broker.edge.rocketmq import messages
 from broker.edge.rocketmq.errors import SEND_TIMEOUT, command_error
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import BATCH_MESSAGES_MAX
 from broker.protocol.rocketmq import headers
 from broker.protocol.rocketmq import properties as rp
@@ -28,7 +29,7 @@ from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from broker.protocol.rocketmq.errors import RemotingError
 from broker.protocol.rocketmq.message import decode_batch
-from broker.service.broker_service import SendAnswer, ServiceError
+from broker.service.broker_service import SendAnswer
 from broker.serving.remoting_server import CommandError, Request
 
 if TYPE_CHECKING:
@@ -71,12 +72,10 @@ class Sender:
             else:
                 sent = await self.svc.send(h.topic, h.queue_id, msgs, producer_group=h.producer_group,
                                            client_addr=born_host)
-        except ServiceError as exc:
+        except ProtocolError as exc:
             if exc.code == SEND_TIMEOUT:
                 return self.unknown_outcome(req, h.queue_id, exc)
-            mapped = command_error(exc, send=True)
-            assert mapped is not None
-            raise mapped from None
+            raise command_error(exc, send=True) from None
         return req.ok(ext_fields=self.answer_ext(sent, msgs, props if batch else None))
 
     def answer_ext(self, sent: SendAnswer, msgs: list[dict[str, Any]], batch_props: dict[str, str] | None
@@ -95,7 +94,7 @@ class Sender:
         )
         return {**headers.to_ext(header), rp.MSG_REGION: MSG_REGION, rp.TRACE_ON: "true"}
 
-    def unknown_outcome(self, req: Request, queue_id: int, exc: ServiceError) -> RemotingCommand:
+    def unknown_outcome(self, req: Request, queue_id: int, exc: ProtocolError) -> RemotingCommand:
         """FLUSH_SLAVE_TIMEOUT: the client reads it as a send result (``SendStatus``), whose header
         must be there; no message id or offset is known."""
         header = headers.SendMessageResponseHeader(msg_id="", queue_id=queue_id, queue_offset=-1)

@@ -76,7 +76,7 @@ def test_config_update_all_or_nothing() -> None:
         check_updates(cfg, parse_config_update(b"autoCreateTopicEnable=false\nbrokerName=other\n"))
     with pytest.raises(ConfigError):
         check_updates(cfg, parse_config_update(b"autoCreateTopicEnable=false\nlongPollingMaxMs=-5\n"))
-    # ... answered as the server's ServiceError codes map to RocketMQ's (broker/edge/rocketmq/errors.py)
+    # ... answered as the coded errors map to RocketMQ's response codes (broker/edge/rocketmq/errors.py)
     assert code_of("NOT_UPDATABLE") == ResponseCode.NO_PERMISSION
     assert code_of("BAD_PARAMETER") == ResponseCode.SYSTEM_ERROR
     with pytest.raises(CommandError):

@@ -13,15 +13,16 @@ import pytest
 
 from broker.edge.rocketmq import messages
 from broker.edge.rocketmq.channels import CLIENTS_PER_CONNECTION_MAX, Channel, ClientChannels, TooManyClients
-from broker.edge.rocketmq.errors import code_of, command_error
+from broker.edge.rocketmq.errors import CODES, code_of, command_error
+from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq import message as rm
 from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import ResponseCode as R
-from broker.service.base import ServiceError
 from broker.service.consumers import LOCK_EXPIRY_MS, MAX_LOCKS, ConsumerManager, QueueLocks, Subscription
+from broker.serving.remoting_server import RemotingServer, response_code
 from broker.store.message import (
     MESSAGE_MAGIC,
-    InvalidInput,
     StoredMessage,
     build_messages,
     decode_message,
@@ -129,7 +130,7 @@ def test_only_the_body_describing_bits_are_taken_from_a_producer() -> None:
 
     assert build(rp.COMPRESSED_FLAG | rp.MULTI_TAGS_FLAG | rp.COMPRESSION_LZ4_TYPE).sys_flag == 0x103
     for bad in (rp.TRANSACTION_PREPARED_TYPE, rp.BORNHOST_V6_FLAG, -1, 2**31, "1", True):
-        with pytest.raises(InvalidInput, match="sys_flag"):
+        with pytest.raises(ProtocolError, match="sys_flag"):
             build(bad)
 
 
@@ -140,9 +141,15 @@ def test_the_codes_the_clients_act_on() -> None:
     assert code_of("BUSY") == R.SYSTEM_BUSY and code_of("TOPIC_NOT_EXIST") == R.TOPIC_NOT_EXIST
     assert code_of("INVALID_PROPERTIES", send=True) == R.MESSAGE_ILLEGAL  # never retried
     assert code_of("INVALID_PROPERTIES") == R.SYSTEM_ERROR and code_of("NOT_SUBSCRIBED") == R.NO_PERMISSION
-    mapped = command_error(ServiceError(409, "NOT_LEADER", "leader is n1"), send=True)
-    assert mapped is not None and (mapped.code, mapped.remark) == (R.SERVICE_NOT_AVAILABLE, "NOT_LEADER: leader is n1")
-    assert command_error(ValueError("a bug")) is None
+    mapped = command_error(ProtocolError("NOT_LEADER", "leader is n1", 409), send=True)
+    assert (mapped.code, mapped.remark) == (R.SERVICE_NOT_AVAILABLE, "NOT_LEADER: leader is n1")
+    assert command_error(AuthError(403, "NO_PERMISSION", "no PUB on T"), send=True).code == R.NO_PERMISSION
+    # every other handler's coded errors: answered by the remoting server with the edge's table
+    server = RemotingServer(response_codes=CODES)
+    assert response_code(ProtocolError("NOT_LEADER", "x", 409), server.response_codes) == R.SERVICE_NOT_AVAILABLE
+    assert response_code(ProtocolError("SHUTTING_DOWN", "x", 503), server.response_codes) == R.SYSTEM_BUSY
+    assert response_code(ProtocolError("INVALID_TOPIC", "x", 400), server.response_codes) == R.SYSTEM_ERROR
+    assert response_code(ProtocolError("NOT_LEADER", "x", 409)) == R.SYSTEM_ERROR  # the NameServer's table
 
 
 # -- channels ---------------------------------------------------------------------------------------------------
