@@ -204,7 +204,7 @@ class DLedgerNode:
 
     @property
     def disk_full(self) -> bool:
-        return self.core.disk_full
+        return self.core.disk_full or self.core.write_blocked is not None
 
     @property
     def leader_floor(self) -> int:
@@ -445,6 +445,8 @@ class DLedgerNode:
             raise NotLeaderError(self.core.leader_id)
         if self.core.disk_full:
             raise DiskFullError("disk use is above the write limit: appends are refused")
+        if self.core.write_blocked is not None:
+            raise DiskFullError(f"the log has no room for writes: {self.core.write_blocked}")
         if self._queued_bytes + size > self.settings.max_pending_bytes:
             raise BusyError("too many bytes waiting to be appended; retry later")
         self._queued_bytes += size
