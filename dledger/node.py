@@ -121,6 +121,7 @@ class DLedgerNode:
         *,
         clock: Clock | None = None,
         disk_used_ratio: Callable[[str], float] | None = None,
+        free_bytes: Callable[[str], int] | None = None,
         network: InProcNetwork | None = None,
         store: LogStore | None = None,
         meta: MetaStore | None = None,
@@ -153,6 +154,7 @@ class DLedgerNode:
             events=self,
             rng=rng,
             disk_used_ratio=disk_used_ratio,
+            free_bytes=free_bytes,
         )
         self.journal = self.core.journal
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -656,6 +656,7 @@ class DLedgerSyncObj(SyncObj):
             message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
             self.dl_journal.skip_next_truncate = skip
         applied = self._SyncObj__raftLastApplied
+        last_before = self.dl_journal.store.last_index
         if self.dl_journal.skip_next_truncate:
             # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
             # skip (nothing is truncated): keep it from crying wolf.
@@ -665,8 +666,8 @@ class DLedgerSyncObj(SyncObj):
         finally:
             self.dl_journal.skip_next_truncate = False
             self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
-        if self.dl_write_blocked is not None and message.get("entries"):
-            self.dl_unblock_writes("a follower write succeeded")
+        if self.dl_write_blocked is not None and self.dl_journal.store.last_index > last_before:
+            self.dl_unblock_writes("entries from the leader were stored")
 
     def _dl_note_append(self, now: float) -> None:
         # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
