@@ -67,7 +67,6 @@ from typing import NoReturn, TypeVar
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import fsync_dir
 from dledger.entry_codec import (
-    ANCHOR_FILE,
     BLANK_BYTES,
     BLANK_SIZE,
     HEADER_SIZE,
@@ -890,10 +889,6 @@ class EntryStore(StoreRecovery):
         try:
             self._write_anchor(index, term, chain, floor)
         except OSError as exc:
-            try:
-                os.unlink(os.path.join(self.path, ANCHOR_FILE + ".tmp"))
-            except OSError:
-                pass
             self._full_or_fail(f"writing the anchor of {self.path}", exc, 0)
 
     # -- lifecycle -------------------------------------------------------------------------------

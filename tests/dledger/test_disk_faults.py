@@ -2,9 +2,12 @@
 
 ``DiskFaults`` stands between the store and ``os``: writes to files under a directory given a
 ``room`` budget succeed until it is used up (the last one short, as the kernel does), then fail with
-ENOSPC; file creation there fails with ENOSPC when no room is left; ``fdatasync``/``fsync`` of files
-under a directory in ``eio`` fail with EIO. The files are told apart by /proc/self/fd, so one
-replica of an in-process group can have a full or failing disk while its peers do not.
+ENOSPC; writing within the blocks a file already has takes no room, and a rename over a file frees
+its blocks (a model of a file system that overwrites in place, like ext4 or tmpfs; blocks of
+``block`` bytes, 1 unless a test says 4096); file creation there fails with ENOSPC when no room is
+left; ``fdatasync``/``fsync`` of files under a directory in ``eio`` fail with EIO. The files are
+told apart by /proc/self/fd, so one replica of an in-process group can have a full or failing disk
+while its peers do not.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 
 from dledger.entry_codec import HEADER_SIZE
 from dledger.entry_store import EntryStore, StoreFailedError, StoreFullError
+from dledger.meta_store import FileMetaStore
 from dledger.node import AppendTimeoutError, DiskFullError, DLedgerError, DLedgerNode
 from tests.dledger.harness import InProcCluster, wait_until
 
@@ -28,6 +32,7 @@ class DiskFaults:
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.room: dict[str, int] = {}  # directory -> bytes that may still be written under it
         self.eio: set[str] = set()  # directories whose files fail fdatasync/fsync with EIO
+        self.block = 1  # allocation unit: writes inside a file's last block need no room
         self.refused = 0
         self.real_pwritev = os.pwritev
         self.real_pwrite = os.pwrite
@@ -39,6 +44,8 @@ class DiskFaults:
         monkeypatch.setattr(os, "open", self.open)
         monkeypatch.setattr(os, "fdatasync", self.fdatasync)
         monkeypatch.setattr(os, "fsync", self.fsync)
+        self.real_replace = os.replace
+        monkeypatch.setattr(os, "replace", self.replace)
 
     @staticmethod
     def _path(fd: int) -> str:
@@ -53,25 +60,29 @@ class DiskFaults:
                 return d
         return None
 
-    def _take(self, fd: int, want: int) -> int:
-        """How many of ``want`` bytes may be written to ``fd`` (ENOSPC when none)."""
+    def _take(self, fd: int, offset: int, want: int) -> int:
+        """How many of ``want`` bytes at ``offset`` may be written to ``fd`` (ENOSPC when none)."""
         d = self._budget(self._path(fd))
         if d is None:
             return want
-        if self.room[d] <= 0 and want > 0:
+        size = os.fstat(fd).st_size
+        block = self.block
+        overwrite = max(0, -(-size // block) * block - offset)  # the file's blocks are its own
+        allowed = overwrite + max(0, self.room[d])
+        if allowed <= 0 and want > 0:
             self.refused += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        n = min(want, self.room[d])
-        self.room[d] -= n
+        n = min(want, allowed)
+        self.room[d] -= max(0, n - overwrite)
         return n
 
     def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int, /) -> int:
         data = b"".join(bytes(b) for b in buffers)
-        n = self._take(fd, len(data))
+        n = self._take(fd, offset, len(data))
         return self.real_pwrite(fd, data[:n], offset)
 
     def pwrite(self, fd: int, data: bytes, offset: int, /) -> int:
-        n = self._take(fd, len(data))
+        n = self._take(fd, offset, len(data))
         return self.real_pwrite(fd, bytes(data)[:n], offset)
 
     def open(self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
@@ -80,6 +91,14 @@ class DiskFaults:
             self.refused += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return self.real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        """A rename over ``dst`` frees ``dst``'s blocks."""
+        d = self._budget(os.path.abspath(dst))
+        freed = os.path.getsize(dst) if d is not None and os.path.exists(dst) else 0
+        self.real_replace(src, dst)
+        if d is not None:
+            self.room[d] += -(-freed // self.block) * self.block
 
     def _sync(self, real: object, fd: int) -> None:
         path = self._path(fd)
@@ -188,20 +207,54 @@ def test_a_failed_fdatasync_is_never_retried(tmp_path: Path, faults: DiskFaults)
     store.close()  # no flush (and no raise): the failure was raised where it happened
 
 
-def test_retention_with_no_room_for_the_anchor_removes_nothing(tmp_path: Path, faults: DiskFaults) -> None:
+def test_retention_frees_segments_on_a_full_disk(tmp_path: Path, faults: DiskFaults) -> None:
+    """Retention replaces the anchor before it removes segments: the anchor keeps a spare file
+    (replace_reserving), so that needs no free space. Before: the anchor's temporary file was
+    created anew each time, ENOSPC escaped and the replica failed stop, on the full disk that
+    retention was there to relieve."""
+    store = EntryStore(str(tmp_path), segment_bytes=SEG, index_records_per_file=64)
+    body = b"r" * (SEG // 2 - HEADER_SIZE)
+    for i in range(1, 9):
+        store.append(i, 1, body)
+    assert store.delete_segments_before(3) > 0  # the first anchor write leaves the spare
+    first = store.first_index
+    faults.room[str(tmp_path)] = 0  # the whole store is full
+    assert store.delete_segments_before(6) > 0 and store.first_index > first
+    store.close()
+    reopened = EntryStore(str(tmp_path), segment_bytes=SEG, index_records_per_file=64)
+    assert reopened.first_index == store.first_index and reopened.last_index == 8
+    reopened.close()
+
+
+def test_retention_without_a_spare_and_no_room_removes_nothing(tmp_path: Path, faults: DiskFaults) -> None:
     store = EntryStore(str(tmp_path), segment_bytes=SEG, index_records_per_file=64)
     body = b"r" * (SEG // 2 - HEADER_SIZE)
     for i in range(1, 7):
         store.append(i, 1, body)
     segments = len(store.segments())
-    faults.room[str(tmp_path)] = 0  # the whole store: the anchor's temporary file included
+    for spare in tmp_path.glob("anchor*.tmp"):
+        spare.unlink()
+    faults.room[str(tmp_path)] = 0
     with pytest.raises(StoreFullError):
         store.delete_segments_before(5)
     assert store.first_index == 1 and len(store.segments()) == segments
-    assert not (tmp_path / "anchor.tmp").exists()
     del faults.room[str(tmp_path)]
     assert store.delete_segments_before(5) > 0
     store.close()
+
+
+def test_votes_and_commit_hints_are_recorded_on_a_full_disk(tmp_path: Path, faults: DiskFaults) -> None:
+    """Before: each vote created a new temporary file and each commit hint too: on a full file
+    system the next election or one-second timer raised ENOSPC and the replica failed stop."""
+    meta = FileMetaStore(str(tmp_path))
+    meta.save_term_vote(3, "n1")  # leaves the spare
+    meta.save_commit_hint(10)
+    faults.block = 4096  # a longer vote still fits the spare's block
+    faults.room[str(tmp_path)] = 0
+    meta.save_term_vote(4, "n2-with-a-longer-id")
+    meta.save_term_vote(5, None)
+    meta.save_commit_hint(12)
+    assert FileMetaStore(str(tmp_path)).load() == (5, None, 12)
 
 
 # -- a group --------------------------------------------------------------------------------------
