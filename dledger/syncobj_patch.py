@@ -54,16 +54,17 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
    are ``PeerNode`` objects whose hash does not depend on PYTHONHASHSEED, so iteration orders are
    the same in every run.
 
+8. The poller: the replica's owner decides who watches the transport's descriptors (the event
+   loop: ``dledger.loop_poller``; the simulator: its inboxes): ``dl_poller``, which the transport
+   and the tick use (SyncObj's own poller is left unused).
+
 9. A log with no room (``StoreFullError``, issue 27): a replica whose store refused a write for
    lack of space blocks its writes (``dl_block_writes``): a leader hands leadership to its most
    caught-up follower if one is fully caught up (TimeoutNow) and steps down at once; a follower
    answers nothing for the message it could not store (it never acknowledges what it did not
-   store; the leader sends it again); a blocked replica does not campaign. The first append it
-   stores again, or the replica seeing room again (``dl_unblock_writes``), lifts the block.
-
-8. The poller: the replica's owner decides who watches the transport's descriptors (the event
-   loop: ``dledger.loop_poller``; the simulator: its inboxes): ``dl_poller``, which the transport
-   and the tick use (SyncObj's own poller is left unused).
+   store; the leader sends it again); a blocked replica does not campaign and ignores
+   TimeoutNow. The first entries it stores again, or the replica seeing room again
+   (``dl_unblock_writes``), lift the block.
 
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
@@ -628,6 +629,8 @@ class DLedgerSyncObj(SyncObj):
             if message["term"] > self._SyncObj__raftCurrentTerm:
                 self._dl_step_down(message["term"], "stale_term")
         elif mtype == "timeout_now":
+            if self.dl_write_blocked is not None:
+                return  # it cannot write: no transfer to it (it would campaign once unblocked)
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         else:
             log.warning("ignoring a peer message of type %r from %s", mtype, node)

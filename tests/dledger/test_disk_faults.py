@@ -258,6 +258,31 @@ def test_votes_and_commit_hints_are_recorded_on_a_full_disk(tmp_path: Path, faul
 
 
 # -- a group --------------------------------------------------------------------------------------
+async def test_a_blocked_replica_ignores_a_transfer_to_it(tmp_path: Path, faults: DiskFaults) -> None:
+    """TimeoutNow to a replica that cannot write is ignored. Without that it kept pysyncobj's
+    "transfer in progress" flag and, once unblocked, campaigned past the healthy leader's lease."""
+    free: dict[str, int] = {}
+    c = await _cluster(tmp_path, free)
+    try:
+        leader = await c.leader()
+        await leader.append([b"before"])
+        one = c.followers(leader)[0]
+        _fill(faults, one, free)
+        await leader.append([b"not on one"])
+        await wait_until(lambda: one.core.write_blocked is not None, 10, "one to be blocked")
+        sync = one.core.sync
+        assert sync is not None
+        leader_node = next(n for n in sync.otherNodes if n.address == leader.settings.peers[leader.settings.self_id])
+
+        def timeout_now() -> bool:
+            sync._SyncObj__onMessageReceived(leader_node, {"type": "timeout_now", "term": sync.raftCurrentTerm})
+            return bool(sync._SyncObj__transferInProgress)
+
+        assert await one.run_on_replica_thread(timeout_now) is False
+    finally:
+        await c.stop()
+
+
 def _log_dirs(node: DLedgerNode) -> list[str]:
     store = os.path.join(node.settings.data_dir, "store")
     return [os.path.join(store, "log"), os.path.join(store, "index")]
