@@ -66,6 +66,9 @@ def broker_props(
         "brokerPeerClientAddrs": ";".join(f"{nid}-{HOST}:{p}" for nid, p in zip(IDS, http_ports, strict=True)),
         "storeSnapshotIntervalMs": "200",
         "remotingListenPort": str(remoting_ports[IDS.index(self_id)]),
+        # RocketMQ's VIP channel (listenPort - 2, on by default) is not one of free_ports: another process
+        # may hold it (test_service errored "Address already in use" on the shared machine); tests turn it on
+        "vipChannelEnable": "false",
     }
     props.update({k: str(v) for k, v in extra.items()})
     return props
