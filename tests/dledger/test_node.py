@@ -11,6 +11,7 @@ import pytest
 from dledger.node import (
     AppendTimeoutError,
     DiskFullError,
+    DLedgerError,
     DLedgerNode,
     EntryRemovedError,
     NotCommittedError,
@@ -151,6 +152,39 @@ async def test_transfer_leadership(cluster: InProcCluster) -> None:
     new_id = await leader.transfer_leadership(target)
     assert new_id == target
     await wait_until(lambda: cluster.nodes[target].role == "LEADER", 5, "the target leads")
+
+
+async def test_transfer_leadership_under_steady_appends(cluster: InProcCluster) -> None:
+    """A transfer under load (a rolling restart's graceful stop, ``mqadmin transferLeader``): the
+    log keeps growing, so a follower is rarely fully caught up at the moment of the request. The
+    leader holds new appends while it transfers (Raft thesis §3.10) and asks again until the target
+    caught up; the held appends then learn the new leader. Before: refused at once ("not caught up")."""
+    leader = await cluster.leader()
+    stop = asyncio.Event()
+    ended: list[DLedgerError] = []  # how each appender's last append ended
+
+    async def appender(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                await leader.append([f"{i}-{n}".encode()])
+            except DLedgerError as exc:  # NOT_LEADER, or an append in flight at the step-down
+                ended.append(exc)
+                return
+
+    tasks = [asyncio.create_task(appender(i)) for i in range(32)]
+    try:
+        await wait_until(lambda: leader.commit_index >= 200, 20, "a steady stream of appends")
+        new_id = await leader.transfer_leadership(None)
+        assert new_id != leader.settings.self_id
+        await wait_until(lambda: len(ended) == len(tasks), 10, "every appender to see the step-down")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    hints = {exc.leader_id for exc in ended if isinstance(exc, NotLeaderError)}
+    assert hints == {new_id}, [repr(e) for e in ended]
+    await wait_until(lambda: cluster.nodes[new_id].role == "LEADER", 5, "the new leader to stay")
 
 
 async def test_status_snapshot(cluster: InProcCluster) -> None:
