@@ -74,8 +74,8 @@ from dledger.clock import SYSTEM
 
 __all__ = [
     "ACL_FILE", "ADMIN_CREDENTIALS_FILE", "NODES_PER_GROUP", "STATE_FILE", "ClusterAcl", "ClusterSettings",
-    "ProcessInfo", "group_summaries", "healthy", "http_json", "is_running", "main", "make_acl", "node_conf_text",
-    "node_status", "plan", "skew_for", "start_process", "stop_process", "write_private",
+    "ProcessInfo", "group_summaries", "healthy", "http_json", "is_running", "load_processes", "main", "make_acl",
+    "node_conf_text", "node_status", "plan", "skew_for", "start_process", "stop_process", "write_private",
 ]
 
 SKEW_ENV = "DLEDGER_CLOCK_SKEW"
@@ -114,6 +114,11 @@ def _load_raw(root: str) -> dict[str, Any]:
 
 def _load_state(root: str) -> list[ProcessInfo]:
     return [ProcessInfo(**p) for p in _load_raw(root).get("processes", [])]
+
+
+def load_processes(root: str) -> list[ProcessInfo]:
+    """The processes ``dledger-cluster`` recorded in ROOT/cluster.json ([] when none)."""
+    return _load_state(os.path.abspath(root))
 
 
 def _load_settings(root: str) -> ClusterSettings | None:
