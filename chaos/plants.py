@@ -2,7 +2,7 @@
 bug into the process that calls it. Test-only: nothing here runs unless a test or ``chaos run
 --plant NAME`` asks for it.
 
-Broker plants run inside broker processes, applied at start-up by ``dledger.apps.process_main``'s
+Broker plants run inside broker processes, applied at start-up by ``broker.serving.process_main``'s
 ``DLEDGER_TEST_PLANT=chaos.plants:<function>`` hook (a chaos run passes that variable to every
 broker it starts or restarts). Client plants run inside the ``chaos run`` process, before its
 workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dledger.apps.process_main import PLANT_ENV
+from broker.serving.process_main import PLANT_ENV
 
 _UNDO: list[tuple[Any, str, Any]] = []
 
@@ -88,7 +88,7 @@ def fdatasync_noop() -> None:
 def cq_drops_last_unit() -> None:
     """After ``MessageStore.open`` (recovery) every non-empty consume queue loses its last unit:
     the next message of that queue takes the dropped one's offset on this replica only."""
-    from broker.store import MessageStore
+    from broker.store.message_store import MessageStore
 
     original = MessageStore.open
 
@@ -140,7 +140,7 @@ def stock_truncation() -> None:
 def offset_regress() -> None:
     """An ``offset.commit`` is applied like a reset: a value lower than the stored one replaces it
     (the replicated metadata's ``Metadata._offsets`` ignores its ``reset`` argument)."""
-    from broker.metadata import Metadata
+    from broker.store.metadata import Metadata
 
     original = Metadata._offsets
 
@@ -152,9 +152,10 @@ def offset_regress() -> None:
 
 def sendback_unchecked() -> None:
     """The send-back's edge checks taken out (issue 23): any group length, the derived topic, the
-    group consuming the message's topic. Patches ``broker.retry_api.check_group``,
-    ``broker.service_send.check_group`` / ``is_topic`` and ``SendOps.group_consumes``."""
-    from broker import retry_api, service_send
+    group consuming the message's topic. Patches ``broker.edge.http_retry.check_group``,
+    ``broker.service.send.check_group`` / ``is_topic`` and ``SendOps.group_consumes``."""
+    from broker.edge import http_retry as retry_api
+    from broker.service import send as service_send
 
     _patch(retry_api, "check_group", lambda group: group)
     _patch(service_send, "check_group", lambda group: group)
@@ -166,8 +167,8 @@ def apply_raises() -> None:
     """A record the apply refuses raises out of ``apply`` instead (the store before issue 23): the
     tick thread dies on every replica at the same committed entry, and again after each restart.
     Patches ``MessageStore._refuse``."""
-    from broker.record_rules import RECORD_REFUSED
-    from broker.store import MessageStore
+    from broker.store.message_store import MessageStore
+    from broker.store.record_rules import RECORD_REFUSED
 
     original = MessageStore._refuse
 

@@ -221,7 +221,7 @@ class RollingRestart:
         run.say(f"restarted {ns.name}: every broker registered there again after {took:.1f} s")
 
     def logged_hand_over(self, m: Member) -> bool:
-        """Whether the stopped leader's log says it handed leadership over (broker/server.py)."""
+        """Whether the stopped leader's log says it handed leadership over (broker/server/broker_server.py)."""
         assert self.run.target is not None
         try:
             with open(self.run.target.process(m).log, errors="replace") as f:

@@ -178,7 +178,7 @@ class ReplicaCore:
         self.counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
-        # Metrics hook (broker/metrics.py), called on the replica's thread: ("fsync_seconds",
+        # Metrics hook (broker/server/metrics.py), called on the replica's thread: ("fsync_seconds",
         # duration) after every flush, ("batch_bodies", n) per entry written (a group commit of n).
         self.observe: Callable[[str, float], None] = _observe_nothing
 

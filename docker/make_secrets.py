@@ -29,7 +29,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from broker.certs import make_certs  # noqa: E402
+from broker.serving.certs import make_certs  # noqa: E402
 
 MOUNT = "/etc/dledger"
 # broker group -> its services (containers); RaftNode01 and RaftNode02 run with the profile "fleet"

@@ -21,7 +21,7 @@ account whose ``brokerNames`` lists the group, and route deletions by an admin a
 open (routes are what every client needs first). Errors are 401 (unsigned, bad signature, stale
 timestamp, replay) or 403 (signed, but not allowed).
 
-The port sits behind ``broker.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
+The port sits behind ``broker.serving.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
 JSON errors from the HTTP parser) and serves HTTPS with ``tlsEnable=true``. The same port speaks
 RocketMQ's remoting protocol to the official clients and mqadmin (``namesrv.remoting``): a
 connection's first byte tells the two apart (``broker.serving.sniff``).
@@ -46,8 +46,13 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
-from broker.acl import AclConfig, AclError, AclWatcher
-from broker.http_edge import (
+from broker.protocol import route_wire as wire
+from broker.protocol.auth import AuthError, namesrv_scope
+from broker.protocol.errors import ProtocolError
+from broker.protocol.rocketmq.command import Bounds
+from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
+from broker.serving.acl import AclConfig, AclError, AclWatcher
+from broker.serving.http_edge import (
     ErrorAnswer,
     Guard,
     Limits,
@@ -55,16 +60,11 @@ from broker.http_edge import (
     guarded_app,
     server_ssl_context,
 )
-from broker.protocol import route_wire as wire
-from broker.protocol.auth import AuthError, namesrv_scope
-from broker.protocol.errors import ProtocolError
-from broker.protocol.rocketmq.command import Bounds
-from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
-from broker.security import Security
+from broker.serving.process_main import run_until_signalled, setup_logging
 from broker.serving.remoting_acl import AclV1Policy, RemotingAuthenticator
 from broker.serving.remoting_server import ByteBudget, RemotingLimits, RemotingServer
+from broker.serving.security import Security
 from broker.serving.sniff import SniffingSite, SniffLimits, TlsMode, start_dual_server
-from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config

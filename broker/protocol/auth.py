@@ -288,7 +288,7 @@ class NonceWindow:
                 del self._keys[ak]
 
 
-# Checks a server adds after the signature (e.g. the broker's replicated nonces, broker/replay.py):
+# Checks a server adds after the signature (e.g. the broker's replicated nonces, broker/store/replay.py):
 # raises ``AuthError`` to refuse.
 ExtraCheck = Callable[[SignedHeader], None]
 

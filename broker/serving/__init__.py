@@ -9,10 +9,22 @@ and a server's handlers.
   in any order, oneway requests, requests the server sends a client, a dispatch table code ->
   handler, and the bounds every port of ours keeps;
 - ``remoting_acl``   who sent a remoting request: ``AclClientRPCHook``'s signature (ACL 1.0) checked
-  against the accounts of ``broker.acl``, the operator's policy for that signature, and the
+  against the accounts of ``broker.serving.acl``, the operator's policy for that signature, and the
   permissions RocketMQ's ACL asks of each request code.
 
 The wire itself (frames, headers, bodies, the signature's bytes) is ``broker.protocol.rocketmq``;
 this package adds sockets, time and accounts. docs/REMOTING.md ("The server side") and docs/API.md
 ("One port, two protocols") describe it for operators.
+
+Also, since issue 24:
+
+- ``http_edge``    bounded HTTP connections, request heads and bodies, the one ``{code, message}``
+  error middleware and integer-parameter parser of every HTTP port, TLS;
+- ``acl``          accounts and permissions (``plain_acl.yml``, reloaded when it changes);
+- ``security``     the ACL, request signatures and TLS tied together for a server;
+- ``certs``        a private CA and server certificates (``python -m broker.serving.certs``);
+- ``process_main`` logging, the event loop and running until SIGTERM/SIGINT.
+
+Of the broker it imports only ``broker.protocol``: the NameServer and ``dledger.apps`` use it without
+the broker's server modules.
 """

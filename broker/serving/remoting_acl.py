@@ -2,7 +2,7 @@
 
 The official clients sign with ``AclClientRPCHook`` (ACL 1.0): ext fields ``AccessKey``, ``Signature``
 and optionally ``SecurityToken``; the signature's bytes are ``broker.protocol.rocketmq.acl``'s. The
-accounts are ours (``broker.acl``: a ``plain_acl.yml``, the same file, accounts and permissions as our
+accounts are ours (``broker.serving.acl``: a ``plain_acl.yml``, the same file, accounts and permissions as our
 own HMAC-SHA256 signatures), read through a callable so that a reloaded file takes effect at once.
 
 ``RemotingAuthenticator.authenticate`` (run by ``RemotingServer.dispatch`` before any handler):
@@ -37,14 +37,14 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from broker.acl import RETRY_PREFIX, AclConfig, Perm
 from broker.protocol.auth import AuthError
 from broker.protocol.rocketmq import acl as rmq_acl
 from broker.protocol.rocketmq import bodies
 from broker.protocol.rocketmq.codes import RequestCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.security import ALL, NOBODY, Principal
+from broker.serving.acl import RETRY_PREFIX, AclConfig, Perm
 from broker.serving.remoting_server import Authenticator, Route
+from broker.serving.security import ALL, NOBODY, Principal
 
 
 class AclV1Policy(enum.Enum):

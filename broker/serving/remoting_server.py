@@ -49,7 +49,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
-from broker.acl import Perm, check
 from broker.protocol.auth import AuthError
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq import header_fields
@@ -61,7 +60,8 @@ from broker.protocol.rocketmq.codes import (
 )
 from broker.protocol.rocketmq.command import DEFAULT_BOUNDS, Bounds, FrameDecoder, RemotingCommand
 from broker.protocol.rocketmq.errors import RemotingError
-from broker.security import ALL, Principal
+from broker.serving.acl import Perm, check
+from broker.serving.security import ALL, Principal
 
 log = logging.getLogger("broker.serving.remoting")
 

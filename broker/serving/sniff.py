@@ -21,7 +21,7 @@ bytes would need those bytes of the ClientHello fed back into the loop's TLS pro
 Bounds: at most ``pending_max`` connections between accept and hand-over (more are closed at once);
 the first byte must come within ``first_byte_timeout_s``; a TLS handshake gets
 ``tls_handshake_timeout_s`` and then ``first_byte_timeout_s`` for its first record. After the
-hand-over each protocol keeps its own bounds (``broker.http_edge``'s guard, ``RemotingServer``).
+hand-over each protocol keeps its own bounds (``broker.serving.http_edge``'s guard, ``RemotingServer``).
 
 ``SniffingSite`` is the aiohttp site that serves an ``EdgeRunner``'s application and a
 ``RemotingServer`` this way; ``start_dual_server`` sets both up.
@@ -41,7 +41,7 @@ from typing import Any, Final, cast
 
 from aiohttp import web
 
-from broker.http_edge import EdgeRunner, Guard
+from broker.serving.http_edge import EdgeRunner, Guard
 
 log = logging.getLogger("broker.serving.sniff")
 

@@ -42,7 +42,7 @@ POISON: Final = b"\xffPOISON"  # a body the state machine cannot apply (the clie
 
 
 def refusal_of(body: bytes) -> Refused | None:
-    """The simulated state machine's admission (as ``broker/record_rules.py`` is the broker's): a
+    """The simulated state machine's admission (as ``broker/store/record_rules.py`` is the broker's): a
     decision from the body alone. A poison body stands for a record whose effects would raise (a name
     no consume queue can have): it is refused, on every replica alike."""
     if body.startswith(POISON):

@@ -2,7 +2,7 @@
 before its body is read (finding 5's HTTP side: bodies were buffered, up to 256 MiB together,
 before any signature was checked), every answer names the server's signing scope, and what aiohttp
 answers before any middleware runs (an ``Expect`` it does not serve) is a coded JSON error too
-(finding 7). The real edge (``broker.http_edge``) and ``Security`` on a small app."""
+(finding 7). The real edge (``broker.serving.http_edge``) and ``Security`` on a small app."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from broker.http_edge import (
+from broker.protocol import auth
+from broker.serving.http_edge import (
     ErrorAnswer,
     Guard,
     Limits,
@@ -25,8 +26,7 @@ from broker.http_edge import (
     request_body,
     start_server,
 )
-from broker.protocol import auth
-from broker.security import Security
+from broker.serving.security import Security
 from tests.acl_fixtures import ADMIN, write_acl
 
 HOST = "127.0.0.1"

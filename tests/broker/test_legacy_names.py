@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.message import StoredMessage, encode_command, encode_message
+from broker.store.message import StoredMessage, encode_command, encode_message
 from broker.tools.mqadmin import main as mqadmin_main
 from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import CLUSTER, WAIT_S, InProcBrokerCluster

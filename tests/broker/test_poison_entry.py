@@ -18,10 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker import retry_api, service_send
 from broker.client.transport import ClientError, Transport
+from broker.edge import http_retry as retry_api
 from broker.protocol.auth import Credentials
-from broker.service_send import SendOps
+from broker.service import send as service_send
+from broker.service.send import SendOps
 from tests.acl_fixtures import ADMIN, CONSUMER, acl_doc, write_acl
 from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
 from tests.dledger.harness import wait_until

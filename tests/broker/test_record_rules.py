@@ -2,7 +2,7 @@
 alike, recorded and listed — instead of stopping the replica; a bug in the effects still stops it.
 
 Built on the real writers: broker records in a real ``EntryStore``, applied by real ``MessageStore``s
-the way a replica's tick thread applies them (broker/record_rules.py holds the rules).
+the way a replica's tick thread applies them (broker/store/record_rules.py holds the rules).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.consume_queue import ConsumeQueue
-from broker.message import StoredMessage, encode_command, encode_message
 from broker.protocol.properties import (
     HALF_TOPIC,
     PROP_DUE_MS,
@@ -26,8 +24,10 @@ from broker.protocol.properties import (
     PROP_SCHED_POS,
     SCHEDULE_TOPIC,
 )
-from broker.record_rules import RECORD_REFUSED, admit_command, admit_message
-from broker.store import MessageNotFound, MessageStore
+from broker.store.consume_queue import ConsumeQueue
+from broker.store.message import StoredMessage, encode_command, encode_message
+from broker.store.message_store import MessageNotFound, MessageStore
+from broker.store.record_rules import RECORD_REFUSED, admit_command, admit_message
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry

@@ -1,4 +1,4 @@
-"""The replicated nonce set (broker/replay.py), pure: the verdicts are a function of the log alone,
+"""The replicated nonce set (broker/store/replay.py), pure: the verdicts are a function of the log alone,
 bounded per access key, and a restart that re-reads the log from the checkpoint rebuilds the same
 set (issue 23, finding 3)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker.protocol.auth import AuthError, SignedHeader
-from broker.replay import NONCE_OP, NonceLog
+from broker.store.replay import NONCE_OP, NonceLog
 
 NOW = 1_800_000_000_000
 W = 300_000

@@ -12,13 +12,13 @@ import pytest
 from pysyncobj import SyncObjConf
 
 from broker.client import ClientError, Message, Producer
-from broker.message import StoredMessage, encode_message
-from broker.metadata import Metadata
-from broker.store import MessageStore
+from broker.serving.process_main import PLANT_ENV
+from broker.store.message import StoredMessage, encode_message
+from broker.store.message_store import MessageStore
+from broker.store.metadata import Metadata
 from chaos import plants
 from dledger import clock as dl_clock
 from dledger import command_codec
-from dledger.apps.process_main import PLANT_ENV
 from dledger.entry_store import EntryStore
 from dledger.journal import RaftJournal
 from dledger.peer_tcp import TcpPeerTransport
@@ -216,7 +216,8 @@ def test_apply_raises_stops_applying_at_a_record_the_store_refuses(tmp_path: Any
 
 
 def test_sendback_unchecked_lets_any_group_through() -> None:
-    from broker import retry_api, service_send
+    from broker.edge import http_retry as retry_api
+    from broker.service import send as service_send
 
     long_group = "g" * 200
     with pytest.raises(Exception, match="at most 120 characters"):

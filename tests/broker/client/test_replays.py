@@ -7,7 +7,7 @@ byte for byte. The effect is read back from every replica's state, not from the 
 - at the new leader after a failover: a topic the captured request created (then deleted) stays
   deleted, a captured send is stored once;
 - at the same replica after it restarted (its in-memory nonce window gone) and became leader again:
-  refused from the replicated nonces of the Raft log (broker/replay.py), state unchanged;
+  refused from the replicated nonces of the Raft log (broker/store/replay.py), state unchanged;
 - a captured heartbeat replayed at another replica registers no consumer there;
 - and, below the verifier, two entries carrying one nonce: the second is refused at apply by every
   replica alike (its bodies skipped), the same outcome everywhere.
@@ -23,7 +23,7 @@ import msgpack
 
 from broker.client.transport import Transport
 from broker.protocol import auth
-from broker.security import SIGNED, SignedRequest
+from broker.serving.security import SIGNED, SignedRequest
 from tests.acl_fixtures import ADMIN, CONSUMER
 from tests.broker.client.conftest import ClusterFactory
 from tests.broker.inproc_cluster import Group, InProcBrokerCluster, Replica, Seen

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from broker.acl import AclConfig, Perm, parse_acl
 from broker.protocol.auth import AuthError
 from broker.protocol.rocketmq import acl as rmq_acl
 from broker.protocol.rocketmq import bodies
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
-from broker.security import ALL, NOBODY
+from broker.serving.acl import AclConfig, Perm, parse_acl
 from broker.serving.remoting_acl import AclV1Policy, Needs, RemotingAuthenticator, needs_of
 from broker.serving.remoting_server import RemotingServer, Request, Route
+from broker.serving.security import ALL, NOBODY
 from tests.acl_fixtures import ADMIN, CONSUMER, STRANGER, acl_doc
 from tests.broker.serving.rmq_client import RmqClient
 from tests.dledger.harness import HOST

@@ -22,11 +22,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from broker.certs import make_certs
-from broker.http_edge import Guard, Limits, guarded_app, server_ssl_context
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode, SerializeType, not_supported_remark
 from broker.protocol.rocketmq.command import Bounds, RemotingCommand
+from broker.serving.certs import make_certs
+from broker.serving.http_edge import Guard, Limits, guarded_app, server_ssl_context
 from broker.serving.remoting_server import (
     ByteBudget,
     CommandError,
