@@ -164,8 +164,8 @@ def sendback_unchecked() -> None:
 
 
 def apply_raises() -> None:
-    """A record the apply refuses raises out of ``apply`` instead (the store before issue 23): the
-    tick thread dies on every replica at the same committed entry, and again after each restart.
+    """A record the apply refuses raises out of ``apply`` instead (the store before issue 23): every
+    replica fails stop at the same committed entry, and again after each restart.
     Patches ``MessageStore._refuse``."""
     from broker.store.message_store import MessageStore
     from broker.store.record_rules import RECORD_REFUSED

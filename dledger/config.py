@@ -42,7 +42,6 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "enableDLegerCommitLog",
         "flushDiskType",
         "flushIntervalCommitLog",
-        "dLegerFlusher",
         "mappedFileSizeCommitLog",
         "dLegerElectionTimeoutMinMs",
         "dLegerElectionTimeoutMaxMs",
@@ -156,7 +155,6 @@ class DLedgerConfig:
     # During a rolling change of the peer password: the old one, still accepted from peers that
     # have not switched yet (connections this node opens use peer_password).
     peer_password_previous: str | None = field(default=None, repr=False)
-    flusher: str = "thread"  # dLegerFlusher: where fdatasync runs (thread | io_uring | auto)
 
     @property
     def node_dir(self) -> str:
@@ -445,7 +443,6 @@ def parse_dledger_config(
         store_path_root_dir=store_root,
         flush_policy=flush_policy,
         flush_interval_ms=r.integer("flushIntervalCommitLog", 10, 1, 10_000),
-        flusher=r.choice("dLegerFlusher", "thread", ("thread", "io_uring", "auto")),
         segment_bytes=segment_bytes,
         election_timeout_min_ms=election_min_ms,
         election_timeout_max_ms=election_max_ms,
@@ -492,7 +489,6 @@ def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
         password_previous=cfg.peer_password_previous,
         flush_policy=cfg.flush_policy,
         flush_interval_ms=cfg.flush_interval_ms,
-        flusher=cfg.flusher,
         segment_bytes=cfg.segment_bytes,
         election_min_ms=cfg.election_timeout_min_ms,
         election_max_ms=cfg.election_timeout_max_ms,

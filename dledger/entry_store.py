@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import logging
 import os
 import threading
@@ -118,20 +117,6 @@ RECENT_ENTRIES_MAX = 4096
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
-class FlushTicket:
-    """What ``EntryStore.begin_flush`` hands an asynchronous flush: its files (pinned) and the
-    descriptors to fdatasync."""
-
-    files: list[SegmentFile]
-    dir_fds: list[int]
-    dirs: list[str]
-
-    @property
-    def fds(self) -> list[int]:
-        return [f.fd for f in self.files] + self.dir_fds
-
-
 class EntryStore(StoreRecovery):
     header_bytes = HEADER_SIZE  # body of the entry at position p starts at p + header_bytes
 
@@ -165,9 +150,6 @@ class EntryStore(StoreRecovery):
         self._dirty_files: set[SegmentFile] = set()
         self._lazy_files: set[SegmentFile] = set()  # index files: synced at seal, truncate, close
         self._dirty_dirs: set[str] = set()
-        # Files an asynchronous flush (begin_flush .. end_flush) is syncing: a flush() meanwhile
-        # syncs them again (it cannot know how far the other one got). File -> flushes in flight.
-        self._syncing: dict[SegmentFile, int] = {}
         self._anchor: tuple[int, int, int] = (0, 0, 0)
         self._floor_position = 0
         self._last: tuple[int, int, int] = (0, 0, 0)  # index, term, chain_crc of the last entry
@@ -649,7 +631,7 @@ class EntryStore(StoreRecovery):
         files. Index files wait for ``flush_all`` (recovery rebuilds what they lack). Any thread:
         what was written before the call is durable when it returns."""
         with self._flush_lock:
-            self._sync_files(self._dirty_files, self._dirty_dirs, with_syncing=True)
+            self._sync_files(self._dirty_files, self._dirty_dirs)
 
     def flush_all(self) -> None:
         """``flush``, and the index files too."""
@@ -657,58 +639,14 @@ class EntryStore(StoreRecovery):
             self._sync_files(self._lazy_files, set())
             self.flush()
 
-    def begin_flush(self) -> FlushTicket:
-        """The writer's half of an asynchronous flush (io_uring, ``dledger.flusher``): the
-        descriptors to fdatasync so that everything written before this call is durable. The files
-        stay pinned until ``end_flush`` (a retirement meanwhile cannot close them); new directory
-        entries are covered by descriptors of their directories, closed by ``end_flush``."""
-        with self._lock:
-            files, dirs = list(self._dirty_files), list(self._dirty_dirs)
-            self._dirty_files.clear()
-            self._dirty_dirs.clear()
-            for f in files:
-                f.pins += 1
-                self._syncing[f] = self._syncing.get(f, 0) + 1
-        dir_fds: list[int] = []
-        try:
-            for d in dirs:
-                dir_fds.append(os.open(d, os.O_RDONLY | os.O_DIRECTORY))
-        except OSError:
-            for fd in dir_fds:
-                os.close(fd)
-            self.end_flush(FlushTicket(files, [], dirs), ok=False)
-            raise
-        return FlushTicket(files, dir_fds, dirs)
-
-    def end_flush(self, ticket: FlushTicket, ok: bool) -> None:
-        """The asynchronous flush of ``ticket`` is over: on failure its files and directories are
-        dirty again (the next flush syncs them)."""
-        for fd in ticket.dir_fds:
-            os.close(fd)
-        with self._lock:
-            for f in ticket.files:
-                n = self._syncing.get(f, 0) - 1
-                if n > 0:
-                    self._syncing[f] = n
-                else:
-                    self._syncing.pop(f, None)
-                if not ok and not f.retired:
-                    self._dirty_files.add(f)
-            if not ok:
-                self._dirty_dirs.update(ticket.dirs)
-        for f in ticket.files:
-            self._unpin(f)
-
-    def _sync_files(self, files_set: set[SegmentFile], dirs_set: set[str], with_syncing: bool = False) -> None:
+    def _sync_files(self, files_set: set[SegmentFile], dirs_set: set[str]) -> None:
         """Caller holds _flush_lock. Takes the files out of ``files_set`` (pinned, so that a
         truncation or retention retiring one meanwhile cannot close it under the fdatasync),
-        syncs them (and, ``with_syncing``, those an asynchronous flush is syncing) and the
-        directories; on failure they are dirty again."""
+        syncs them and the directories; on failure they are dirty again."""
         with self._lock:
-            syncing = [f for f in self._syncing if f not in files_set] if with_syncing else []
-            if not files_set and not dirs_set and not syncing:
+            if not files_set and not dirs_set:
                 return
-            files, dirs = list(files_set) + syncing, list(dirs_set)
+            files, dirs = list(files_set), list(dirs_set)
             files_set.clear()
             dirs_set.clear()
             for f in files:

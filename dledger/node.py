@@ -59,7 +59,7 @@ from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.clock import Clock
 from dledger.entry_store import EntryStore
-from dledger.flusher import Done, ThreadFlusher, UringFlusher, make_flusher
+from dledger.flusher import Done, ThreadFlusher
 from dledger.inproc import InProcNetwork, InProcTransport
 from dledger.log_store import LogReader, LogStore
 from dledger.loop_poller import LoopPoller
@@ -161,7 +161,7 @@ class DLedgerNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owner: int | None = None  # the loop's thread, from start() on
         self._poller: LoopPoller | None = None
-        self._flusher: ThreadFlusher | UringFlusher | None = None
+        self._flusher: ThreadFlusher | None = None
         self._flush_idle: asyncio.Future[None] | None = None  # set while a flush job is out
         self._running = False
         self._stopped = False
@@ -264,7 +264,7 @@ class DLedgerNode:
         self._loop, self._owner = loop, threading.get_ident()
         self._enter()
         self._poller = LoopPoller(loop, enter=self._enter, after_input=self._tick_soon, fail=self._die)
-        self._flusher = make_flusher(loop, f"dledger-flush-{self.settings.self_id}", self.settings.flusher)
+        self._flusher = ThreadFlusher(loop, f"dledger-flush-{self.settings.self_id}")
         try:
             sync = self.core.open(poller=self._poller, flusher=_LoopFlusher(self, self._flusher))
         except BaseException as exc:
@@ -314,9 +314,7 @@ class DLedgerNode:
         finally:
             if self._poller is not None:
                 self._poller.close()
-            if isinstance(self._flusher, UringFlusher):
-                self._flusher.close()
-            elif self._flusher is not None:
+            if self._flusher is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._flusher.close)
 
     def _die(self, exc: BaseException) -> None:
@@ -521,7 +519,7 @@ class DLedgerNode:
         status["loop"] = {
             "lag_ms_max": round(self.loop_lag_ms_max, 3),
             "stalls_100ms": self.loop_stalls,
-            "flush_jobs": getattr(self._flusher, "jobs_done", 0),
+            "flush_jobs": self._flusher.jobs_done if self._flusher is not None else 0,
         }
         return status
 
@@ -590,26 +588,16 @@ class _LoopFlusher:
     """The node's flusher as the core sees it: completions run inside the node (its clock, a
     tick after, fail stop on error), and the node knows when no job is out (``stop`` waits)."""
 
-    def __init__(self, node: DLedgerNode, flusher: ThreadFlusher | UringFlusher):
+    def __init__(self, node: DLedgerNode, flusher: ThreadFlusher):
         self._node = node
         self._flusher = flusher
-        if isinstance(flusher, UringFlusher):
-            self.submit_fds = self._submit_fds  # the core hands the kernel descriptors
 
-    def _out(self) -> None:
+    def submit(self, job: Callable[[], None], done: Done) -> None:
         node = self._node
         assert node._loop is not None
         if node._flush_idle is None or node._flush_idle.done():
             node._flush_idle = node._loop.create_future()
-
-    def submit(self, job: Callable[[], None], done: Done) -> None:
-        self._out()
         self._flusher.submit(job, lambda exc: self._done(done, exc))
-
-    def _submit_fds(self, fds: Sequence[int], done: Done) -> None:
-        assert isinstance(self._flusher, UringFlusher)
-        self._out()
-        self._flusher.submit_fds(fds, lambda exc: self._done(done, exc))
 
     def _done(self, done: Done, exc: BaseException | None) -> None:
         node = self._node

@@ -22,6 +22,9 @@ class NotLeaderError(DLedgerError):
         super().__init__(f"this node is not the leader (leader: {leader_id or 'unknown'})")
         self.leader_id = leader_id
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.leader_id,), self.__dict__
+
 
 class TransferNotReadyError(DLedgerError):
     """A leadership transfer was refused because its target has not caught up with the leader's
@@ -61,7 +64,8 @@ class NotCommittedError(DLedgerError):
 class StateMachineError(DLedgerError):
     """The state machine raised while applying committed entries (``StateMachine.apply``): a bug or
     an environment failure (disk, memory) the replica cannot decide the same way as its peers. The
-    tick thread stops with it (the process exits 70): applying on would diverge from the group.
+    replica fails stop with it (``DLedgerNode.fatal``; the process exits 70): applying on would
+    diverge from the group.
     A record the state machine can decide to be inapplicable is *refused* instead (``Refused``)."""
 
     def __init__(self, first_index: int, last_index: int, cause: BaseException):
@@ -71,6 +75,12 @@ class StateMachineError(DLedgerError):
         )
         self.first_index = first_index
         self.last_index = last_index
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what it was made of, not from ``args`` (the message): a simulator worker
+        # hands its failure to the parent by pickling it, and a copy must keep the indexes.
+        return type(self), (self.first_index, self.last_index, self.cause), self.__dict__
 
 
 class EntryRemovedError(DLedgerError):
@@ -106,7 +116,6 @@ class RaftSettings:
     live_follower_s: float = 10.0
     password_previous: str | None = None  # also accepted from peers (rolling password change)
     replication_batch_bytes: int = 1 << 20  # entries per AppendEntries message, by body bytes
-    flusher: str = "thread"  # where fdatasync runs: 'thread' | 'io_uring' | 'auto' (dledger.flusher)
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).
     raft_addresses: dict[str, str] | None = None

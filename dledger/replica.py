@@ -25,7 +25,7 @@ Invariants:
 - Entries are applied in log order, once: the state machine's durable ``applied_index()`` is
   where applying resumes after a restart. A body the state machine cannot apply is refused by it
   (``Refused``, the same on every replica); an exception out of ``apply`` is a broken state
-  machine, raised as ``StateMachineError`` naming the entries: the tick thread stops, loudly.
+  machine, raised as ``StateMachineError`` naming the entries: the replica fails stop, loudly.
 - A leader that steps down answers every append still waiting with "outcome unknown" at once
   (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
   for their deadline.
@@ -458,20 +458,6 @@ class ReplicaCore:
         target, epoch = int(self.store.last_index), self._log_epoch  # written before the job starts
         store, clock = self.store, self._clock
         took: list[float] = []
-        begin = getattr(store, "begin_flush", None)
-        submit_fds = getattr(self._flusher, "submit_fds", None)
-        if begin is not None and submit_fds is not None:
-            # The kernel syncs the descriptors (io_uring); no thread of ours waits for it.
-            ticket = begin()
-            started = clock.monotonic()
-
-            def synced(exc: BaseException | None) -> None:  # this thread, the kernel's completion
-                store.end_flush(ticket, exc is None)  # type: ignore[attr-defined]
-                took.append(clock.monotonic() - started)
-                self._flush_done(target, epoch, took, exc)
-
-            submit_fds(ticket.fds, synced)
-            return
 
         def job() -> None:  # the flusher's thread
             started = clock.monotonic()

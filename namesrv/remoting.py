@@ -30,7 +30,8 @@ JSON (quoted broker ids) to clients of 4.9.4 and later (``version`` >= 401) or t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq import admin_headers as ah
@@ -44,7 +45,9 @@ from namesrv.kv_config import ORDER_TOPIC_CONFIG, KvConfigTable
 from namesrv.route_table import RouteTable, validate_topic
 
 if TYPE_CHECKING:
-    from namesrv.server import NamesrvService
+    from namesrv.config import NamesrvConfig
+
+T = TypeVar("T")
 
 VERSION_V4_9_4: Final = 401
 """``MQVersion.Version.V4_9_4.ordinal()``: from this client version on, routes go out as standard JSON."""
@@ -98,10 +101,32 @@ def protocol_error(exc: Exception) -> CommandError | None:
 
 
 # -- the handlers ---------------------------------------------------------------------------------------------
+class TableCalls(Protocol):
+    """Runs a job on the route table's one task (``namesrv.server.TableOwner`` is one)."""
+
+    async def call(self, fn: Callable[[RouteTable, int], T]) -> T: ...
+
+
+class NamesrvHost(Protocol):
+    """What the remoting handlers use of the NameServer (``NamesrvService`` is one)."""
+
+    kv: KvConfigTable
+    cfg: NamesrvConfig
+
+    @property
+    def owner(self) -> TableCalls: ...
+    def config_text(self) -> dict[str, str]: ...
+    async def put_kv(self, namespace: str, key: str, value: str) -> None: ...
+    async def delete_kv(self, namespace: str, key: str) -> bool: ...
+    async def update_config(self, changes: Mapping[str, str]) -> dict[str, str]: ...
+    async def set_write_perm(self, broker_name: str, write: bool) -> int: ...
+    async def delete_topic(self, topic: str, cluster: str | None = None) -> bool: ...
+
+
 class NamesrvRemoting:
     """The remoting handlers of one ``NamesrvService``."""
 
-    def __init__(self, service: NamesrvService):
+    def __init__(self, service: NamesrvHost):
         self.service = service
 
     def install(self, server: RemotingServer) -> None:

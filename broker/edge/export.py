@@ -29,7 +29,7 @@ import asyncio
 import os
 import re
 import stat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -38,7 +38,8 @@ from broker.protocol.names import is_topic
 from broker.serving.http_edge import query_int
 
 if TYPE_CHECKING:
-    from broker.edge.http_api import BrokerApi
+    from broker.service.base import ServiceConfig
+    from broker.serving.security import Security
 
 __all__ = ["MAX_BYTES", "MAX_FILES", "exported_path", "list_files", "read_part", "register"]
 
@@ -126,25 +127,39 @@ def _open_below(root: str, parts: list[str]) -> int:
         os.close(fd)
 
 
+class NodeStatus(Protocol):
+    async def status(self) -> dict[str, Any]: ...
+
+
+class ExportedReplica(Protocol):
+    """What the export reads of the replica it serves (``BrokerServer`` is one)."""
+
+    @property
+    def cfg(self) -> ServiceConfig: ...
+    @property
+    def node(self) -> NodeStatus: ...
+
+
 class ReplicaExport:
-    def __init__(self, api: BrokerApi):
-        self.api = api
+    def __init__(self, sec: Security, replica: ExportedReplica):
+        self.sec = sec
+        self.replica = replica
         self._reads = asyncio.Semaphore(READS_IN_FLIGHT)
 
     @property
     def root(self) -> str:
-        return str(self.api.s.cfg.dledger.node_dir)
+        return str(self.replica.cfg.dledger.node_dir)
 
     async def files(self, request: web.Request) -> web.Response:
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         after = request.query.get("after", "")
         if len(after) > 512:
             raise ApiError(400, "BAD_PARAMETER", "after is at most 512 characters")
         limit = query_int(request, "limit", MAX_FILES, 1, MAX_FILES)
-        node = await self.api.s.node.status()  # before the listing: the files hold at least this
+        node = await self.replica.node.status()  # before the listing: the files hold at least this
         async with self._reads:
             files, more = await asyncio.to_thread(list_files, self.root, after, limit)
-        cfg = self.api.s.cfg
+        cfg = self.replica.cfg
         return answer(request, {
             "group": cfg.broker_name, "node_id": cfg.dledger.self_id,
             "commit_index": node["commit_index"], "applied_index": node["applied_index"],
@@ -153,7 +168,7 @@ class ReplicaExport:
         })  # fmt: skip
 
     async def file(self, request: web.Request) -> web.Response:
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         path = request.query.get("path")
         if path is None:
             raise ApiError(400, "MISSING_FIELD", "query parameter 'path' is required")
@@ -166,7 +181,7 @@ class ReplicaExport:
         return answer(request, {"path": path, "offset": offset, "size": size, "data": data})
 
 
-def register(router: web.UrlDispatcher, api: BrokerApi) -> None:
-    ex = ReplicaExport(api)
+def register(router: web.UrlDispatcher, sec: Security, replica: ExportedReplica) -> None:
+    ex = ReplicaExport(sec, replica)
     router.add_get("/v1/replica/files", ex.files)
     router.add_get("/v1/replica/file", ex.file)

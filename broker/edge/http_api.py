@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from broker.edge import export
-from broker.edge.http_codec import ApiError, answer, check_fields, error, read_body
+from broker.edge.http_codec import ApiError, answer, error, read_body
 from broker.edge.http_retry import RetryApi
 from broker.edge.http_txn import TransactionApi
 from broker.protocol.auth import AuthError
 from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.names import is_client_id
-from broker.server.metrics import CONTENT_TYPE
-from broker.service.base import INT64_MAX
+from broker.service.base import INT64_MAX, ServiceMetrics
 from broker.service.broker_service import BrokerService, PulledMessage, offsets_answer
-from broker.service.requests import pull_request, send_request
+from broker.service.requests import check_fields, pull_request, send_request
 from broker.serving.acl import Perm
 from broker.serving.http_edge import ErrorAnswer, error_middleware, guarded_app, query_int
 from broker.store.message import (
@@ -41,7 +40,8 @@ from broker.store.message import (
 )
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from broker.serving.http_edge import Guard
+    from broker.serving.security import Security
 
 log = logging.getLogger("broker.api")
 
@@ -49,11 +49,31 @@ def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
     return error(request, answer.status, answer.code, answer.message, **answer.extra)
 
 
+class ApiMetrics(ServiceMetrics, Protocol):
+    """The metrics the API reports to and serves (``BrokerMetrics`` is one)."""
+
+    @property
+    def content_type(self) -> str: ...  # of what ``scrape`` returns
+    async def scrape(self) -> bytes: ...
+
+
+class ApiHost(export.ExportedReplica, Protocol):
+    """What the HTTP API uses of the replica it serves (``BrokerServer`` is one), besides the
+    service: its ACL and signatures, the edge guard, its metrics, its configuration and node."""
+
+    @property
+    def security(self) -> Security: ...
+    @property
+    def guard(self) -> Guard: ...
+    @property
+    def metrics(self) -> ApiMetrics: ...
+
+
 class BrokerApi:
-    def __init__(self, server: BrokerServer, service: BrokerService | None = None):
+    def __init__(self, server: ApiHost, service: BrokerService):
         self.s = server
         self.sec = server.security
-        self.svc = service if service is not None else BrokerService(server)
+        self.svc = service
 
     def app(self) -> web.Application:
         errors = error_middleware(self._classify, _respond, logger=log)
@@ -84,9 +104,9 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
-        RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/edge/http_retry.py)
-        TransactionApi(self).add_routes(r)  # transactional messages (broker/edge/http_txn.py)
-        export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
+        RetryApi(self.svc, self.sec).add_routes(r)  # consumer retries and DLQs (broker/edge/http_retry.py)
+        TransactionApi(self.svc, self.sec).add_routes(r)  # transactional messages (broker/edge/http_txn.py)
+        export.register(r, self.sec, self.s)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)
         r.add_get("/v1/admin/refused", self.refused_records)
@@ -361,7 +381,7 @@ class BrokerApi:
             text = await self.s.metrics.scrape()
         except TimeoutError:
             raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
-        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=text, headers={"Content-Type": self.s.metrics.content_type})
 
     async def clean_expired_cq(self, request: web.Request) -> web.Response:
         """``mqadmin cleanExpiredCQ`` on this replica (admin): remove the consume queues of topics

@@ -31,9 +31,12 @@ from broker.edge.binary_ops import RemotingOps, remoting_error
 from broker.edge.http_api import BrokerApi
 from broker.protocol.auth import broker_scope
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
+from broker.server.admin_config import NotUpdatable, config_view
+from broker.server.admin_config import update as update_config
 from broker.server.config import BrokerConfig, load_broker_config
 from broker.server.metrics import BrokerMetrics
 from broker.server.registration import Registrar
+from broker.service.base import ServiceError
 from broker.service.broker_service import BrokerService
 from broker.service.consumers import ConsumerManager
 from broker.service.producers import ProducerTable
@@ -170,6 +173,19 @@ class BrokerServer:
     def wall_ms(self) -> int:
         """For timestamps stored in records (a message's store time)."""
         return int(self.clock.wall() * 1000)
+
+    # -- configuration (mqadmin getBrokerConfig / updateBrokerConfig) ---------------------------------
+    def config_view(self) -> dict[str, str]:
+        return config_view(self.cfg)
+
+    def update_config(self, key: str, value: str) -> None:
+        """Change one hot key until this replica restarts; a refused change is a ``ServiceError``."""
+        try:
+            self.cfg = update_config(self.cfg, key, value)
+        except NotUpdatable as exc:
+            raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
+        except ConfigError as exc:
+            raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -425,7 +441,7 @@ class BrokerServer:
                 for pid, p in node["peers"].items()
             },
             "topics": len(self.store.metadata_view().topics),
-            "queues": len(self.store.cqs.queues()),
+            "queues": self.store.queue_count(),
             "dispatch": dict(self.store.counters),
             "refused_records": self.store.refusals.total,  # GET /v1/admin/refused lists them
             "send": dict(self.counters),

@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import shutil
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,7 +37,9 @@ from prometheus_client.registry import Collector
 from dledger.clock import Clock
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from broker.server.config import BrokerConfig
+    from broker.store.message_store import MessageStore
+    from dledger.node import DLedgerNode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RATE_WINDOW_S = 10
@@ -111,8 +113,25 @@ class Snapshot:
     refused_records: int = 0  # records this replica's apply refused (broker/store/record_rules.py)
 
 
+class MeteredReplica(Protocol):
+    """What the metrics read of the replica they describe (``BrokerServer`` is one)."""
+
+    @property
+    def cfg(self) -> BrokerConfig: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> MessageStore: ...
+    @property
+    def ready(self) -> bool: ...
+
+
 class BrokerMetrics:
-    def __init__(self, server: BrokerServer):
+    content_type = CONTENT_TYPE  # of what ``scrape`` returns
+
+    def __init__(self, server: MeteredReplica):
         self.s = server
         cfg = server.cfg
         self.base = {"cluster": cfg.cluster, "broker": cfg.broker_name, "node": cfg.dledger.self_id}
@@ -214,7 +233,7 @@ class BrokerMetrics:
             for topic, tc in md.topics.items():
                 total = 0
                 for qid in range(tc.read_queue_nums):
-                    cq = s.store.cqs.get(topic, qid)
+                    cq = s.store.queue(topic, qid)
                     total += cq.max_offset if cq is not None else 0
                 producer[topic] = total
             for (g, t), offsets in sorted(committed.items()):
@@ -223,7 +242,7 @@ class BrokerMetrics:
                     continue
                 rows = []
                 for qid in range(gtc.read_queue_nums):
-                    cq = s.store.cqs.get(t, qid)
+                    cq = s.store.queue(t, qid)
                     hi = cq.max_offset if cq is not None else 0
                     c = offsets.get(qid)
                     base = c if c is not None else (cq.min_offset if cq is not None else 0)

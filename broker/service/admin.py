@@ -12,8 +12,6 @@ from typing import Any
 
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import is_decimal, is_stored_group, is_stored_topic, is_topic
-from broker.server.admin_config import ConfigError, NotUpdatable, config_view
-from broker.server.admin_config import update as update_config
 from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
@@ -97,7 +95,7 @@ class AdminOps(ServiceBase):
         tc = self.topic(check_topic(topic))
         queues = []
         for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
-            cq = self.s.store.cqs.get(topic, qid)
+            cq = self.s.store.queue(topic, qid)
             last = cq.last_unit() if cq is not None else None
             queues.append(
                 {
@@ -226,7 +224,7 @@ class AdminOps(ServiceBase):
             ts = check_int(ts, "ts", 0, INT64_MAX)
             parsed = {}
             for qid in range(tc.read_queue_nums):
-                cq = self.s.store.cqs.get(topic, qid)
+                cq = self.s.store.queue(topic, qid)
                 parsed[qid] = cq.search_by_time(ts) if cq is not None else 0
         else:
             parsed = self.offsets_map(offsets, tc)
@@ -256,7 +254,7 @@ class AdminOps(ServiceBase):
             offsets = md.group_offsets(group, name)
             queues = []
             for qid in range(tc.read_queue_nums):
-                cq = s.store.cqs.get(name, qid)
+                cq = s.store.queue(name, qid)
                 broker_offset = cq.max_offset if cq is not None else 0
                 committed = offsets.get(qid)  # None: the group never committed this queue
                 consumer_offset = committed if committed is not None else (cq.min_offset if cq is not None else 0)
@@ -307,20 +305,15 @@ class AdminOps(ServiceBase):
 
     def config(self) -> dict[str, Any]:
         """The replica's configuration, secrets left out."""
-        return dict(config_view(self.s.cfg))
+        return dict(self.s.config_view())
 
     @translated_sync
     def update_config(self, key: str, value: str) -> Any:
         """Change one hot key on this replica until it restarts; the value now in effect."""
-        try:
-            self.s.cfg = update_config(self.s.cfg, key, value)
-        except NotUpdatable as exc:
-            raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
-        except ConfigError as exc:
-            raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
+        self.s.update_config(key, value)
         log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
         self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
-        return config_view(self.s.cfg).get(key)
+        return self.s.config_view().get(key)
 
     def refused_records(self) -> dict[str, Any]:
         """The records this replica's apply refused (broker/store/record_rules.py): how many, and the last

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
-from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, finish_flush
+from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, QueueReader, finish_flush
 from broker.store.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.store.key_index import KeyIndex
 from broker.store.message import (
@@ -476,6 +476,19 @@ class MessageStore(StoreStateEntries):
                       h.position, h.group)
 
     # -- reads (any thread) -------------------------------------------------------------------------
+    def queue(self, topic: str, queue_id: int) -> QueueReader | None:
+        """The read side of a consume queue (None: nothing was ever applied to it here)."""
+        return self.cqs.get(topic, queue_id)
+
+    def queue_count(self) -> int:
+        return len(self.cqs.queues())
+
+    def positions_by_key(self, topic: str, key: str, max_count: int, begin_ts: int, end_ts: int) -> list[int]:
+        """Log positions of records of ``topic`` the key index holds under ``key`` (a key or a unique
+        id; a hash collision may add others) stored in [begin_ts, end_ts], newest first, at most
+        ``max_count``."""
+        return self.index.query(topic, key, max_count, begin_ts, end_ts)
+
     def metadata_view(self) -> Metadata:
         """A consistent copy (cheap: metadata is small)."""
         with self._md_lock:

@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.protocol.names import is_decimal, is_topic
 from broker.protocol.properties import (
@@ -49,11 +49,12 @@ from broker.protocol.properties import (
     SCHEDULE_PROPS,
     SCHEDULE_TOPIC,
 )
+from broker.protocol.routes import TopicConfig
 from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.schedule")
 
@@ -283,10 +284,35 @@ class ScheduleIndex(SnapshotIndex):
         self.commit(applied_index)
 
 
+class DeliveryStore(Protocol):
+    """What the delivery loop reads of the message store (``MessageStore`` is one)."""
+
+    @property
+    def schedule(self) -> ScheduleIndex: ...
+    def read_message(self, position: int, size: int | None = None) -> StoredMessage: ...
+    def topic(self, name: str) -> TopicConfig | None: ...
+
+
+class DeliveryHost(Protocol):
+    """What the delivery loop uses of the replica it runs on (``BrokerServer`` is one)."""
+
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> DeliveryStore: ...
+    @property
+    def send_timeout_s(self) -> float: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+    def wall_ms(self) -> int: ...
+
+
 class ScheduleService:
     """The ready leader's delivery loop (one per broker; idle on followers)."""
 
-    def __init__(self, server: BrokerServer, policy: SchedulePolicy):
+    def __init__(self, server: DeliveryHost, policy: SchedulePolicy):
         self.s = server
         self.policy = policy
         self.counters = {"delivered": 0, "rounds": 0, "lost": 0}

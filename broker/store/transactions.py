@@ -44,7 +44,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.protocol.names import is_decimal
 from broker.protocol.properties import (
@@ -61,7 +61,8 @@ from broker.store.message import InvalidInput, StoredMessage
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from dledger.clock import Clock
+    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.transactions")
 
@@ -466,10 +467,43 @@ class TransactionPolicy:
     check_max: int = DEFAULT_CHECK_MAX
 
 
+class CheckStore(Protocol):
+    """What the check-back service reads of the message store (``MessageStore`` is one)."""
+
+    @property
+    def txn(self) -> TransactionIndex: ...
+    def read_message(self, position: int, size: int | None = None) -> StoredMessage: ...
+
+
+class NamedBroker(Protocol):
+    @property
+    def broker_name(self) -> str: ...
+
+
+class CheckHost(Protocol):
+    """What the check-back service uses of the replica it runs on (``BrokerServer`` is one)."""
+
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> CheckStore: ...
+    @property
+    def cfg(self) -> NamedBroker: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def send_timeout_s(self) -> float: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+    def wall_ms(self) -> int: ...
+
+
 class TransactionService:
     """One per broker: scans and hands out check-backs while this replica is the ready leader."""
 
-    def __init__(self, server: BrokerServer, policy: TransactionPolicy):
+    def __init__(self, server: CheckHost, policy: TransactionPolicy):
         self.s = server
         self.policy = policy
         self.scheduler = CheckScheduler(policy.check_interval_ms)

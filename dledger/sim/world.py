@@ -189,13 +189,25 @@ class World:
             r.transport.drain()
         if r.core is None:  # crashed while handling the input (a targeted crash)
             return
-        r.core.after_input()
+        self._drive(node, r.core.after_input)
         r.observe()
         sync = r.core.sync if r.core is not None else None
         if sync is not None:
             self._trace(
                 "l", node, round(self.now, 6), sync.dl_state, sync.raftCurrentTerm, r.store.last_index
             )
+
+    def _drive(self, node: str, step: Callable[[], None]) -> None:
+        """Run one step of ``node``'s core: its full tick or its light tick (either applies
+        committed entries). A ``StateMachineError`` out of it is the replica stopping (in
+        production its process exits 70): a violation, as is the checker's own, raised inside
+        ``apply`` and wrapped by the core."""
+        try:
+            step()
+        except StateMachineError as exc:
+            if isinstance(exc.__cause__, Violation):
+                raise exc.__cause__ from None
+            self.checker.on_apply_failed(node, exc)
 
     def _schedule_tick(self, node: str, delay_s: float) -> None:
         at = self.now + delay_s
@@ -215,12 +227,8 @@ class World:
             self._schedule_tick(node, r.paused_until - self.now)
             return
         dl_clock.use(r.clock)
-        try:
-            r.core.tick(0)
-        except StateMachineError as exc:  # in production the process exits 70: a broken replica
-            if isinstance(exc.__cause__, Violation):  # the checker's own, raised inside apply
-                raise exc.__cause__ from None
-            self.checker.on_apply_failed(node, exc)
+        core = r.core
+        self._drive(node, lambda: core.tick(0))
         r.observe()
         sync = r.core.sync if r.core is not None else None
         if sync is not None:

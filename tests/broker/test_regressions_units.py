@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from broker.edge.http_api import BrokerApi
 from broker.protocol.routes import BrokerRegistration
 from broker.server.registration import Registrar
+from broker.service.broker_service import BrokerService
 from broker.service.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
 from broker.serving.http_edge import Guard, Limits
 from broker.serving.security import Security
@@ -98,8 +99,9 @@ def _fake_server(ms: MessageStore) -> Any:
 @pytest.fixture
 async def api_client(store: tuple[MessageStore, _Log]) -> AsyncIterator[TestClient[Any, Any]]:
     ms, _ = store
+    fake = _fake_server(ms)
     client: TestClient[Any, Any] = TestClient(
-        TestServer(BrokerApi(_fake_server(ms)).app(), host="127.0.0.1")
+        TestServer(BrokerApi(fake, BrokerService(fake)).app(), host="127.0.0.1")
     )
     await client.start_server()
     try:

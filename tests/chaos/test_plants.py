@@ -26,27 +26,13 @@ from dledger.records import to_committed
 from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
 from tests.acl_fixtures import PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
-from tests.dledger.harness import PASSWORD, free_ports
+from tests.dledger.harness import PASSWORD, StubHooks, free_ports
 
 
 @pytest.fixture(autouse=True)
 def _unplant() -> Iterator[None]:
     yield
     plants.unplant_all()
-
-
-class Hooks:
-    def before_ack(self) -> None: ...
-
-    def on_install_anchor(self, anchor_index: int) -> None: ...
-
-    def retention_floor(self) -> int:
-        return 0
-
-    def on_leader_floor(self, floor: int) -> None: ...
-
-    def self_match_index(self) -> int:
-        return 10**18
 
 
 @pytest.fixture
@@ -59,7 +45,7 @@ def make_syncobj(tmp_path: Any) -> Iterator[Any]:
         journal = RaftJournal(store, str(tmp_path / f"meta{len(made)}"))
         conf = SyncObjConf(appendEntriesPeriod=0.05)
         sync = DLedgerSyncObj(
-            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, Hooks(),
+            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, StubHooks(),
             transport_factory=lambda so, sn, on: TcpPeerTransport(so, sn, on, password=PASSWORD, group="G"),
         )
         made.append(sync)

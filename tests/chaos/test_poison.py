@@ -13,6 +13,7 @@ whose apply raised on every replica, then the check that every replica is alive 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from chaos.faults import FaultContext, make_fault
 from chaos.history import JsonlWriter, read_jsonl
 from chaos.poison import POISON_FAULT, PoisonFault
 from chaos.target import Member
+from dledger.records import StateMachineError
 from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import InProcBrokerCluster
 
@@ -63,14 +65,20 @@ class InProcTarget:
         return dict(await self.transport.call(m.control_addr, "GET", "/v1/status"))
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[InProcBrokerCluster]:
+@contextlib.asynccontextmanager
+async def _started(tmp_path: Path, *, replicas_may_fail: bool = False) -> AsyncIterator[InProcBrokerCluster]:
     c = await InProcBrokerCluster.start(str(tmp_path / "cluster"))
     try:
         yield c
     finally:
         plants.unplant_all()
-        await c.stop()
+        await c.stop(replicas_may_fail=replicas_may_fail)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[InProcBrokerCluster]:
+    async with _started(tmp_path) as c:
+        yield c
 
 
 async def _poison(tmp_path: Path, cluster: InProcBrokerCluster) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -112,15 +120,20 @@ async def test_past_a_validation_gap_every_replica_refuses_alike(tmp_path: Path,
     assert len(records[1]["detail"]["deleted"]["RaftNode00"]) == 7
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-async def test_the_check_has_teeth(tmp_path: Path, cluster: InProcBrokerCluster) -> None:
+async def test_the_check_has_teeth(tmp_path: Path) -> None:
     """With the apply of before issue 23 (a refused record raises) the replicas stop, and the fault's
-    check says so."""
-    plants.sendback_unchecked()
-    plants.apply_raises()
-    detail, _records = await _poison(tmp_path, cluster)
-    group = detail["groups"]["RaftNode00"]
-    assert not detail["ok"] and not all(group["running"].values()), group
+    check says so. They fail on purpose, so the cluster stops with ``replicas_may_fail`` (a failed
+    replica fails ``stop`` since issue 26), and the test checks instead that each failure is the
+    state machine's, raised by the plant."""
+    async with _started(tmp_path, replicas_may_fail=True) as cluster:
+        plants.sendback_unchecked()
+        plants.apply_raises()
+        detail, _records = await _poison(tmp_path, cluster)
+        group = detail["groups"]["RaftNode00"]
+        assert not detail["ok"] and not all(group["running"].values()), group
+        fatal = [r.broker.node.fatal for r in cluster.groups[0].replicas if r.broker.node.fatal is not None]
+        assert fatal and all(isinstance(f, StateMachineError) for f in fatal), fatal
+        assert all("cannot apply the message record" in str(f) for f in fatal), fatal
 
 
 # -- real clusters (OS processes) -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 
 from dledger.records import Refused
 from dledger.replica import Request
-from dledger.sim.plants import PLANTS, run_job
+from dledger.sim.plants import PLANTS, plant, run_job
 from dledger.sim.replica import POISON
 from dledger.sim.world import SimOptions, World, run_seed
 
@@ -200,3 +200,15 @@ def test_more_seeds_longer_runs_and_five_replicas() -> None:
     results += _run_many(range(5000, 5100), SimOptions(steps=8_000, nodes=5))
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize(
+    ("planted", "says"), [("apply-raises", "applying raised"), ("refuse-on-local-state", "another replica")]
+)
+def test_an_apply_failing_in_a_light_tick_is_a_violation_not_an_error_out_of_the_run(planted: str, says: str) -> None:
+    """Seed 1 first applies a poison body in a light tick (``ReplicaCore.after_input``, the tick
+    after input): the run ends with a Violation, as from a full tick, instead of raising the
+    replica's StateMachineError out of ``run_seed`` (which a worker pool then had to pickle)."""
+    with plant(planted):
+        result = run_seed(1, SimOptions(steps=CI_STEPS))
+    assert not result.ok and result.error is not None and says in result.error, result.line()
