@@ -231,6 +231,10 @@ class FleetRun:
         seen = [r for name in sorted(os.listdir(hist)) if name.startswith(("receipts-", "drain"))
                 for r in read_jsonl(os.path.join(hist, name))]
         check = quick_check(sends, seen)
+        # duplicates in the drain alone (an id both received and drained is seen twice, not stored twice)
+        drained = [r for name in sorted(os.listdir(hist)) if name.startswith("drain")
+                   for r in read_jsonl(os.path.join(hist, name))]
+        check["stored_twice_or_more"] = quick_check(sends, drained)["stored_twice_or_more"]
         self.info["quick_check"] = check
         return check
 

@@ -30,3 +30,22 @@ def test_read_faults_pairs_apply_and_heal(tmp_path: Any) -> None:
     (tmp_path / "faults.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert read_faults(str(tmp_path), "k") == [(1, 3), (5, 9)]
     assert read_faults(str(tmp_path / "none"), "k") == []
+
+
+def test_check_counts_duplicates_in_the_drain_only(tmp_path: Any) -> None:
+    """An id a consumer received and the final drain read again is not stored twice; one the drain
+    read twice is."""
+    from chaos.fleet_base import FleetOptions, FleetRun
+
+    hist = tmp_path / "history"
+    hist.mkdir()
+
+    def write(name: str, rows: list[dict[str, Any]]) -> None:
+        (hist / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("sends-p0.jsonl", [{"unique_id": u, "outcome": "ok"} for u in ("a", "b", "c")])
+    write("receipts-c0.jsonl", [{"unique_id": "a"}, {"unique_id": "b"}])
+    write("drain.jsonl", [{"unique_id": "b"}, {"unique_id": "c"}, {"unique_id": "c"}])
+    check = FleetRun(FleetOptions(run_dir=str(tmp_path)), "test").check()
+    assert check["acknowledged"] == 3 and check["acknowledged_lost"] == 0
+    assert check["stored_twice_or_more"] == 1  # c, not b
