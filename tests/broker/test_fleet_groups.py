@@ -2,10 +2,11 @@
 on two NameServers, every broker registered at every NameServer, a topic spread over every group's
 leader by ``mqadmin updateTopic -c``, producers and consumers across groups, per-process ``stop`` /
 ``kill`` / ``start``, a graceful stop of a leader handing over (one term step, the other group
-untouched), ``add-group`` / ``remove-group``."""
+untouched), ``add-group`` / ``remove-group``; a leader kill in one group not disturbing another."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -15,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from broker.client import CONSUME_SUCCESS, Message, Producer, PushConsumer
-from broker.client.transport import NamesrvClient, Transport
+from broker.client import CONSUME_SUCCESS, Message, MessageQueue, Producer, PushConsumer
+from broker.client.transport import ClientError, NamesrvClient, Transport
 from dledger.apps.cluster import is_running
 from dledger.waiting import wait_until
 from tests.broker.procs import REPO, ProcCluster
@@ -154,3 +155,69 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
         c.down()
     assert not any(is_running(p) for p in c.processes())
 
+
+
+async def test_a_leader_kill_in_one_group_does_not_disturb_the_other(tmp_path: Any) -> None:
+    """SIGKILL of RaftNode01's leader while a producer pinned to RaftNode00's queues keeps sending:
+    RaftNode01 elects a new leader; RaftNode00 keeps its leader and term, and none of its sends fails
+    from the kill until RaftNode01 writes again (latency printed, not asserted: a shared machine)."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    c = ProcCluster(str(tmp_path), namesrv=1, groups=2, seed=seed)
+    try:
+        c.up()
+        mqadmin(c, "updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
+        results: list[tuple[str, float, bool]] = []  # (phase, ms, ok) of RaftNode00's sends
+        phase = "before"
+        stop = asyncio.Event()
+        async with Producer("fleet_kill_producer", c.namesrv_addr, credentials=c.credentials) as producer:
+
+            async def pinned() -> None:
+                n = 0
+                loop = asyncio.get_running_loop()
+                while not stop.is_set():
+                    started, ok = loop.time(), True
+                    try:
+                        r = await producer.send(Message(TOPIC, f"k{n}".encode()),
+                                                queue=MessageQueue(TOPIC, "RaftNode00", n % 4))
+                        assert r.message_queue.broker_name == "RaftNode00"
+                    except ClientError as exc:
+                        print(f"RaftNode00 send failed in phase {phase}: {exc}")
+                        ok = False
+                    results.append((phase, (loop.time() - started) * 1000, ok))
+                    n += 1
+
+            task = asyncio.create_task(pinned())
+            try:
+                await wait_until(lambda: sum(1 for p, _ms, ok in results if ok) >= 20, 60, "RaftNode00 acking")
+                before = {g["group"]: g for g in status(c)["groups"]}
+                victim = before["RaftNode01"]["leader"]
+                phase = "failover"
+                assert c.cluster("kill", victim).returncode == 0
+
+                async def new_leader() -> bool:
+                    g = {x["group"]: x for x in status(c)["groups"]}["RaftNode01"]
+                    return bool(g["writable"]) and g["leader"] not in (None, victim)
+
+                await wait_until(new_leader, 60, "a writable leader of RaftNode01 among the others")
+                r1 = await producer.send(Message(TOPIC, b"after"), queue=MessageQueue(TOPIC, "RaftNode01", 0))
+                assert r1.message_queue.broker_name == "RaftNode01"  # the victim group writes again
+                phase = "after"
+                await wait_until(lambda: sum(1 for p, _ms, ok in results if p == "after" and ok) >= 20, 60,
+                                 "RaftNode00 acking after the failover")
+            finally:
+                stop.set()
+                await task
+        after = {g["group"]: g for g in status(c)["groups"]}
+        assert after["RaftNode00"]["leader"] == before["RaftNode00"]["leader"]
+        assert after["RaftNode00"]["term"] == before["RaftNode00"]["term"]
+        assert after["RaftNode01"]["term"] > before["RaftNode01"]["term"]
+        during = [ms for p, ms, _ok in results if p == "failover"]
+        assert during, "no RaftNode00 send completed during RaftNode01's failover"
+        assert all(ok for _p, _ms, ok in results), "a RaftNode00 send failed"
+        during.sort()
+        print(f"RaftNode00 during RaftNode01's failover: {len(during)} sends, p50 {during[len(during) // 2]:.1f} ms, "
+              f"max {during[-1]:.1f} ms")
+    finally:
+        c.down()
+    assert not any(is_running(p) for p in c.processes())
