@@ -5,7 +5,7 @@ pysyncobj supplies Raft's message handlers and the log bookkeeping; dledger owns
 ``inproc``; simulated: ``dledger.sim``), the clock (``dledger.clock``) and the randomness (one
 seeded ``random.Random`` per node). Every change answers a measured defect
 (../shared/notes/pysyncobj.md) and has a test that fails without it (tests/dledger/
-test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
+test_syncobj_patch.py, test_sim.py's pre-vote scenarios and the simulator's planted bugs).
 
 1. Journal seam: ``pysyncobj.syncobj.createJournal`` returns our ``RaftJournal`` when one is
    passed as ``journalFile``. Log compaction is off; pysyncobj's own apply loop is skipped (it read
