@@ -10,6 +10,8 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     name                      side    defect (issue 12's table)
     ack-before-majority       broker  the leader counts its own log end as committed
     fdatasync-noop            broker  fdatasync is a no-op under SYNC_FLUSH (the log never syncs)
+    follower-ack-before-fsync broker  a follower answers an AppendEntries of several entries before
+                                      it fdatasyncs them (the fdatasync follows in the same tick)
     cq-drops-last-unit        broker  recovery drops each consume queue's last unit
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
@@ -26,6 +28,7 @@ restores every one (tests that plant inside their own process use it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +82,42 @@ def fdatasync_noop() -> None:
         self._dirty_dirs.clear()
 
     _patch(EntryStore, "flush", flush)
+
+
+def follower_ack_before_fsync() -> None:
+    """A follower acknowledges an AppendEntries that carried more than one entry before it
+    fdatasyncs them: ``ReplicaCore.before_ack`` (the fdatasync before a success answer) does nothing
+    while such a message is being handled, so the answer leaves from the page cache and the fdatasync
+    comes at the end of the tick (``_flush_per_policy``). Single-entry appends stay correct. The
+    leader may count the answer toward a majority, commit and acknowledge, while the follower's copy
+    is not on its disk yet. Patches ``DLedgerSyncObj._dl_on_append_entries`` (to note the message's
+    entry count) and ``ReplicaCore.before_ack``; logs how many answers went out early."""
+    from dledger.replica import ReplicaCore
+    from dledger.syncobj_patch import DLedgerSyncObj
+
+    early = [0]
+    on_append = DLedgerSyncObj._dl_on_append_entries
+
+    def _dl_on_append_entries(self: Any, node: Any, message: dict[str, Any]) -> None:
+        self.dl_plant_entries = len(message.get("entries") or ())
+        try:
+            on_append(self, node, message)
+        finally:
+            self.dl_plant_entries = 0
+
+    before_ack = ReplicaCore.before_ack
+
+    def before_ack_(self: Any) -> None:
+        if getattr(self.sync, "dl_plant_entries", 0) > 1 and self.store.dirty:
+            early[0] += 1
+            if early[0] in (1, 10, 100) or early[0] % 1000 == 0:
+                logging.getLogger("dledger.plant").warning(
+                    "follower-ack-before-fsync: %d answers to multi-entry appends sent before fdatasync", early[0])
+            return
+        before_ack(self)
+
+    _patch(DLedgerSyncObj, "_dl_on_append_entries", _dl_on_append_entries)
+    _patch(ReplicaCore, "before_ack", before_ack_)
 
 
 def cq_drops_last_unit() -> None:
@@ -184,6 +223,8 @@ PLANTS: dict[str, Plant] = {
         Plant("ack-before-majority", "broker", ack_before_majority,
               "the leader counts its own log end as committed (ack before majority)"),
         Plant("fdatasync-noop", "broker", fdatasync_noop, "fdatasync is a no-op under SYNC_FLUSH"),
+        Plant("follower-ack-before-fsync", "broker", follower_ack_before_fsync,
+              "a follower acknowledges a multi-entry append before its fdatasync"),
         Plant("cq-drops-last-unit", "broker", cq_drops_last_unit,
               "recovery drops each consume queue's last unit"),
         Plant("stock-truncation", "broker", stock_truncation,

@@ -457,6 +457,8 @@ class Audit:
             *[F.sum((F.col("outcome") == o).cast("int")).alias(o) for o in ("ok", "fail", "unknown")],
         ).first()
         self.extra["span"] = span.asDict() if span is not None else {}
+        self.extra["workload"], rate_warnings = report.workload_figures(self.extra["span"], self.run.run)
+        self.warnings += rate_warnings
         first = self.extra["span"].get("first_invoke_us")
         windows: list[dict[str, Any]] = []
         if first is not None:
@@ -572,6 +574,7 @@ class Audit:
                 "topics": self.run.topics,
             },
             "faults": self.extra.get("faults", []),
+            "workload": self.extra.get("workload", {}),
             "latency": self.extra.get("latency", {}),
             "delays": self.extra.get("delays", {}),
             "retries": self.extra.get("retries", {}),
