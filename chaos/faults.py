@@ -88,11 +88,9 @@ class WorkloadControl(ConsumerControl, Protocol):
 
 
 CRASH_GATES = ("all", "majority")
-# A gated crash looks right after each acknowledgement (when an acknowledged message is most likely
-# not on the disks yet), at most once per GATE_GAP_S (a look freezes the victims), and at least every
-# GATE_STEP_S without one.
-GATE_GAP_S = 0.005
-GATE_STEP_S = 0.05
+# A gated crash looks every GATE_GAP_S (a look freezes the victims for about a millisecond: they run
+# most of the time), and at once after an acknowledgement that came meanwhile.
+GATE_GAP_S = 0.004
 
 
 @dataclasses.dataclass
@@ -237,7 +235,8 @@ async def wait_for_unsynced_ack(ctx: FaultContext, victims: list[Member]) -> dic
     whether the newest message the workload saw acknowledged by each of their groups is missing
     from the fsynced part of enough victims' logs (their synced-size tables), and return with them
     still frozen when it is — the crash then fires at that instant — or thaw them and look again
-    ``GATE_STEP_S`` later, for at most ``ctx.crash_wait_s`` (then it fires anyway: ``met`` false)."""
+    ``GATE_GAP_S`` later (at once after an acknowledgement), for at most ``ctx.crash_wait_s`` (then it
+    fires anyway: ``met`` false)."""
     assert ctx.workload is not None
     t0 = time.monotonic()
     checks, last = 0, dict[str, Any]()
@@ -257,10 +256,9 @@ async def wait_for_unsynced_ack(ctx: FaultContext, victims: list[Member]) -> dic
                 return {"mode": ctx.crash_gate, "met": met, "waited_ms": round(waited * 1000, 1),
                         "checks": checks, "groups": last}
             await ctx.target.thaw(victims)
-            await asyncio.sleep(GATE_GAP_S)
             acked.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(GATE_STEP_S):
+                async with asyncio.timeout(GATE_GAP_S):
                     await acked.wait()
     finally:
         stop_calls()

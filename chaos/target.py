@@ -142,6 +142,7 @@ class LocalTarget:
         self.network = network
         self.broker_env = dict(broker_env or {})  # every broker start (test plants)
         self._member_env: dict[str, dict[str, str]] = {}  # one member's next starts (clock skew)
+        self._loaded: tuple[tuple[int, int, int], list[ProcessInfo]] | None = None
         self.credentials = cluster_credentials(self.dir)  # the cluster's admin account, if ACL is on
         self.transport = Transport(timeout_s=STATUS_TIMEOUT_S, credentials=self.credentials)
         procs = self._load()
@@ -151,8 +152,15 @@ class LocalTarget:
 
     # -- the recorded processes ----------------------------------------------------------------
     def _load(self) -> list[ProcessInfo]:
-        with open(os.path.join(self.dir, STATE_FILE)) as f:
-            return [ProcessInfo(**p) for p in json.load(f)["processes"]]
+        """The recorded processes, parsed again only when the file changed (a gated crash looks
+        every few milliseconds)."""
+        path = os.path.join(self.dir, STATE_FILE)
+        st = os.stat(path)
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._loaded is None or self._loaded[0] != key:
+            with open(path) as f:
+                self._loaded = (key, [ProcessInfo(**p) for p in json.load(f)["processes"]])
+        return [dataclasses.replace(p) for p in self._loaded[1]]
 
     def _save(self, procs: list[ProcessInfo]) -> None:
         path = os.path.join(self.dir, STATE_FILE)

@@ -14,10 +14,10 @@ neither loses unflushed writes. This module does, per file:
    never lower.
 2. After the kill (every victim of a crash at one instant: ``LocalTarget.kill_all``, so none of
    them syncs anything after another one died), ``lose_unsynced`` truncates every file of the
-   node's data directory to its recorded size: bytes appended since the file's last fsync are gone. A file without a record
-   was never fsynced (the hook runs from the node's first start, so it saw every file being made)
-   and is emptied, as a delayed-allocation file system leaves a file whose data never reached the
-   disk (its name survives when its directory was synced).
+   node's data directory to its recorded size: bytes appended since the file's last fsync are gone.
+   A file without a record was never fsynced (the hook runs from the node's first start, so it saw
+   every file being made) and is emptied, as a delayed-allocation file system leaves a file whose
+   data never reached the disk (its name survives when its directory was synced).
 
 ``synced_at`` answers, for a frozen or dead node, whether a log position had reached its disk: what
 a gated crash (``chaos.faults.wait_for_unsynced_ack``) reads before it fires.
