@@ -116,7 +116,7 @@ async def probe(m: Member, damage: dict[str, Any], credentials: Any = FROM_ENV) 
 def flip_a_message_bit(store_dir: str, rng: random.Random, group: str) -> dict[str, Any]:
     """Flip one bit in the body of a random committed message of a stopped replica's log (up to its
     commit-index hint); the detail says where, and the CRC-32 of the body before the flip."""
-    from broker.message import decode_header
+    from broker.store.message import decode_header
     from dledger.entry_codec import HEADER_SIZE
     from spark_jobs.replica_reader import LogReader, MessageRecord, decode_records, read_commit_hint
 

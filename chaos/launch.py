@@ -1,5 +1,5 @@
 """``python -m chaos.launch --synced-table PATH MODULE [ARGS...]``: run ``MODULE.main(ARGS)`` (a
-server process, e.g. ``broker.server -c FILE``) with the synced-size hook of ``chaos.unsynced``
+server process, e.g. ``broker.server.broker_server -c FILE``) with the synced-size hook of ``chaos.unsynced``
 installed, so that a crash fault can later cut its files back to what it had fsynced.
 
 Only chaos runs start brokers this way; nothing in the broker knows about it. The config path
@@ -14,7 +14,7 @@ import sys
 
 from chaos.unsynced import SyncedSizeTable, install_hook
 
-ALLOWED_MODULES = ("broker.server", "dledger.apps.node_server")
+ALLOWED_MODULES = ("broker.server.broker_server", "dledger.apps.node_server")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 bug into the process that calls it. Test-only: nothing here runs unless a test or ``chaos run
 --plant NAME`` asks for it.
 
-Broker plants run inside broker processes, applied at start-up by ``dledger.apps.process_main``'s
+Broker plants run inside broker processes, applied at start-up by ``broker.serving.process_main``'s
 ``DLEDGER_TEST_PLANT=chaos.plants:<function>`` hook (a chaos run passes that variable to every
 broker it starts or restarts). Client plants run inside the ``chaos run`` process, before its
 workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dledger.apps.process_main import PLANT_ENV
+from broker.serving.process_main import PLANT_ENV
 
 _UNDO: list[tuple[Any, str, Any]] = []
 
@@ -123,7 +123,7 @@ def follower_ack_before_fsync() -> None:
 def cq_drops_last_unit() -> None:
     """After ``MessageStore.open`` (recovery) every non-empty consume queue loses its last unit:
     the next message of that queue takes the dropped one's offset on this replica only."""
-    from broker.store import MessageStore
+    from broker.store.message_store import MessageStore
 
     original = MessageStore.open
 
@@ -175,7 +175,7 @@ def stock_truncation() -> None:
 def offset_regress() -> None:
     """An ``offset.commit`` is applied like a reset: a value lower than the stored one replaces it
     (the replicated metadata's ``Metadata._offsets`` ignores its ``reset`` argument)."""
-    from broker.metadata import Metadata
+    from broker.store.metadata import Metadata
 
     original = Metadata._offsets
 

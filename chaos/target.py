@@ -333,7 +333,8 @@ def launch_broker(p: ProcessInfo, table_path: str, extra_env: dict[str, str] | N
     os.makedirs(os.path.dirname(table_path), exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
            **(extra_env or {})}
-    return spawn([sys.executable, "-m", "chaos.launch", "--synced-table", table_path, "broker.server", "-c", p.conf],
+    return spawn([sys.executable, "-m", "chaos.launch", "--synced-table", table_path,
+                  "broker.server.broker_server", "-c", p.conf],
                  p.log, env)
 
 

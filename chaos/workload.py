@@ -87,7 +87,7 @@ from broker.client import (
 )
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
 from broker.protocol.properties import dlq_topic
-from broker.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.store.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from chaos.history import JsonlWriter, OffsetRecord, Outcome, SendRecord, now_us, receipt_from_message
 from chaos.target import Member, Target, find_leader, groups_of, wait_for
 

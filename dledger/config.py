@@ -272,7 +272,7 @@ def parse_peers(raw: str, source: str = "") -> tuple[Peer, ...]:
 
 class PropertyReader:
     """Typed access to one mapping of properties; every error names the key and the source. Public:
-    the broker's configuration (broker/config.py, admin_config.py) is read through it too."""
+    the broker's configuration (broker/server/config.py, broker/server/admin_config.py) is read through it too."""
 
     def __init__(self, props: Mapping[str, str], source: str):
         self.props = props

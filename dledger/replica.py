@@ -157,7 +157,7 @@ class ReplicaCore:
         self.counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
-        # Metrics hook (broker/metrics.py), called on the tick thread: ("fsync_seconds", duration)
+        # Metrics hook (broker/server/metrics.py), called on the tick thread: ("fsync_seconds", duration)
         # after every flush, ("batch_bodies", n) per entry written (a group commit of n bodies).
         self.observe: Callable[[str, float], None] = _observe_nothing
 

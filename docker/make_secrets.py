@@ -27,7 +27,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from broker.certs import make_certs  # noqa: E402
+from broker.serving.certs import make_certs  # noqa: E402
 
 MOUNT = "/etc/dledger"
 SERVICES = ["namesrv1", "namesrv2", "n0", "n1", "n2", "localhost"]

@@ -21,7 +21,7 @@ account whose ``brokerNames`` lists the group, and route deletions by an admin a
 open (routes are what every client needs first). Errors are 401 (unsigned, bad signature, stale
 timestamp, replay) or 403 (signed, but not allowed).
 
-The port sits behind ``broker.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
+The port sits behind ``broker.serving.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
 JSON errors from the HTTP parser) and serves HTTPS with ``tlsEnable=true``.
 
 Ownership: one task (``TableOwner``) owns the RouteTable and the counters. Handlers only decode,
@@ -42,8 +42,12 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
-from broker.acl import AclError, AclWatcher
-from broker.http_edge import (
+from broker.protocol import route_wire as wire
+from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
+from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
+from broker.serving.acl import AclError, AclWatcher
+from broker.serving.http_edge import (
     ErrorAnswer,
     Guard,
     Limits,
@@ -52,12 +56,8 @@ from broker.http_edge import (
     server_ssl_context,
     start_server,
 )
-from broker.protocol import route_wire as wire
-from broker.protocol.auth import AuthError
-from broker.protocol.errors import ProtocolError
-from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
-from broker.security import Security
-from dledger.apps.process_main import run_until_signalled, setup_logging
+from broker.serving.process_main import run_until_signalled, setup_logging
+from broker.serving.security import Security
 from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config

@@ -61,7 +61,7 @@ DEFAULT_FAIL_ON = (
     "commit_crc_mismatch",
     "nonconflicting_truncation",
     "drain_incomplete",
-    # Producers are idempotent by default (broker/dedup.py): a retried send lands once.
+    # Producers are idempotent by default (broker/store/dedup.py): a retried send lands once.
     "duplicate_log_entries",
     # Delayed messages and the retry group (issue 14; empty for runs without them).
     "delayed_lost",

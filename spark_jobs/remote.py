@@ -5,7 +5,7 @@ consume queues and the store snapshot — with its own verifying reader (``repli
 through the broker's code: that is what makes it an independent check. When the data directories
 are on other machines, ``fetch_cluster`` asks the NameServers for every broker group and replica
 (``GET /v1/clusters``), and each replica for exactly those files through its read-only export
-routes (``broker/export.py``: ``GET /v1/replica/files``, ``GET /v1/replica/file``, admin only),
+routes (``broker/edge/export.py``: ``GET /v1/replica/files``, ``GET /v1/replica/file``, admin only),
 into ``DEST/<group>/dledger-<node_id>/``: the layout of ``RUN_DIR/cluster/data``. The audit then
 runs as on local files.
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.client.transport import ClientError, NamesrvClient, Transport
-from broker.export import MAX_BYTES, exported_path
+from broker.edge.export import MAX_BYTES, exported_path
 
 __all__ = ["FetchedReplica", "fetch_cluster"]
 

@@ -4,15 +4,15 @@ Replica layout (``RUN_DIR/cluster/data/<group>/dledger-<node_id>/``)::
 
     store/anchor, store/log/<20-digit start position>   the Raft log (``dledger.entry_store``)
     meta/raft_term, meta/raft_commit                    term + vote, commit-index hint (``dledger.journal``)
-    broker/consumequeue/<topic>/<queue_id>/             28-byte units (``broker.consume_queue``)
-    broker/snapshot                                     the store snapshot (``broker.store``)
+    broker/consumequeue/<topic>/<queue_id>/             28-byte units (``broker.store.consume_queue``)
+    broker/snapshot                                     the store snapshot (``broker.store.message_store``)
 
 Read-only by construction: every file is opened ``O_RDONLY``; nothing is repaired, truncated,
 rebuilt or created (``store/index/`` is derived data and not read at all). The record formats come
 from the writers' modules, imported, never restated: records, the anchor and segment names from
 ``dledger.entry_codec`` / ``dledger.segment_files``, commands from ``dledger.command_codec``, the
 meta records from ``dledger.meta_store``, consume-queue units, ``min_offset`` and file names from
-``broker.consume_queue``, messages from ``broker.message`` (only constants and pure decoders are
+``broker.store.consume_queue``, messages from ``broker.store.message`` (only constants and pure decoders are
 used: nothing here opens a store). The snapshot map (crc32 + msgpack, version 1) is read here and
 tested against files the real writer produces.
 
@@ -39,9 +39,9 @@ from typing import Any
 
 import msgpack
 
-from broker.consume_queue import FILE_NAME_DIGITS, MIN_OFFSET_MAGIC, MIN_OFFSET_RECORD, UNIT_SIZE
-from broker.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
-from broker.message import decode_header as decode_message_header
+from broker.store.consume_queue import FILE_NAME_DIGITS, MIN_OFFSET_MAGIC, MIN_OFFSET_RECORD, UNIT_SIZE
+from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
+from broker.store.message import decode_header as decode_message_header
 from dledger.command_codec import CommandCodecError, decode_batch, is_batch
 from dledger.entry_codec import (
     ANCHOR_FILE,

@@ -5,8 +5,8 @@
 Writes what a chaos run leaves behind (docs/CHAOS.md): ``run.json``, ``faults.jsonl``,
 ``history/{sends-*,receipts-*,drain}.jsonl`` and, for every group, three replicas whose files are
 written by the real writers — ``dledger.entry_store.EntryStore`` (segments, BLANK padding, chain
-CRCs, anchor, index), ``dledger.command_codec`` batches of ``broker.message`` records,
-``broker.consume_queue`` queues, the ``broker/snapshot`` record and the ``meta/`` files — plus
+CRCs, anchor, index), ``dledger.command_codec`` batches of ``broker.store.message`` records,
+``broker.store.consume_queue`` queues, the ``broker/snapshot`` record and the ``meta/`` files — plus
 ``synth.json``: the plan, listing every planted anomaly so tests can demand exact findings.
 
 The workload: ``--producers`` closed-loop producers (a send starts 50 µs after the previous one
@@ -57,7 +57,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from broker.message import decode_command
+from broker.store.message import decode_command
 from dledger.command_codec import decode_batch, is_batch
 from spark_jobs import synth_replicas as R
 from spark_jobs import synth_samples as SS

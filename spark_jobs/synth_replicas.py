@@ -2,10 +2,10 @@
 
 A group's log is a list of ``Entry`` (term, body, messages): pysyncobj's no-op at every leader
 change, ``topic.put``/``offset.commit``/``topic.delete`` command batches, and group-committed
-batches of ``broker.message`` records. ``write_logs`` writes it with ``dledger.entry_store.EntryStore``
+batches of ``broker.store.message`` records. ``write_logs`` writes it with ``dledger.entry_store.EntryStore``
 into every replica (optionally diverging one) and gives each message its log position;
 ``write_state`` applies the entries the way the broker's dispatcher does — consume queues with
-``broker.consume_queue`` (a ``topic.delete`` destroys the topic's queues), the ``broker/snapshot``
+``broker.store.consume_queue`` (a ``topic.delete`` destroys the topic's queues), the ``broker/snapshot``
 record and the ``meta/`` files.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import msgpack
 
-from broker.consume_queue import ConsumeQueueStore
-from broker.message import StoredMessage, encode_command, encode_message, tag_hash
+from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.message import StoredMessage, encode_command, encode_message, tag_hash
 from dledger.command_codec import body_offsets, encode_batch
 from dledger.entry_store import EntryStore
 
@@ -264,7 +264,7 @@ def tear(run_dir: str, group: str, node: str) -> None:
 
 
 def write_snapshot(path: str, snap: dict[str, Any]) -> None:
-    """``broker/snapshot`` as ``broker.store`` writes it: crc32 LE + msgpack."""
+    """``broker/snapshot`` as ``broker.store.message_store`` writes it: crc32 LE + msgpack."""
     payload = msgpack.packb(snap, use_bin_type=True)
     with open(path, "wb") as f:
         f.write(zlib.crc32(payload).to_bytes(4, "little") + payload)

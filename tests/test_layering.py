@@ -37,7 +37,7 @@ ALLOWED_FILES: dict[str, str] = {
 }
 # dledger.apps are processes, the top layer: they may use the broker's HTTP edge (one error
 # middleware, bounded parameters). The dledger library itself imports nothing above it.
-DLEDGER_APPS_MAY_IMPORT = ("broker.http_edge",)
+DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main")
 
 
 def _unit(module: str) -> str:

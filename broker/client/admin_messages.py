@@ -126,7 +126,7 @@ class AdminMessageOps(AdminClusterOps):
             tuple(message_from_dict(m) for m in ans.get("messages", [])),
         )
 
-    # -- dead-letter queues (issue 14; broker/retry.py) ---------------------------------------------
+    # -- dead-letter queues (issue 14; broker/store/retry.py) ---------------------------------------------
     @answers_checked
     async def query_dlq_messages(self, group: str, max_count: int = 64) -> list[MessageView]:
         """The newest ``max_count`` messages per queue of ``%DLQ%<group>`` (read by offset: a DLQ is

@@ -16,7 +16,7 @@ message map), so round-robin, selectors and ordered sends are unchanged.
   ``batch_max_count`` messages or ``batch_max_bytes`` of bodies, whichever comes first (Nagle's
   rule with a bounded linger: the batch grows with the round trip, up to the limits).
 - Each message keeps its own ``unique_id`` and ``born_ts``, so an idempotent retry of one caller's
-  message (broker/dedup.py) is recognised whatever batch it travelled in before.
+  message (broker/store/dedup.py) is recognised whatever batch it travelled in before.
 - The batch request is bounded by the latest caller deadline; each caller waits at most until its
   own deadline (then ``TIMEOUT``, outcome unknown, like any send that got no answer).
 - A failed batch gives every caller its own copy of the error: callers then retry one by one (their

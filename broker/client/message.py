@@ -81,7 +81,7 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
     unique_id: str | None = None
-    # Delayed delivery (broker/schedule.py): a RocketMQ delay level (1 = 1 s ... 18 = 2 h; wire
+    # Delayed delivery (broker/store/schedule.py): a RocketMQ delay level (1 = 1 s ... 18 = 2 h; wire
     # property DELAY), or a deliver time in ms since the epoch (wire property TIMER_DELIVER_MS, at
     # most timerMaxDelaySec ahead of the broker's clock). The message is stored when sent and shows
     # up in its topic when due.

@@ -14,7 +14,7 @@ One send, step by step::
 - Every attempt of one message carries the same ``unique_id``. With ``enable_idempotence`` (the
   default) an attempt whose outcome is unknown (a timeout, a lost connection, a failover) is retried
   on the same queue, whose broker group keeps a de-duplication window by unique id
-  (broker/dedup.py): the retry is stored once and answered with the first attempt's result.
+  (broker/store/dedup.py): the retry is stored once and answered with the first attempt's result.
   Without it, the retry goes to another group and may be stored twice (consumers can tell).
 - With ``queue=`` or ``selector=``, retries go to that same queue (after a route refresh) so per-key
   order holds; RocketMQ would not retry at all there.

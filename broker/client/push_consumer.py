@@ -14,7 +14,7 @@ Who owns what (all on one event loop):
 Delivery guarantees: at least once. The committed offset of a queue is the lowest offset not yet
 consumed successfully (``ProcessQueue.committable``), so a crash redelivers, never skips.
 ``RECONSUME_LATER`` (or an exception, or any other answer) in concurrent clustering mode sends the
-messages back to the broker (``%RETRY%<group>``, later ``%DLQ%<group>``; broker/retry.py) and moves
+messages back to the broker (``%RETRY%<group>``, later ``%DLQ%<group>``; broker/store/retry.py) and moves
 on once they are stored; a failed send-back, and broadcasting mode, redeliver the batch locally after
 1 s, 5 s, 10 s, 30 s, 60 s… (``redeliver_backoff_s``) while the offset waits at that message. In
 orderly mode the same batch is retried after ``orderly_retry_s`` (1 s) and nothing later in that

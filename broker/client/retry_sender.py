@@ -1,6 +1,6 @@
 """Send-back (clustering push consumers): a message whose listener call failed goes back to its
 broker group, which stores a copy in ``%RETRY%<group>`` (or ``%DLQ%<group>`` after
-``max_reconsume_times``; broker/retry.py). ``RetrySender`` remembers which broker groups took one:
+``max_reconsume_times``; broker/store/retry.py). ``RetrySender`` remembers which broker groups took one:
 those have the retry topic now, and the consumer's rebalance waits until the retry topic's route
 names them all.
 """

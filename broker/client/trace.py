@@ -17,7 +17,7 @@ Record path::
           failure: the batch is dropped, counted, logged (never retried into the send path)
 
 The trace messages carry the traced messages' msgIds and unique ids as keys, so the broker's key
-index (broker/key_index.py, ``GET /v1/msg/key``) finds every record of one message. Nothing here
+index (broker/store/key_index.py, ``GET /v1/msg/key``) finds every record of one message. Nothing here
 blocks or fails a send or a listener call: recording is an O(1) append on the caller's event
 loop, and the dispatcher's producer has its own connections and limits.
 

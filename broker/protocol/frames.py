@@ -1,7 +1,7 @@
 """The broker's binary protocol ("remoting", after RocketMQ's): length-prefixed frames, many
 requests in flight on one connection, answers in any order (matched by request id).
 
-Pure: no sockets, no clocks. Shared by the broker (``broker/remoting.py``) and the SDK
+Pure: no sockets, no clocks. Shared by the broker (``broker/edge/binary.py``) and the SDK
 (``broker/client/remoting.py``). Every frame::
 
     offset size  field

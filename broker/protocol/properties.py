@@ -1,12 +1,12 @@
 """Message properties and topic names with a meaning to the broker (RocketMQ's names): what the
-SDK sets and reads, what the broker's schedule (broker/schedule.py) and retry paths
-(broker/retry.py) act on. One definition for both sides."""
+SDK sets and reads, what the broker's schedule (broker/store/schedule.py) and retry paths
+(broker/store/retry.py) act on. One definition for both sides."""
 
 from __future__ import annotations
 
 from typing import Final
 
-# -- delayed and timed delivery (broker/schedule.py) ----------------------------------------------
+# -- delayed and timed delivery (broker/store/schedule.py) ----------------------------------------------
 SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 PROP_DELAY: Final = "DELAY"  # delay level 1..N (messageDelayLevel)
 PROP_START_DELIVER: Final = "__STARTDELIVERTIME"  # deliver time, ms since the epoch (RocketMQ 4 timers)
@@ -20,7 +20,7 @@ PROP_SCHED_POS: Final = "__SCHED_POS"  # on a delivered copy: the schedule recor
 PROP_LEVEL: Final = "__DELAY_LEVEL"
 SCHEDULE_PROPS: Final = (PROP_DELAY, PROP_START_DELIVER, PROP_TIMER_DELIVER_MS, PROP_TIMER_DELAY_MS,
                          PROP_TIMER_DELAY_SEC)
-# -- transactional messages (broker/transactions.py) ---------------------------------------------------
+# -- transactional messages (broker/store/transactions.py) ---------------------------------------------------
 HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"  # half (prepared) messages, invisible to consumers
 OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # RocketMQ's resolutions; here commands in the log
 PROP_TRAN_MSG: Final = "TRAN_MSG"  # "true" on a half and on its committed message
@@ -32,7 +32,7 @@ PROP_HALF_POS: Final = "__TXN_HALF_POS"  # on a committed message: the half it c
 RESERVED_PROPS: Final = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DUE_MS, PROP_SCHED_POS, PROP_LEVEL, PROP_HALF_POS)
 BROKER_TOPICS: Final = (SCHEDULE_TOPIC, HALF_TOPIC, OP_HALF_TOPIC)  # nobody sends to or pulls these
 
-# -- consumer retries and dead-letter queues (broker/retry.py) --------------------------------------
+# -- consumer retries and dead-letter queues (broker/store/retry.py) --------------------------------------
 RETRY_PREFIX: Final = "%RETRY%"
 DLQ_PREFIX: Final = "%DLQ%"
 PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"  # on a retry or DLQ copy: the original topic

@@ -61,7 +61,7 @@ class BrokerRegistration:
     data_version: int = 0
     heartbeat_timeout_ms: int | None = None
     version: int = WIRE_VERSION
-    remoting_address: str | None = None  # the broker's binary-protocol address (broker/remoting.py)
+    remoting_address: str | None = None  # the broker's binary-protocol address (broker/edge/binary.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class BrokerData:
     cluster: str
     broker_name: str
     broker_addrs: dict[int, str] = field(hash=False)
-    # broker id -> binary-protocol address, for the brokers that registered one (broker/remoting.py)
+    # broker id -> binary-protocol address, for the brokers that registered one (broker/edge/binary.py)
     remoting_addrs: dict[int, str] = field(default_factory=dict, hash=False)
 
     @property

@@ -1,5 +1,5 @@
 """``mqadmin queryTransactionHalf``: the half messages of transactions still pending (neither
-committed nor rolled back; broker/transactions.py), per broker group, oldest first. Same conventions
+committed nor rolled back; broker/store/transactions.py), per broker group, oldest first. Same conventions
 as ``broker/tools/mqadmin.py``; named in its command table (``mqadmin_commands.py``)."""
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ import sys
 import msgpack
 from aiohttp import web
 
-from broker.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
+from broker.serving.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
+from broker.serving.process_main import run_until_signalled, setup_logging
 from dledger.apps.checkpoint import ApplyCheckpoint
-from dledger.apps.process_main import run_until_signalled, setup_logging
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
 from dledger.node import (
     AppendFailedError,

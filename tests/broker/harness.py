@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.config import BrokerConfig, parse_broker_config
-from broker.server import BrokerServer
+from broker.server.broker_server import BrokerServer
+from broker.server.config import BrokerConfig, parse_broker_config
 from namesrv.config import NamesrvConfig
 from namesrv.server import NamesrvService
 from tests.acl_fixtures import BROKER_G0

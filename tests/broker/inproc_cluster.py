@@ -43,13 +43,13 @@ import msgpack
 import pytest
 from aiohttp import web
 
-from broker.api import BrokerApi
 from broker.client.transport import Transport
-from broker.codec import answer, error
-from broker.config import BrokerConfig, parse_broker_config
-from broker.http_edge import request_body
+from broker.edge.http_api import BrokerApi
+from broker.edge.http_codec import answer, error
 from broker.protocol.auth import Credentials
-from broker.server import BrokerServer
+from broker.server.broker_server import BrokerServer
+from broker.server.config import BrokerConfig, parse_broker_config
+from broker.serving.http_edge import request_body
 from dledger.inproc import InProcNetwork
 from dledger.memory_store import MemoryLogStore
 from dledger.meta_store import MemoryMetaStore

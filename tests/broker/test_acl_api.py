@@ -51,7 +51,7 @@ async def status_of(creds: Credentials | None, addr: str, method: str, path: str
     return 200, "OK"
 
 
-# (method, path, body, params, the account that may) — every route of broker/api.py but /v1/status
+# (method, path, body, params, the account that may) — every route of broker/edge/http_api.py but /v1/status
 ROUTES: list[tuple[str, str, Any, dict[str, Any] | None, Credentials]] = [
     ("POST", "/v1/send", {"topic": "T", "messages": [{"body": b"x"}]}, None, PRODUCER),
     ("POST", "/v1/pull", {"topic": "T", "queue_id": 0, "offset": 0, "consumer_group": "g"}, None, CONSUMER),

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker import acl
-from broker.acl import AclError, AclWatcher, Perm, parse_acl
 from broker.protocol import auth
 from broker.protocol.auth import AuthError, Credentials, NonceWindow, Verifier
+from broker.serving import acl
+from broker.serving.acl import AclError, AclWatcher, Perm, parse_acl
 from tests.acl_fixtures import write_acl
 
 CREDS = Credentials("alice", "alice-secret-1")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import parse_broker_config
+from broker.server.config import parse_broker_config
 from dledger.config import ConfigError, load_properties, parse_dledger_config
 from dledger.durable import atomic_write, private_dir
 from tests.broker.procs import REPO, ProcCluster

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, load_broker_config, parse_broker_config
+from broker.server.config import BrokerConfig, load_broker_config, parse_broker_config
 from dledger.config import ConfigError, parse_properties
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_the_broker_process_sets_its_gc_threshold(monkeypatch: pytest.MonkeyPatc
     # serve() sets the young-generation threshold before the broker starts; the older ones stay.
     import gc
 
-    from broker import server
+    from broker.server import broker_server as server
 
     seen: list[tuple[int, int, int]] = []
 

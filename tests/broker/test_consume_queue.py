@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.consume_queue import (
+from broker.store.consume_queue import (
     BUFFER_UNITS_MAX,
     FD_CACHE_MAX,
     UNIT_SIZE,

@@ -1,4 +1,4 @@
-"""The de-duplication window (broker/dedup.py) as a pure object: bounded by count and by the store
+"""The de-duplication window (broker/store/dedup.py) as a pure object: bounded by count and by the store
 times in the records (no clock), the first copy kept, and a restart's rebuild from the checkpoint
 giving the same answers as the window before it."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.dedup import DedupWindow, SendDeduper
+from broker.store.dedup import DedupWindow, SendDeduper
 
 
 def add(w: DedupWindow, uid: str, ts: int, index: int, topic: str = "T", position: int | None = None) -> None:

@@ -1,5 +1,5 @@
 """The one error middleware and integer-parameter parser every HTTP server uses
-(``broker.http_edge.error_middleware`` / ``query_int``: the broker, the NameServer, dledger-node)."""
+(``broker.serving.http_edge.error_middleware`` / ``query_int``: the broker, the NameServer, dledger-node)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from broker.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
+from broker.serving.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
 
 
 class _Mine(Exception):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.key_index import (
+from broker.store.key_index import (
     HEADER_SIZE,
     STATE_CLOSED,
     STATE_OPEN,

@@ -7,7 +7,7 @@ import struct
 import msgpack
 import pytest
 
-from broker.message import (
+from broker.store.message import (
     _HEADER_TYPES,
     MESSAGE_MAGIC,
     MESSAGE_MAGIC_V1,

@@ -15,10 +15,10 @@ from broker.client.admin_checks import check_name
 from broker.client.admin_records import InvalidArgument
 from broker.client.message import Message, check_group, check_message
 from broker.client.transport import ClientError
-from broker.consume_queue import ConsumeQueueStore
-from broker.message import InvalidInput, check_topic, check_unique_id, parse_msg_id
-from broker.message import check_group as broker_check_group
 from broker.protocol import names
+from broker.store.consume_queue import ConsumeQueueStore
+from broker.store.message import InvalidInput, check_topic, check_unique_id, parse_msg_id
+from broker.store.message import check_group as broker_check_group
 from namesrv.route_table import InvalidRecordError, validate_name, validate_topic
 
 TRAILING = ["\n", "\r\n", "\x00", " "]

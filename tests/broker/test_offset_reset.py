@@ -26,10 +26,10 @@ from broker.client.admin import Admin
 from broker.client.message import MessageQueue
 from broker.client.offset_store import RemoteOffsetStore
 from broker.client.transport import ClientError, Transport
-from broker.message import COMMAND_MAGIC, decode_command, encode_command
-from broker.metadata import Metadata
-from broker.store import MessageStore
-from broker.store_snapshot import read_snapshot
+from broker.store.message import COMMAND_MAGIC, decode_command, encode_command
+from broker.store.message_store import MessageStore
+from broker.store.metadata import Metadata
+from broker.store.snapshot import read_snapshot
 from dledger import command_codec
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry

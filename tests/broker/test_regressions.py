@@ -18,7 +18,7 @@ import msgpack
 import pytest
 
 from broker.client.transport import ClientError, Transport
-from broker.message import StoredMessage, encode_message
+from broker.store.message import StoredMessage, encode_message
 from tests.broker.harness import IDS, BrokerCluster
 from tests.dledger.harness import wait_until
 
@@ -65,14 +65,14 @@ async def test_msg_id_pointing_into_a_crafted_body_is_404_not_500(
 ) -> None:
     """BUG: any client can make ``GET /v1/msg/id/{id}`` answer 500.
 
-    broker/api.py:349-356 (``_message_at``) trusts whatever ``MessageStore.read_message`` decodes at an
+    broker/edge/http_api.py:349-356 (``_message_at``) trusts whatever ``MessageStore.read_message`` decodes at an
     arbitrary position: a msg id that points *inside* a message body whose bytes look like a record
     (b"M" + header length + a msgpack header whose topic is a list) decodes to a StoredMessage with
     ``topic=[...]``; ``self.s.store.cqs.get(m.topic, m.queue_id)`` then raises ``TypeError:
     unhashable type: 'list'`` -> 500 INTERNAL. (With a string topic the later ``search_by_position``
     check turns it into a 404, so only the type check is missing.)
 
-    Fix: validate the decoded header's field types in ``broker/message.py`` ``decode_header`` /
+    Fix: validate the decoded header's field types in ``broker/store/message.py`` ``decode_header`` /
     ``decode_message`` (topic str, queue_id int >= 0, keys list of str, properties map str->str, ...)
     raising ValueError, which ``read_message`` already maps to MessageNotFound -> 404.
     """
@@ -95,7 +95,7 @@ async def test_msg_id_pointing_into_a_crafted_body_is_404_not_500(
 
 
 async def test_deeply_nested_json_body_is_400_not_500(cluster: BrokerCluster) -> None:
-    """BUG: broker/codec.py:47-50 (``read_body``) catches only ``ValueError``/``UnicodeDecodeError``
+    """BUG: broker/edge/http_codec.py:47-50 (``read_body``) catches only ``ValueError``/``UnicodeDecodeError``
     around ``json.loads``; a deeply nested JSON body (``[[[[...`` — 100 KB is enough, far below
     client_max_size) raises ``RecursionError`` -> 500 INTERNAL on every JSON endpoint, with a
     traceback in the broker log per request. (msgpack is fine: its depth limit raises a ValueError.)
@@ -110,7 +110,7 @@ async def test_deeply_nested_json_body_is_400_not_500(cluster: BrokerCluster) ->
 async def test_offsets_with_an_infinite_queue_id_key_is_400_not_500(
     cluster: BrokerCluster, t: Transport
 ) -> None:
-    """BUG: broker/api.py:501-508 (``_offsets_map``, used by ``POST /v1/offsets`` and
+    """BUG: broker/edge/http_api.py:501-508 (``_offsets_map``, used by ``POST /v1/offsets`` and
     ``/v1/offsets/reset``) converts each key with ``int(k)`` catching only TypeError/ValueError; a
     msgpack float key ``inf`` (read_body unpacks with ``strict_map_key=False``) raises
     ``OverflowError`` -> 500 INTERNAL.
@@ -127,7 +127,7 @@ async def test_offsets_with_an_infinite_queue_id_key_is_400_not_500(
 
 
 async def test_transfer_with_an_unhashable_target_is_400_not_500(cluster: BrokerCluster) -> None:
-    """BUG: broker/api.py:640 (``transfer``) tests ``target not in self.s.node.settings.peers``
+    """BUG: broker/edge/http_api.py:640 (``transfer``) tests ``target not in self.s.node.settings.peers``
     (a dict) with whatever the body holds; ``{"target": [1]}`` raises ``TypeError: unhashable type``
     -> 500 INTERNAL.
 
@@ -145,7 +145,7 @@ async def test_status_while_the_tick_thread_is_busy_is_a_clear_503_not_500(
     logged, whenever the dledger tick thread does not run the request within 2 s (a long apply
     batch, snapshot fsyncs of many queues, a slow disk). ``DLedgerNode.run_on_tick_thread``
     (dledger/node.py:467-472) lets ``asyncio.wait_for`` raise the builtin ``TimeoutError``, which is
-    not a DLedgerError, so the middleware broker/api.py:152-154 maps it to 500. docs/BROKER_API.md:
+    not a DLedgerError, so the middleware broker/edge/http_api.py:152-154 maps it to 500. docs/BROKER_API.md:
     errors carry a code users can read; 500 is reserved for bugs.
 
     Fix: map TimeoutError from ``node.status()`` / ``transfer_leadership`` to a typed error (e.g.
@@ -182,7 +182,7 @@ async def test_rebuilt_queue_does_not_resurrect_messages_of_a_deleted_topic(tmp_
     replicas must assign the same queue offsets): rebuilding a lost/damaged consume queue counts and
     re-adds the messages of *every* incarnation of the topic still in the log.
 
-    broker/store.py:373-395 (``_rebuild_queues``, also used by ``_load_state``) counts all message
+    broker/store/message_store.py:373-395 (``_rebuild_queues``, also used by ``_load_state``) counts all message
     records of (topic, queue) in the retained log up to the snapshot index and appends them all,
     ignoring the ``topic.delete`` commands in between. After delete + re-create, a replica whose
     queue directory is lost (the store's own "rebuilt from the log" path,
@@ -239,7 +239,7 @@ async def test_one_bad_heartbeat_does_not_break_the_group_member_list(
     cluster: BrokerCluster, t: Transport
 ) -> None:
     """BUG (invariant 7; a denial of service on rebalancing): ``POST /v1/heartbeat``
-    (broker/api.py ``heartbeat``, the ``client_id`` check) accepts any ``str`` of 1..255 chars. A JSON
+    (broker/edge/http_api.py ``heartbeat``, the ``client_id`` check) accepts any ``str`` of 1..255 chars. A JSON
     body may carry a lone surrogate (``"\\ud800"``), which Python keeps in the str; it is stored in
     the ConsumerManager and from then on every msgpack answer of ``GET /v1/groups/{group}/consumers``
     (the one the SDK's rebalance uses, broker/client/consumer_common.py ``group_consumer_ids``) fails in

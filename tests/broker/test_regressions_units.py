@@ -21,14 +21,14 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from broker.api import BrokerApi
-from broker.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
-from broker.http_edge import Guard, Limits
-from broker.message import InvalidInput, StoredMessage, encode_command, encode_message, parse_msg_id
+from broker.edge.http_api import BrokerApi
 from broker.protocol.routes import BrokerRegistration
-from broker.registration import Registrar
-from broker.security import Security
-from broker.store import MessageStore
+from broker.server.registration import Registrar
+from broker.service.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
+from broker.serving.http_edge import Guard, Limits
+from broker.serving.security import Security
+from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message, parse_msg_id
+from broker.store.message_store import MessageStore
 from dledger import command_codec
 from dledger.clock import SYSTEM
 from dledger.entry_store import EntryStore
@@ -89,7 +89,7 @@ def _fake_server(ms: MessageStore) -> Any:
         clock=SYSTEM,
         cfg=types.SimpleNamespace(broker_name="RaftNode00", long_polling_max_ms=30_000),
         wait_for_queue=wait_for_queue,
-        metrics=types.SimpleNamespace(  # broker/metrics.py's event hooks, not under test here
+        metrics=types.SimpleNamespace(  # broker/server/metrics.py's event hooks, not under test here
             sent=lambda *_a: None, pulled=lambda *_a: None, send_failed=lambda *_a: None
         ),
     )
@@ -124,15 +124,16 @@ async def test_pull_never_skips_a_unit_whose_record_is_not_yet_readable(
     """BUG (race tick thread / event loop, invariant 4 + at-least-once delivery): a pull can move a
     consumer *past* a committed message that it never delivered.
 
-    broker/store.py:177-184 (``apply``) and :219 (``_dispatch``): the consume-queue unit is appended
+    broker/store/message_store.py:177-184 (``apply``) and :219 (``_dispatch``): the consume-queue unit is appended
     (``cq.append`` publishes ``max_offset`` to readers at once) *before* ``applied_end_position`` is
     raised past the record (after the key index puts). In that window a pull on the event loop sees
-    the unit, ``MessageStore.read_message`` refuses it (``position >= applied_end_position``, store.py
-    read_message) and ``BrokerApi._read_queue`` (broker/api.py:310-314) takes the MessageNotFound for
-    "removed by retention": it skips the unit and answers NO_MATCHED_MSG with ``next_offset`` past it.
-    A consumer that follows next_offset (and commits it) never sees that message. The window is real:
-    ``cq.append`` pwrites (releasing the GIL) every 4096 units, index puts take locks, and the GIL
-    switch interval can hand the loop thread control anywhere in between.
+    the unit, ``MessageStore.read_message`` refuses it (``position >= applied_end_position``,
+    broker/store/message_store.py read_message) and ``BrokerApi._read_queue``
+    (broker/edge/http_api.py:310-314) takes the MessageNotFound for "removed by retention": it skips the unit
+    and answers NO_MATCHED_MSG with ``next_offset`` past it. A consumer that follows next_offset (and commits
+    it) never sees that message. The window is real: ``cq.append`` pwrites (releasing the GIL) every 4096
+    units, index puts take locks, and the GIL switch interval can hand the loop thread control anywhere in
+    between.
 
     Fix: raise ``applied_end_position`` to the record's end *before* ``cq.append`` (readers then never
     see a unit they cannot read), and in ``_read_queue`` treat MessageNotFound as "removed" only when
@@ -196,7 +197,7 @@ async def test_role_change_reaches_a_live_namesrv_within_1s_while_another_hangs(
     """BUG (invariant 6: "a broker registers at the NameServers with its current role within one
     second of a role change"): one unresponsive NameServer delays the role change at every other.
 
-    broker/registration.py:46-61 (``run``/``register_all``): ``run`` registers in rounds;
+    broker/server/registration.py:46-61 (``run``/``register_all``): ``run`` registers in rounds;
     ``register_all`` gathers the
     calls to all NameServers and the next round (the one ``trigger`` asked for) starts only when the
     slowest call of the current round ended — up to the 3 s timeout when one NameServer is
@@ -232,8 +233,8 @@ async def test_role_change_reaches_a_live_namesrv_within_1s_while_another_hangs(
 
 # -- consumer membership ---------------------------------------------------------------------------
 def test_one_client_cannot_join_unbounded_groups() -> None:
-    """BUG (invariant 8, memory bounded): ``MAX_GROUPS_PER_CLIENT`` (broker/consumers.py:12) is
-    defined but never enforced. ``ConsumerManager.heartbeat`` (consumers.py:28-36) only bounds the
+    """BUG (invariant 8, memory bounded): ``MAX_GROUPS_PER_CLIENT`` (broker/service/consumers.py:12) is
+    defined but never enforced. ``ConsumerManager.heartbeat`` (broker/service/consumers.py:28-36) only bounds the
     number of *clients*; a known client is added to every group named in each heartbeat and never
     removed from groups it no longer names (until 40 s of silence). The API caps one heartbeat at 64
     groups x 1024 topics, but a client that heartbeats repeatedly with new group names (or a buggy
@@ -258,9 +259,9 @@ def test_state_entry_grouped_with_sends_does_not_drop_their_messages(tmp_path: A
     """BUG (invariant 4; replicas assign the same queue offsets): a follower in needs-state mode that
     loads a ``state`` command skips every *other* body of the entry carrying it.
 
-    broker/store.py ``apply`` (the ``needs_state_after`` branch, :168-173): after ``_await_state``
+    broker/store/message_store.py ``apply`` (the ``needs_state_after`` branch, :168-173): after ``_await_state``
     loaded the state it marks the whole entry applied and ``continue``s. But the leader's
-    ``_state_entries`` (broker/server.py) appends the state with ``node.append``, and the node groups
+    ``_state_entries`` (broker/server/broker_server.py) appends the state with ``node.append``, and the node groups
     concurrent requests into one Raft entry (dledger/node.py ``_append_queued``: group commit), so
     under load the state shares its entry with producers' messages (and offset commits). The leader
     dispatches them; the follower never does: its queue misses those messages for good and every
@@ -311,7 +312,7 @@ def test_state_entry_grouped_with_sends_does_not_drop_their_messages(tmp_path: A
 )
 def test_msg_id_position_must_be_16_hex_digits(hexpos: str) -> None:
     """BUG (minor, docs/BROKER_API.md: a malformed id is 400 ``INVALID_MSG_ID``):
-    broker/message.py ``parse_msg_id`` checks only ``len(hexpos) == 16`` and then ``int(hexpos, 16)``,
+    broker/store/message.py ``parse_msg_id`` checks only ``len(hexpos) == 16`` and then ``int(hexpos, 16)``,
     which also takes a sign, a ``0x`` prefix and underscores. ``GET /v1/msg/id/RaftNode00:-000000000000001``
     therefore reaches ``_message_at(-1)`` and is answered 410 ``MESSAGE_REMOVED`` ("position -1 was
     removed by retention"); the other forms alias real positions under several ids.

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from broker.client.remoting import RemotingConnection
 from broker.client.transport import ClientError
-from broker.http_edge import Guard, Limits
+from broker.edge.binary import Call, CallError, RemotingLimits, RemotingServer
 from broker.protocol import auth
 from broker.protocol.frames import (
     FLAG_ERROR,
@@ -31,8 +31,8 @@ from broker.protocol.frames import (
     encode,
     pack_body,
 )
-from broker.remoting import Call, CallError, RemotingLimits, RemotingServer
-from broker.security import Security
+from broker.serving.http_edge import Guard, Limits
+from broker.serving.security import Security
 from tests.acl_fixtures import ADMIN, PRODUCER, STRANGER, write_acl
 from tests.dledger.harness import wait_until
 
@@ -403,9 +403,9 @@ async def test_an_idle_connection_is_replaced_before_use(serve: Serve) -> None:
 
 
 async def test_tls_when_the_broker_serves_tls(serve: Serve, tmp_path: Any) -> None:
-    from broker.certs import make_certs
     from broker.client.transport import client_ssl_context
-    from broker.http_edge import server_ssl_context
+    from broker.serving.certs import make_certs
+    from broker.serving.http_edge import server_ssl_context
 
     paths = make_certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"])
     _server, addr = await serve(Gate(), tls=server_ssl_context(paths["server.pem"], paths["server.key"]),
@@ -481,7 +481,7 @@ def test_routes_carry_the_remoting_addresses_registered() -> None:
 
 
 def test_remoting_port_config() -> None:
-    from broker.config import parse_broker_config
+    from broker.server.config import parse_broker_config
     from dledger.config import ConfigError
     from tests.broker.test_config import BASE
 

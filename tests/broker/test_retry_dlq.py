@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
-from broker.message import StoredMessage
-from broker.retry import send_back
+from broker.store.message import StoredMessage
+from broker.store.retry import send_back
 from broker.tools.mqadmin import main as mqadmin_main
 from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster

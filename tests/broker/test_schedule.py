@@ -1,4 +1,4 @@
-"""Issue 14 item 1: delay levels and timed delivery (broker/schedule.py), on real brokers in this
+"""Issue 14 item 1: delay levels and timed delivery (broker/store/schedule.py), on real brokers in this
 process (tests/broker/inproc_cluster.py) and on the pieces alone."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
 from broker.client.admin_records import message_from_dict
 from broker.client.transport import ClientError
-from broker.config import load_broker_config
-from broker.message import InvalidInput, StoredMessage, decode_message, encode_message
-from broker.schedule import (
+from broker.server.config import load_broker_config
+from broker.store.message import InvalidInput, StoredMessage, decode_message, encode_message
+from broker.store.schedule import (
     PROP_DUE_MS,
     PROP_SCHED_POS,
     SCHEDULE_TOPIC,

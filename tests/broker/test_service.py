@@ -1,4 +1,4 @@
-"""The broker service (broker/service.py) called directly, without HTTP: a real 3-replica group
+"""The broker service (broker/service/broker_service.py) called directly, without HTTP: a real 3-replica group
 (``tests/broker/harness.py``) whose replicas' ``service`` is what every transport calls."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from broker.server import BrokerServer
-from broker.service import ServiceError
-from broker.service_base import ServiceBase
-from broker.store import CorruptMessage
+from broker.server.broker_server import BrokerServer
+from broker.service.base import ServiceBase
+from broker.service.broker_service import ServiceError
+from broker.store.message_store import CorruptMessage
 from dledger.node import AppendTimeoutError, BusyError, NotLeaderError
 from tests.broker.harness import BrokerCluster
 from tests.dledger.harness import wait_until

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from broker.certs import make_certs
 from broker.client import Message, Producer
 from broker.client.transport import ClientError, Transport, client_ssl_context
+from broker.serving.certs import make_certs
 from tests.acl_fixtures import ADMIN, PRODUCER, write_acl
 from tests.broker.harness import BrokerCluster
 

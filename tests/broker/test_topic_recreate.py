@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer, queue_worker
-from broker.metadata import Metadata
+from broker.store.metadata import Metadata
 from tests.acl_fixtures import CONSUMER, PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.dledger.harness import wait_until

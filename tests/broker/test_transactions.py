@@ -1,4 +1,4 @@
-"""The transaction state machine (broker/transactions.py): the index derived from the log, the check
+"""The transaction state machine (broker/store/transactions.py): the index derived from the log, the check
 scheduler on an injected clock, and the store's rebuilds (index lost, consume queue lost, leader crash)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from broker.client import LocalTransactionState, Message, MessageExt, TransactionProducer
-from broker.config import parse_broker_config
-from broker.message import InvalidInput, StoredMessage, decode_message, encode_command, encode_message
 from broker.protocol.properties import HALF_TOPIC, PROP_CHECK_IMMUNITY, PROP_HALF_POS
-from broker.transactions import (
+from broker.server.config import parse_broker_config
+from broker.store.message import InvalidInput, StoredMessage, decode_message, encode_command, encode_message
+from broker.store.transactions import (
     COMMIT,
     DISCARDED,
     ROLLBACK,
@@ -49,12 +49,12 @@ def _records(*items: StoredMessage | dict[str, object]) -> list[tuple[int, bytes
 
 def _apply(index: TransactionIndex, records: list[tuple[int, bytes]]) -> list[object]:
     """What applying does, record by record (the store's calls)."""
-    from broker.message import COMMAND_MAGIC, decode_header
+    from broker.store.message import COMMAND_MAGIC, decode_header
 
     results: list[object] = []
     for position, body in records:
         if body[:1] == COMMAND_MAGIC:
-            from broker.message import decode_command
+            from broker.store.message import decode_command
 
             results.append(index.on_command(decode_command(body)))
         else:
@@ -191,7 +191,7 @@ def test_a_half_is_first_checked_back_on_the_first_scan_after_its_timeout(tmp_pa
     injected clock in the service's 50 ms steps, with the defaults (6 s, 60 s): a half is first
     checked back between 6 s and 66 s after it was stored, not 6 s after. RocketMQ does the same:
     its TransactionalMessageCheckService checks on each pass, ``transactionCheckInterval`` apart."""
-    from broker.transactions import DEFAULT_CHECK_INTERVAL_MS, DEFAULT_TIMEOUT_MS, POLL_S
+    from broker.store.transactions import DEFAULT_CHECK_INTERVAL_MS, DEFAULT_TIMEOUT_MS, POLL_S
 
     clock = ManualClock()
     index = TransactionIndex(str(tmp_path / "t.db"))

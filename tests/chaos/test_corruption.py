@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from broker.message import StoredMessage, encode_message
-from broker.store import MessageStore
+from broker.store.message import StoredMessage, encode_message
+from broker.store.message_store import MessageStore
 from dledger import command_codec
 from dledger.entry_codec import HEADER_SIZE
 from dledger.entry_store import CorruptStoreError, EntryStore

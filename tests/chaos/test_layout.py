@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker.config import load_broker_config
+from broker.server.config import load_broker_config
 from chaos.layout import PORT_SPAN, Ports, plan_chaos_cluster, with_properties
 
 

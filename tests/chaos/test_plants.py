@@ -14,13 +14,13 @@ import pytest
 from pysyncobj import SyncObjConf
 
 from broker.client import ClientError, Message, Producer
-from broker.message import StoredMessage, encode_message
-from broker.metadata import Metadata
-from broker.store import MessageStore
+from broker.serving.process_main import PLANT_ENV
+from broker.store.message import StoredMessage, encode_message
+from broker.store.message_store import MessageStore
+from broker.store.metadata import Metadata
 from chaos import plants
 from dledger import clock as dl_clock
 from dledger import command_codec
-from dledger.apps.process_main import PLANT_ENV
 from dledger.entry_store import EntryStore
 from dledger.journal import RaftJournal
 from dledger.peer_tcp import TcpPeerTransport

@@ -1,4 +1,4 @@
-"""The broker's read-only replica export (``broker/export.py``): which paths it serves, and reads
+"""The broker's read-only replica export (``broker/edge/export.py``): which paths it serves, and reads
 that never need write access."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.codec import ApiError
-from broker.export import exported_path, list_files, read_part
+from broker.edge.export import exported_path, list_files, read_part
+from broker.edge.http_codec import ApiError
 
 
 @pytest.mark.parametrize("path", [

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.consume_queue import ConsumeQueue, ConsumeQueueStore
-from broker.message import StoredMessage, encode_command, encode_message
-from broker.store_snapshot import write_snapshot
+from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from broker.store.message import StoredMessage, encode_command, encode_message
+from broker.store.snapshot import write_snapshot
 from dledger.command_codec import body_offsets, encode_batch
 from dledger.entry_codec import HEADER_SIZE, MAGIC
 from dledger.entry_store import EntryStore

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from broker.certs import make_certs
 from broker.client.transport import ClientError, client_ssl_context
 from broker.protocol.auth import Credentials, credentials_text
+from broker.serving.certs import make_certs
 from spark_jobs.source.options import SourceOptionError, parse_options
 from spark_jobs.source.security import SourceAuthError, SourceSecurity, refusal
 

@@ -15,10 +15,10 @@ from urllib.parse import quote
 
 import pytest
 
-from broker.certs import make_certs
 from broker.client import Message, Producer
 from broker.client.admin import Admin
 from broker.client.transport import Transport, client_ssl_context
+from broker.serving.certs import make_certs
 from namesrv.server import NamesrvService
 from spark_jobs.source import FORMAT, register
 from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER, write_acl

@@ -1,4 +1,4 @@
-"""The idempotent producer (broker/dedup.py): a retried send whose first attempt was stored is stored
+"""The idempotent producer (broker/store/dedup.py): a retried send whose first attempt was stored is stored
 once and answered with the first result — after a lost answer, concurrently, after a failover and
 after a restart of the whole group. The lost answer is the Tap's ``lose_answer``: the real broker
 stores the message, the client gets SEND_TIMEOUT."""

@@ -1,4 +1,4 @@
-"""Transactional messages end to end on the in-process cluster (broker/transactions.py,
+"""Transactional messages end to end on the in-process cluster (broker/store/transactions.py,
 broker/client/transaction.py): a commit is delivered once, a rollback never, an UNKNOW is resolved
 by a check-back, and a leader change in the middle keeps all three."""
 

@@ -410,8 +410,8 @@ async def test_producer_connection(mqadmin: Mqadmin, cluster: InProcBrokerCluste
 
 
 def test_producer_table_is_bounded_and_expires() -> None:
-    from broker import producers
-    from broker.producers import ProducerTable
+    from broker.service import producers
+    from broker.service.producers import ProducerTable
 
     t = ProducerTable(expiry_ms=1000)
     t.sent("G", "10.0.0.1", "T", 0)

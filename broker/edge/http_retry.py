@@ -1,0 +1,63 @@
+"""HTTP handlers of consumer retries and DLQs (broker/store/retry.py, done by the broker service's
+``send_back`` / ``resend_dlq``): ``POST /v1/consumer/sendback`` and ``POST /v1/dlq/resend``.
+Kept apart from broker/edge/http_api.py; registered by ``BrokerApi.app``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.edge.http_codec import ApiError, answer, check_fields, read_body
+from broker.serving.acl import Perm
+from broker.store.message import check_group, check_int
+
+if TYPE_CHECKING:
+    from broker.edge.http_api import BrokerApi
+
+
+class RetryApi:
+    def __init__(self, api: BrokerApi):
+        self.api = api
+        self.svc = api.svc
+
+    def add_routes(self, r: web.UrlDispatcher) -> None:
+        r.add_post("/v1/consumer/sendback", self.sendback)
+        r.add_post("/v1/dlq/resend", self.resend)
+
+    def _position(self, body: dict[str, Any]) -> int:
+        if body.get("msg_id") is not None:
+            if not isinstance(body["msg_id"], str):
+                raise ApiError(400, "INVALID_MSG_ID", "msg_id must be a string")
+            return self.svc.position_of(body["msg_id"])
+        if body.get("position") is None:
+            raise ApiError(400, "BAD_REQUEST", "give msg_id or position")
+        return check_int(body["position"], "position", 0, 2**63 - 1)
+
+    async def sendback(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"group", "msg_id", "position", "max_reconsume_times", "dlq"}), ("group",))
+        group = check_group(body["group"])
+        self.api.sec.require(request, groups={group: Perm.SUB})
+        self.svc.require_writable()
+        position = self._position(body)
+        to_dlq = body.get("dlq", False)
+        if not isinstance(to_dlq, bool):
+            raise ApiError(400, "BAD_REQUEST", "dlq must be a boolean")
+        max_times = None
+        if body.get("max_reconsume_times") is not None:
+            max_times = check_int(body["max_reconsume_times"], "max_reconsume_times", 0, 1000)
+        sb = await self.svc.send_back(group, position, max_reconsume_times=max_times, to_dlq=to_dlq)
+        return answer(
+            request,
+            {"topic": sb.topic, "dlq": sb.dlq, "reconsume_times": sb.reconsume_times, "msg_id": sb.msg_id},
+        )
+
+    async def resend(self, request: web.Request) -> web.Response:
+        body = await read_body(request)
+        check_fields(body, frozenset({"group", "msg_id", "position"}), ("group",))
+        group = check_group(body["group"])
+        self.api.sec.require(request, admin=True)
+        self.svc.require_writable()
+        sent = await self.svc.resend_dlq(group, self._position(body))
+        return answer(request, {"topic": sent.topic, "msg_id": sent.msg_id})

@@ -1,0 +1,514 @@
+"""``dledger-broker -c conf/broker-n0.conf``: one broker replica (a dledger node + the message store +
+the HTTP API + NameServer registration).
+
+Roles (DLedger mode):
+
+    FOLLOWER/CANDIDATE --elected--> LEADER (not ready: applying up to its log end)
+          ^                            | applied >= last index at election
+          |                            v
+          +------ stepped down ---- LEADER (ready: accepts writes, registers as brokerId 0)
+
+Every role change re-registers with every NameServer at once (``Registrar.trigger``); a leader
+registers as id 0 only once ready, before that as CANDIDATE under its own id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, cast
+
+from aiohttp import web
+
+from broker.client.transport import Transport, client_ssl_context
+from broker.edge.binary import RemotingLimits, RemotingServer
+from broker.edge.binary_ops import RemotingOps, remoting_error
+from broker.edge.http_api import BrokerApi
+from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
+from broker.server.config import BrokerConfig, load_broker_config
+from broker.server.metrics import BrokerMetrics
+from broker.server.registration import Registrar
+from broker.service.broker_service import BrokerService
+from broker.service.consumers import ConsumerManager
+from broker.service.producers import ProducerTable
+from broker.serving.acl import AclError, AclWatcher
+from broker.serving.http_edge import Guard, Limits, server_ssl_context, start_server
+from broker.serving.process_main import run_until_signalled, set_gc_young_threshold, setup_logging
+from broker.serving.security import Security
+from broker.store.message import encode_command
+from broker.store.message_store import MessageStore
+from broker.store.schedule import SchedulePolicy, ScheduleService
+from broker.store.transactions import TransactionPolicy, TransactionService
+from dledger.clock import Clock, process_clock
+from dledger.config import ConfigError, settings_from_config
+from dledger.durable import private_dir
+from dledger.inproc import InProcNetwork
+from dledger.log_store import LogStore
+from dledger.meta_store import MetaStore
+from dledger.node import DLedgerNode, RoleChange
+
+log = logging.getLogger("broker.server")
+
+AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknown topics by it
+
+
+class BrokerServer:
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        *,
+        raft_overrides: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        network: InProcNetwork | None = None,
+        log_store: LogStore | None = None,
+        meta: MetaStore | None = None,
+    ):
+        """``network``: the group's Raft traffic stays inside this process (every replica of the
+        group runs here on that ``InProcNetwork``) instead of TCP. ``log_store`` / ``meta``: the
+        Raft log and term/vote (e.g. ``MemoryLogStore`` / ``MemoryMetaStore``) instead of files
+        under the node directory; consume queues, index and snapshots stay under ``store_dir``.
+        All three are for tests and in-process clusters; a broker process uses none of them."""
+        self.cfg = cfg
+        self.clock: Clock = clock if clock is not None else process_clock()
+        self.store = MessageStore(
+            cfg.store_dir, cfg.broker_name, snapshot_interval_ms=cfg.snapshot_interval_ms, clock=self.clock,
+            dedup_max_messages=cfg.duplicate_window_messages, dedup_window_ms=cfg.duplicate_window_ms,
+        )
+        settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
+        self.node = DLedgerNode(
+            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
+        )
+        self.consumers = ConsumerManager(cfg.client_expiry_ms)
+        self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
+        self.send_timeout_s = 3.0
+        self._ready_term = -1  # ready = leader of exactly this term, applied up to its log end
+        self.creating: dict[str, asyncio.Task[Any]] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        # What the tick thread may read of the long polls (see on_applied): an immutable snapshot
+        # of the queues someone waits on, replaced by the loop; and the applies so far (tick thread).
+        self._waited: frozenset[tuple[str, int]] = frozenset()
+        self.applied_seq = 0
+        self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
+        self._role_generation = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.failed = asyncio.Event()  # set when the replica can no longer run (the process exits)
+        self.loop = asyncio.get_running_loop()  # constructed inside the serving loop
+        self._ready_task: asyncio.Task[None] | None = None
+        sec = cfg.security
+        self.guard = Guard(
+            Limits(
+                connections_max=sec.connections_max,
+                header_timeout_s=sec.header_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+                body_timeout_s=sec.body_timeout_ms / 1000,
+                body_bytes_in_flight_max=sec.body_bytes_in_flight_max,
+                client_max_size=cfg.max_message_size + (8 << 20),
+            ),
+            lambda code, message: {"code": code, "message": message},
+        )
+        # Every replica enforces the same ACL file (followers serve pulls too).
+        self.security = Security(
+            sec.acl_file, self.wall_ms, self.guard,
+            anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
+        )
+        ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
+        self.registrar = Registrar(
+            cfg.namesrv_addrs,
+            self.registration_record,
+            period_ms=cfg.register_period_ms,
+            clock=self.clock,
+            # The group's own account only (never a client's from the environment).
+            transport=Transport(timeout_s=3.0, credentials=sec.broker_credentials, tls=ns_tls),
+        )
+        self.metrics = BrokerMetrics(self)
+        self.node.set_observer(self.metrics.observe)
+        self.schedule = ScheduleService(  # delayed and timed messages (broker/store/schedule.py)
+            self, SchedulePolicy(cfg.message_delay_levels_ms, cfg.timer_max_delay_sec * 1000)
+        )
+        self.transactions = TransactionService(  # half messages and check-backs (broker/store/transactions.py)
+            self, TransactionPolicy(cfg.transaction_timeout_ms, cfg.transaction_check_interval_ms,
+                                    cfg.transaction_check_max)
+        )
+        self.service = BrokerService(self)  # send, pull, query, admin: shared by every transport
+        self.api = BrokerApi(self, self.service)
+        self._runner: web.AppRunner | None = None
+        # The binary protocol (broker/edge/binary.py): the SDK's send and pull path.
+        self.remoting = RemotingServer(
+            RemotingOps(self).dispatch,
+            security=self.security,
+            limits=RemotingLimits(
+                frame_bytes_max=self.guard.limits.client_max_size,
+                in_flight_max=cfg.remoting_in_flight_max,
+                connections_max=sec.connections_max,
+                handshake_timeout_s=sec.header_timeout_ms / 1000,
+                frame_timeout_s=sec.body_timeout_ms / 1000,
+                idle_timeout_s=sec.idle_timeout_ms / 1000,
+            ),
+            map_error=remoting_error,
+        )
+        self.remoting_address: str | None = None
+        self.started_at = self.clock.monotonic()
+
+    def monotonic_ms(self) -> int:
+        """For liveness (client heartbeats): never the wall clock, which NTP may step."""
+        return int(self.clock.monotonic() * 1000)
+
+    def wall_ms(self) -> int:
+        """For timestamps stored in records (a message's store time)."""
+        return int(self.clock.wall() * 1000)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        private_dir(self.cfg.dledger.node_dir)
+        self.store.open(self.node.log)
+        self.store.listener = self
+        await self.node.start()
+        sec = self.cfg.security
+        ssl_ctx = server_ssl_context(sec.tls_cert_file, sec.tls_key_file or "") if sec.tls_cert_file else None
+        self._runner, _site = await start_server(
+            self.api.app(), self.guard, self.cfg.bind_host, self.cfg.dledger.listen_port, ssl_ctx
+        )
+        if self.cfg.remoting_listen_port >= 0:
+            try:
+                bound = await self.remoting.start(self.cfg.bind_host, self.cfg.remoting_listen_port, ssl_ctx)
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            self.remoting_address = self.cfg.remoting_address(bound)
+        self._tasks = [
+            self.loop.create_task(self.security.run(), name="acl"),
+            self.loop.create_task(self._watch_roles(), name="roles"),
+            self.loop.create_task(self.registrar.run(), name="registrar"),
+            self.loop.create_task(self._expire_clients(), name="clients"),
+            self.loop.create_task(self._state_entries(), name="state-entries"),
+            self.loop.create_task(self._watch_replica(), name="replica-watch"),
+            self.loop.create_task(self.schedule.run(), name="schedule"),
+            self.loop.create_task(self.transactions.run(), name="transactions"),
+        ]
+        log.info(
+            "broker %s/%s (%s) serving %s (binary: %s), NameServers %s",
+            self.cfg.cluster, self.cfg.broker_name, self.cfg.dledger.self_id, self.cfg.address,
+            self.remoting_address or "off", ";".join(self.cfg.namesrv_addrs),
+        )
+
+    async def _watch_replica(self) -> None:
+        """Fail-stop: a replica whose tick thread died can neither vote nor replicate, yet would keep
+        answering HTTP (and look alive to a health check that only opens a socket). ``failed`` is
+        set so that the process exits (``serve``) and its supervisor restarts it from its log."""
+        while self.node.fatal is None:
+            await asyncio.sleep(0.2)
+        log.critical("the replica's tick thread died (%s): stopping the broker", self.node.fatal)
+        self.failed.set()
+
+    async def stop(self, *, unregister: bool = True) -> None:
+        """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
+        the broker's registration expires)."""
+        self.stopping = True
+        for waiters in self._waiters.values():  # long polls answer now, not after their hold
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:  # bounded: a task that ignores its cancellation must not hang shutdown
+            _done, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            for t in pending:
+                log.error("task %s did not stop within 5 s of its cancellation", t.get_name())
+        try:
+            if unregister:
+                await asyncio.wait_for(
+                    self.registrar.unregister_all(self.cfg.cluster, self.cfg.broker_name, self.cfg.address), 3.0
+                )
+        except TimeoutError:
+            log.warning("unregistering timed out")
+        await self.registrar.close()
+        await self.remoting.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        # The store's last snapshot runs on the tick thread after its last apply, with the log open.
+        await self.node.stop(before_log_close=self.store.close)
+
+    # -- roles ----------------------------------------------------------------------------------
+    async def _watch_roles(self) -> None:
+        queue = self.node.role_changes()
+        change = RoleChange(self.node.role, self.node.term, self.node.leader_id, self.clock.wall())
+        try:
+            while True:
+                if self._ready_task is not None:
+                    self._ready_task.cancel()
+                self._ready_task = self.loop.create_task(self._on_role(change))
+                change = await queue.get()
+        finally:
+            if self._ready_task is not None:
+                self._ready_task.cancel()
+
+    @property
+    def ready(self) -> bool:
+        """Writable: leader of the current term, and applied everything up to its log end then.
+        Tied to the term read from the node, so a new term is never ready by mistake."""
+        return self.node.role == "LEADER" and self._ready_term == self.node.term
+
+    async def _on_role(self, change: RoleChange) -> None:
+        self._role_generation += 1
+        generation = self._role_generation
+        self._ready_term = -1
+        if change.role != "LEADER":
+            self.registrar.trigger()
+            return
+        if self.store.needs_state_after is not None:
+            log.error("elected leader while waiting for state from a leader: handing leadership over")
+            try:
+                await self.node.transfer_leadership(None)
+            except Exception as exc:  # the next election may pick a replica with state
+                log.error("leadership transfer failed: %s", exc)
+            return
+        target = self.node.last_index
+        self.registrar.trigger()  # as CANDIDATE under its own id until ready
+        started = self.clock.monotonic()
+        while self.node.applied_index < target or self.node.commit_index < target:
+            if generation != self._role_generation or self.node.role != "LEADER":
+                return
+            await asyncio.sleep(0.002)
+        if generation != self._role_generation or self.node.term != change.term:
+            return
+        self._ready_term = change.term
+        log.info(
+            "leader of term %d ready after applying to index %d (%.0f ms)",
+            change.term, target, (self.clock.monotonic() - started) * 1000,
+        )
+        self.registrar.trigger()
+        if self.cfg.trace_topic_enable:
+            await self._create_trace_topic()
+
+    async def _create_trace_topic(self) -> None:
+        """traceTopicEnable (RocketMQ): a ready leader creates msgTraceTopicName (one read and one
+        write queue) through the log when it is missing; every later leader checks again."""
+        topic = self.cfg.msg_trace_topic_name
+        if self.store.topic(topic) is not None:
+            return
+        cmd = {"op": "topic.put", "topic": topic, "read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+        try:
+            await self.node.append([encode_command(cmd)], timeout_s=self.send_timeout_s)
+            log.info("created the trace topic %s (traceTopicEnable)", topic)
+        except Exception as exc:  # the next leadership tries again; traced sends may auto-create it
+            log.warning("trace topic %s not created: %s", topic, exc)
+
+    def client_addr_of(self, peer_id: str | None) -> str | None:
+        if peer_id is None:
+            return None
+        if peer_id == self.cfg.dledger.self_id:
+            return self.cfg.address
+        return self.cfg.peer_client_addrs.get(peer_id)
+
+    def registration_record(self) -> BrokerRegistration:
+        """What this replica registers now (the Registrar stamps ``data_version``)."""
+        leader = self.node.role == "LEADER" and self.ready
+        md = self.store.metadata_view()
+        topics = list(md.topics.values())
+        if self.cfg.auto_create_topic and AUTO_CREATE_TOPIC not in md.topics:
+            n = self.cfg.default_topic_queue_nums
+            topics.append(TopicConfig(AUTO_CREATE_TOPIC, n, n, PERM_READ | PERM_WRITE | PERM_INHERIT))
+        role = cast(Role, "CANDIDATE" if self.node.role == "LEADER" and not leader else self.node.role)
+        return BrokerRegistration(
+            cluster=self.cfg.cluster,
+            broker_name=self.cfg.broker_name,
+            broker_id=0 if leader else self.cfg.follower_broker_id,
+            address=self.cfg.address,
+            role=role,
+            term=self.node.term,
+            topics=tuple(topics),
+            remoting_address=self.remoting_address,
+        )
+
+    # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
+    def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
+        """Tick thread. Wakes the loop only if a long poll waits on a touched queue (or metadata
+        changed): a follower nobody reads from is not woken once per entry. No wake is lost: the
+        sequence number moves before the waited set is read, and a poll registers before it reads
+        the number it saw before its last look at the queue (``wait_for_queue(since=...)``)."""
+        self.applied_seq += 1
+        waited = self._waited
+        if metadata_changed or (waited and not waited.isdisjoint(touched)):
+            self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
+
+    def _on_applied_loop(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
+        woke = False
+        for key in touched:
+            for fut in self._waiters.pop(key, ()):
+                woke = True
+                if not fut.done():
+                    fut.set_result(None)
+        if woke:
+            self._waited = frozenset(self._waiters)
+        if metadata_changed:
+            self.registrar.trigger()
+
+    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None:
+        """Until an apply touches the queue, or ``timeout_s``. ``since``: ``applied_seq`` as read
+        before the caller last found the queue empty; if an apply happened since, return at once
+        (the caller looks again) — the apply may have seen no waiter and woken nobody."""
+        key = (topic, queue_id)
+        fut: asyncio.Future[None] = self.loop.create_future()
+        waiters = self._waiters.setdefault(key, set())
+        waiters.add(fut)
+        if key not in self._waited:
+            self._waited = frozenset(self._waiters)
+        try:
+            if since is not None and self.applied_seq != since:
+                return
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiters.discard(fut)
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
+                self._waited = frozenset(self._waiters)
+
+    # -- status ---------------------------------------------------------------------------------
+    def first_log_position(self) -> int:
+        st = self.node.log
+        return st.position_at(st.first_index) if st.first_index <= st.last_index else st.next_position
+
+    async def status(self) -> dict[str, Any]:
+        node = await self.node.status()
+        leader = node["role"] == "LEADER" and self.ready
+        return {
+            "cluster": self.cfg.cluster,
+            "broker_name": self.cfg.broker_name,
+            "self_id": self.cfg.dledger.self_id,
+            "broker_id": 0 if leader else self.cfg.follower_broker_id,
+            "address": self.cfg.address,
+            "role": node["role"],
+            "writable": leader,
+            "term": node["term"],
+            "leader_id": node["leader_id"],
+            "leader_addr": self.client_addr_of(node["leader_id"]),
+            "commit_index": node["commit_index"],
+            "applied_index": node["applied_index"],
+            "first_index": node["first_index"],
+            "last_index": node["last_index"],
+            "last_term": node["last_term"],
+            "chain_crc_at_commit": node["chain_crc_at_commit"],
+            "entries_truncated": node["counters"]["entries_truncated"],
+            "peers": {
+                pid: {"lag": p["lag"], "connected": p["connected"], "match_index": p["match_index"]}
+                for pid, p in node["peers"].items()
+            },
+            "topics": len(self.store.metadata_view().topics),
+            "queues": len(self.store.cqs.queues()),
+            "dispatch": dict(self.store.counters),
+            "send": dict(self.counters),
+            "commit_latency_ms": node["commit_latency_ms"],
+            "raft": {
+                "elections": node["counters"].get("elections", 0),
+                "prevotes_started": node["counters"].get("prevotes_started", 0),
+                "became_leader": node["counters"].get("became_leader", 0),
+                "stepdowns": node["counters"].get("stepdowns_check_quorum", 0)
+                + node["counters"].get("stepdowns_stale_term", 0),
+                "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
+                "max_append_gap_ms": node["max_append_gap_ms"],
+                "live_followers": node["live_followers"],
+                "retention_floor": node["retention_floor"],
+            },
+            "remoting": {"address": self.remoting_address, **self.remoting.stats.as_dict()},
+            "namesrv": {
+                "registrations": self.registrar.registrations,
+                "errors": dict(self.registrar.last_error),
+                "last_role": list(self.registrar.last_registered_role or ()),
+            },
+            "consumer_groups": self.consumers.groups(),
+            "schedule": self.schedule.status(),
+            "transactions": self.transactions.status(),
+            "security": {
+                "acl": self.security.enabled,
+                "tls": self.cfg.security.tls_cert_file is not None,
+                "refused": dict(self.security.refused),
+                "edge": self.guard.stats(),
+                "clients": self.consumers.client_count(),
+                "subscriptions": self.consumers.subscriptions,
+            },
+            "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
+            "pid": os.getpid(),
+        }
+
+    async def _state_entries(self) -> None:
+        """As ready leader, append a ``state`` entry every interval and after installing a follower
+        (a follower re-anchored past retention needs one to serve again; see broker/store/message_store.py)."""
+        last_sent = self.clock.monotonic()
+        installs_seen = 0
+        while True:
+            await asyncio.sleep(0.5)
+            if not (self.node.role == "LEADER" and self.ready):
+                continue
+            installs = self.node.installs_sent()
+            due = self.clock.monotonic() - last_sent >= self.cfg.state_entry_interval_ms / 1000
+            if not due and installs == installs_seen:
+                continue
+            try:
+                cmd = await self.node.run_on_tick_thread(self.store.capture_state, 5.0)
+                record = encode_command(cmd)
+                if len(record) + 1024 > self.node.settings.max_entry_bytes:
+                    raise ValueError(
+                        f"the state ({len(record)} bytes) exceeds one entry (maxEntryBodyBytes): followers "
+                        "behind retention must be wiped and re-synced by hand"
+                    )
+                await self.node.append([record], timeout_s=self.send_timeout_s)
+                installs_seen, last_sent = installs, self.clock.monotonic()
+            except Exception as exc:  # next round tries again
+                log.warning("state entry not appended: %s", exc)
+
+    async def _expire_clients(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            self.consumers.expire(self.monotonic_ms())
+            self.producers.expire(self.monotonic_ms())
+
+
+EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)
+
+
+async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:
+    set_gc_young_threshold(cfg.gc_young_threshold)  # the process's, so not in BrokerServer
+    server = BrokerServer(cfg)
+    await server.start()
+    try:
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+    finally:
+        await server.stop()
+    if server.failed.is_set():
+        raise SystemExit(EXIT_REPLICA_FAILED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dledger-broker", description="Run one broker replica (DLedger mode).")
+    parser.add_argument("-c", "--config", required=True, help="properties file (see conf/broker-n0.conf)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    if os.environ.get("BROKER_GIL_SWITCH_MS"):
+        sys.setswitchinterval(float(os.environ["BROKER_GIL_SWITCH_MS"]) / 1000)
+    os.umask(0o077)  # data, snapshots and logs this process creates are its own (0600 files, 0700 dirs)
+    try:
+        cfg = load_broker_config(args.config)
+        if cfg.security.acl_file:
+            AclWatcher(cfg.security.acl_file)  # a broken ACL file stops the start, with its reason
+    except (ConfigError, OSError, AclError) as exc:
+        print(f"dledger-broker: {exc}", file=sys.stderr)
+        return 2
+    run_until_signalled(lambda stop: serve(cfg, stop))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""What every part of the broker service shares (broker/service/broker_service.py): the one error type, the
+translation of store / Raft / membership errors into it, and the checks every write or read starts
+with (``require_writable``, ``require_state``, the topic lookup, the replicated admin command).
+
+``ServiceError`` is the only exception a service method raises on purpose: a RocketMQ-style
+``code`` (``TOPIC_NOT_EXIST``, ``NOT_LEADER``, ...), a human ``message``, the HTTP ``status`` a
+transport may map it to, and optional ``extra`` fields that belong in the error answer
+(``leader_addr`` with ``NOT_LEADER``, ``offsets`` with ``OFFSET_RESET``, ...). Errors from below
+(``NotLeaderError`` and the other ``DLedgerError``s, ``CorruptMessage``, a ``TimeoutError`` of the
+apply thread, ``InvalidInput`` from the validators, ``MembershipError``) are translated at the
+service boundary by ``translated``; a transport never sees them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
+
+from broker.service.consumers import MembershipError
+from broker.store.message import InvalidInput, encode_command
+from broker.store.message_store import CorruptMessage
+from broker.store.metadata import TopicConfig
+from dledger.node import (
+    AppendFailedError,
+    AppendTimeoutError,
+    BusyError,
+    DiskFullError,
+    DLedgerError,
+    EntryRemovedError,
+    EntryTooLargeError,
+    NotLeaderError,
+)
+
+if TYPE_CHECKING:
+    import asyncio
+    import collections
+
+    from broker.server.config import BrokerConfig
+    from broker.server.metrics import BrokerMetrics
+    from broker.server.registration import Registrar
+    from broker.service.consumers import ConsumerManager
+    from broker.service.producers import ProducerTable
+    from broker.store.message_store import MessageStore
+    from broker.store.schedule import ScheduleService
+    from broker.store.transactions import TransactionService
+    from dledger.clock import Clock
+    from dledger.node import DLedgerNode
+
+INT64_MAX = 2**63 - 1
+
+DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
+    AppendFailedError: (409, "APPEND_FAILED"),
+    AppendTimeoutError: (504, "SEND_TIMEOUT"),
+    BusyError: (429, "BUSY"),
+    DiskFullError: (507, "DISK_FULL"),
+    EntryTooLargeError: (413, "MESSAGE_TOO_LARGE"),
+    EntryRemovedError: (410, "MESSAGE_REMOVED"),
+}
+
+
+class ServiceError(InvalidInput):
+    """A refused or failed service call: ``status`` (HTTP hint), ``code``, ``message``, ``extra``."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any):
+        super().__init__(code, message, status)
+        self.extra = extra
+
+    def answer(self) -> dict[str, Any]:
+        """The ``{code, message, ...extra}`` error map every transport answers with."""
+        return {"code": self.code, "message": self.message, **self.extra}
+
+
+class BrokerHost(Protocol):
+    """What the service uses of the broker replica it runs in (``BrokerServer`` is one): the store
+    and the node, the configuration (``update_config`` replaces it), the clock, the tables of
+    clients, counters and metrics, and the long-poll wait. Nothing else reaches the service."""
+
+    cfg: BrokerConfig
+    clock: Clock
+    store: MessageStore
+    node: DLedgerNode
+    consumers: ConsumerManager
+    producers: ProducerTable
+    schedule: ScheduleService
+    transactions: TransactionService  # check-backs (broker/store/transactions.py)
+    registrar: Registrar
+    metrics: BrokerMetrics
+    counters: collections.Counter[str]
+    creating: dict[str, asyncio.Task[Any]]  # topics being auto-created: one command per topic
+    loop: asyncio.AbstractEventLoop
+    send_timeout_s: float
+    stopping: bool
+
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+
+    def wall_ms(self) -> int: ...
+    def monotonic_ms(self) -> int: ...
+    def client_addr_of(self, peer_id: str | None) -> str | None: ...
+    def first_log_position(self) -> int: ...
+    applied_seq: int  # applies so far (the tick thread counts; see BrokerServer.on_applied)
+
+    async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None: ...
+    async def status(self) -> dict[str, Any]: ...
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ServiceBase:
+    """The broker replica the service runs on, and the checks shared by its parts."""
+
+    def __init__(self, server: BrokerHost):
+        self.s = server
+
+    # -- errors -------------------------------------------------------------------------------------
+    def translate(self, exc: BaseException) -> ServiceError | None:
+        """The ``ServiceError`` for an error raised below the service, or None (not ours to map)."""
+        if isinstance(exc, ServiceError):
+            return exc
+        if isinstance(exc, InvalidInput):
+            return ServiceError(exc.status, exc.code, exc.message)
+        if isinstance(exc, MembershipError):
+            return ServiceError(exc.status, exc.code, exc.message)
+        if isinstance(exc, NotLeaderError):
+            return self.not_leader()
+        if isinstance(exc, DLedgerError):
+            status, code = DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))
+            return ServiceError(status, code, str(exc))
+        if isinstance(exc, CorruptMessage):  # logged by the store; other replicas hold a good copy
+            return ServiceError(500, "STORE_CORRUPT", f"{exc}: read it from another replica")
+        if isinstance(exc, TimeoutError):  # the replica's apply thread did not answer in time
+            return ServiceError(503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
+        return None
+
+    def not_leader(self) -> ServiceError:
+        node = self.s.node
+        leader_id = node.leader_id
+        return ServiceError(
+            409,
+            "NOT_LEADER",
+            f"this broker ({node.settings.self_id}) is not the leader; leader is {leader_id}",
+            leader_addr=self.s.client_addr_of(leader_id),
+            leader_id=leader_id,
+        )
+
+    # -- the checks a call starts with ---------------------------------------------------------------
+    def require_state(self) -> None:
+        """Reads need the replicated state: a replica still waiting for it from the leader refuses."""
+        if self.s.store.needs_state_after is not None:
+            raise ServiceError(
+                503, "NOT_READY", "this replica is waiting for state from the leader; ask another replica"
+            )
+
+    def require_writable(self) -> None:
+        """Writes go to the ready leader only (``NOT_LEADER`` names the leader to retry at)."""
+        if self.s.node.role != "LEADER":
+            raise self.not_leader()
+        if not self.s.ready:
+            raise ServiceError(503, "NOT_READY", "new leader is still applying committed entries; retry shortly")
+
+    def topic(self, topic: str) -> TopicConfig:
+        tc = self.s.store.topic(topic)
+        if tc is None:
+            raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist")
+        return tc
+
+    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Append one admin command (broker/store/metadata.py) and return what its apply answered."""
+        self.require_writable()
+        locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
+        result = locs[0].result
+        if not isinstance(result, dict):  # applied, but not as a command (never expected)
+            raise ServiceError(500, "INTERNAL", f"command {cmd.get('op')!r} was applied without a result")
+        if "error" in result:
+            raise ServiceError(400, "BAD_COMMAND", str(result["error"]))
+        return dict(result)
+
+
+def _reraise(service: object, exc: Exception) -> None:
+    """Raise the ``ServiceError`` for ``exc`` if it differs from ``exc``; return to re-raise as is."""
+    assert isinstance(service, ServiceBase)
+    mapped = service.translate(exc)
+    if mapped is not None and mapped is not exc:
+        raise mapped from exc
+
+
+def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Decorate a public service coroutine: every error it raises that the service knows leaves as
+    a ``ServiceError`` (see ``ServiceBase.translate``); anything else propagates unchanged."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            _reraise(args[0], exc)
+            raise
+
+    return wrapper
+
+
+def translated_sync(fn: Callable[P, R]) -> Callable[P, R]:
+    """``translated`` for the plain (non-async) service methods."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            _reraise(args[0], exc)
+            raise
+
+    return wrapper
