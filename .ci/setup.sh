@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a checkout for tests: .venv with the project installed editable (plus the `test` and
-# `spark` extras), the Toxiproxy server binary in .ci/bin/, and a Java runtime for PySpark.
+# `spark` extras), the Toxiproxy server binary in .ci/bin/, a Java runtime for PySpark, and the wire
+# tier's client programs (tests/wire: Maven- and Go-built, dependencies cached in ~/.m2 and the
+# Go module cache).
 #
 # Idempotent and quick when nothing changed (no network then). Works as root on a fresh
 # Debian 12 machine with no stdin (CI=true): missing prerequisites (python3-venv, a Go that can
@@ -190,6 +192,66 @@ ensure_chromium() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# The wire tier (tests/wire, issue 25): the official RocketMQ clients' programs. Maven resolves
+# rocketmq-client/-acl 4.9.8 and 5.3.1 and rocketmq-tools 4.9.8 into ~/.m2 and compiles our scenario
+# runner; the Go module proxy serves rocketmq-client-go/v2 into the module cache. Each build is
+# stamped with a hash of its sources, so a later run with nothing changed is offline and quick.
+WIRE_DIR="$REPO/tests/wire"
+WIRE_JAVA="$WIRE_DIR/java"
+WIRE_GO="$WIRE_DIR/go"
+WIRE_PROFILES=(rmq4 rmq5 admin4)
+
+wire_java_fingerprint() {
+    (cd "$WIRE_JAVA" && find pom.xml src -type f -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1
+}
+
+wire_go_fingerprint() {
+    (cd "$WIRE_GO" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 | sort -z \
+        | xargs -0 sha256sum; "$GO" env GOVERSION) | sha256sum | cut -d' ' -f1
+}
+
+ensure_maven() {
+    command -v mvn >/dev/null && command -v javac >/dev/null && return 0
+    apt_install maven openjdk-17-jdk-headless
+}
+
+ensure_wire_java() {
+    local want stamp="$WIRE_JAVA/target/.wire-build.sha256" p ok=1
+    ensure_maven
+    want="$(wire_java_fingerprint)"
+    for p in "${WIRE_PROFILES[@]}"; do
+        [ -s "$WIRE_JAVA/target/$p.cp" ] && [ -d "$WIRE_JAVA/target/$p/classes" ] || ok=0
+    done
+    if [ "$ok" -eq 1 ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+        log "wire tier: Java programs already built (tests/wire/java unchanged)"
+        return 0
+    fi
+    for p in "${WIRE_PROFILES[@]}"; do
+        log "wire tier: mvn -P$p package dependency:build-classpath (rocketmq $(case $p in rmq5) echo 5.3.1 client;; admin4) echo 4.9.8 tools;; *) echo 4.9.8 client;; esac))"
+        rm -f "$WIRE_JAVA/target/$p.cp"
+        quietly mvn -f "$WIRE_JAVA/pom.xml" -B -q -Dstyle.color=never "-P$p" -DskipTests \
+            package dependency:build-classpath "-Dmdep.outputFile=$WIRE_JAVA/target/$p.cp"
+        [ -s "$WIRE_JAVA/target/$p.cp" ] || die "mvn -P$p wrote no classpath"
+    done
+    printf '%s\n' "$want" >"$stamp"
+}
+
+ensure_wire_go() {
+    local want stamp="$WIRE_DIR/.build/wirego.sha256" bin="$WIRE_DIR/.build/wirego"
+    ensure_go
+    want="$(wire_go_fingerprint)"
+    if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+        log "wire tier: Go client program already built (tests/wire/go unchanged)"
+        return 0
+    fi
+    log "wire tier: go build tests/wire/go (rocketmq-client-go/v2 from go.mod) -> tests/wire/.build/wirego"
+    mkdir -p "$WIRE_DIR/.build"
+    (cd "$WIRE_GO" && quietly env CGO_ENABLED=0 GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" GOFLAGS="-mod=readonly -buildvcs=false" \
+        "$GO" build -o "$bin" .)
+    printf '%s\n' "$want" >"$stamp"
+}
+
+# ---------------------------------------------------------------------------------------------
 main() {
     cd "$REPO"
     mkdir -p "$REPO/.ci"
@@ -204,7 +266,9 @@ main() {
     ensure_toxiproxy
     ensure_java
     ensure_chromium
-    log "ready: $VENV, $TOXIPROXY_BIN, java $(java -version 2>&1 | head -1)"
+    ensure_wire_java
+    ensure_wire_go
+    log "ready: $VENV, $TOXIPROXY_BIN, java $(java -version 2>&1 | head -1), wire tier programs"
 }
 
 main "$@"

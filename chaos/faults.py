@@ -19,6 +19,8 @@ Names (``chaos run --faults a,b,...``):
     <toxic>[-<scope>] a Toxiproxy toxic on the links in scope; heal: remove it
     consumer-restart  stop one of the workload's consumers; heal: start it again (a new instance)
     consumer-join     start one more consumer; heal: stop it (both rebalance the group)
+    poison            the requests that once made a poison entry; checks every replica alive and
+                      refusing alike (chaos.poison)
     a+b[+c...]        the faults together, applied in order, healed in reverse order ("partition a
                       follower and kill the leader": partition-follower+kill-leader); a later
                       part's follower/random/minority/majority choice avoids the nodes an earlier
@@ -48,6 +50,7 @@ from typing import Any, Protocol
 from chaos.damage import DAMAGE_KINDS, DamageFault
 from chaos.history import FaultRecord, JsonlWriter, now_us
 from chaos.layout import ProxySpec
+from chaos.poison import POISON_FAULT, PoisonFault
 from chaos.selection import (
     LINK_SCOPES,
     NODE_SELECTORS,
@@ -510,7 +513,7 @@ def fault_names() -> list[str]:
     names = [f"{a}-{s}" for a in (*NODE_ACTIONS, "skew", *DAMAGE_KINDS) for s in NODE_SELECTORS]
     names += [f"partition-{s}" for s in PARTITION_SHAPES]
     names += [t for t in TOXICS] + [f"{t}-{s}" for t in TOXICS for s in LINK_SCOPES]
-    names += list(CONSUMER_FAULTS)
+    names += [*CONSUMER_FAULTS, POISON_FAULT]
     return names
 
 
@@ -522,6 +525,8 @@ def make_fault(name: str) -> Fault:
         return CompositeFault(name, [make_fault(p) for p in parts])
     if name in CONSUMER_FAULTS:
         return ConsumerFault(name)
+    if name == POISON_FAULT:
+        return PoisonFault(name)
     for action in NODE_ACTIONS:
         if name.startswith(action + "-") and name[len(action) + 1 :] in NODE_SELECTORS:
             return NodeFault(name, action, name[len(action) + 1 :])

@@ -16,6 +16,10 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
     offset-regress            broker  a consumer offset lower than the stored one is accepted
+    sendback-unchecked        broker  a send-back's group and the stored message are not checked
+                                      (a validation gap: over-long retry/DLQ topics reach the log)
+    apply-raises              broker  a record the apply refuses raises instead (the apply before
+                                      issue 23: every replica stops at the same committed entry)
     sdk-definite-on-lost-connection
                               client  the SDK answers "definitely failed" for sends that may be
                                       stored: a connection lost after the request went out is a
@@ -86,12 +90,13 @@ def fdatasync_noop() -> None:
 
 def follower_ack_before_fsync() -> None:
     """A follower acknowledges an AppendEntries that carried more than one entry before it
-    fdatasyncs them: ``ReplicaCore.before_ack`` (the fdatasync before a success answer) does nothing
-    while such a message is being handled, so the answer leaves from the page cache and the fdatasync
-    comes at the end of the tick (``_flush_per_policy``). Single-entry appends stay correct. The
-    leader may count the answer toward a majority, commit and acknowledge, while the follower's copy
-    is not on its disk yet. Patches ``DLedgerSyncObj._dl_on_append_entries`` (to note the message's
-    entry count) and ``ReplicaCore.before_ack``; logs how many answers went out early."""
+    fdatasyncs them: ``ReplicaCore.ack_ready`` (may a success answer leave, i.e. is what it covers
+    durable?) says yes while such a message is being handled, so the answer leaves from the page
+    cache instead of being held until the flush that covers it returns (the flush still starts at the
+    end of the tick). Single-entry appends stay correct. The leader may count the answer toward a
+    majority, commit and acknowledge, while the follower's copy is not on its disk yet. Patches
+    ``DLedgerSyncObj._dl_on_append_entries`` (to note the message's entry count) and
+    ``ReplicaCore.ack_ready``; logs how many answers went out early."""
     from dledger.replica import ReplicaCore
     from dledger.syncobj_patch import DLedgerSyncObj
 
@@ -105,19 +110,24 @@ def follower_ack_before_fsync() -> None:
         finally:
             self.dl_plant_entries = 0
 
-    before_ack = ReplicaCore.before_ack
+    ack_ready = ReplicaCore.ack_ready
 
-    def before_ack_(self: Any) -> None:
-        if getattr(self.sync, "dl_plant_entries", 0) > 1 and self.store.dirty:
+    def ack_ready_(self: Any, node: Any, next_index: int) -> bool:
+        if ack_ready(self, node, next_index):
+            return True
+        held = self._held_acks.get(node)
+        if getattr(self.sync, "dl_plant_entries", 0) > 1 and held is not None and held[0] == next_index:
+            # ack_ready held it: send it now instead, and forget it (the flush would send it again)
+            del self._held_acks[node]
             early[0] += 1
             if early[0] in (1, 10, 100) or early[0] % 1000 == 0:
                 logging.getLogger("dledger.plant").warning(
                     "follower-ack-before-fsync: %d answers to multi-entry appends sent before fdatasync", early[0])
-            return
-        before_ack(self)
+            return True
+        return False
 
     _patch(DLedgerSyncObj, "_dl_on_append_entries", _dl_on_append_entries)
-    _patch(ReplicaCore, "before_ack", before_ack_)
+    _patch(ReplicaCore, "ack_ready", ack_ready_)
 
 
 def cq_drops_last_unit() -> None:
@@ -185,6 +195,36 @@ def offset_regress() -> None:
     _patch(Metadata, "_offsets", _offsets)
 
 
+def sendback_unchecked() -> None:
+    """The send-back's edge checks taken out (issue 23): any group length, the derived topic, the
+    group consuming the message's topic. Patches ``broker.edge.http_retry.check_group``,
+    ``broker.service.send.check_group`` / ``is_topic`` and ``SendOps.group_consumes``."""
+    from broker.edge import http_retry as retry_api
+    from broker.service import send as service_send
+
+    _patch(retry_api, "check_group", lambda group: group)
+    _patch(service_send, "check_group", lambda group: group)
+    _patch(service_send, "is_topic", lambda topic: True)
+    _patch(service_send.SendOps, "group_consumes", lambda self, group, topic: True)
+
+
+def apply_raises() -> None:
+    """A record the apply refuses raises out of ``apply`` instead (the store before issue 23): every
+    replica fails stop at the same committed entry, and again after each restart.
+    Patches ``MessageStore._refuse``."""
+    from broker.store.message_store import MessageStore
+    from broker.store.record_rules import RECORD_REFUSED
+
+    original = MessageStore._refuse
+
+    def _refuse(self: Any, position: int, kind: str, refusal: Any) -> Any:
+        if refusal.code != RECORD_REFUSED:  # a metadata command's own refusal: never raised, then or now
+            return original(self, position, kind, refusal)
+        raise ValueError(f"cannot apply the {kind} record at position {position}: {refusal.reason}")
+
+    _patch(MessageStore, "_refuse", _refuse)
+
+
 # -- client plants ---------------------------------------------------------------------------------
 OLD_UNKNOWN_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT"})
 
@@ -231,6 +271,10 @@ PLANTS: dict[str, Plant] = {
               "followers truncate entries that do not conflict (stock pysyncobj), with the stock leader rewind"),
         Plant("offset-regress", "broker", offset_regress,
               "the broker accepts a consumer offset lower than the stored one"),
+        Plant("sendback-unchecked", "broker", sendback_unchecked,
+              "a send-back's group and stored message are not checked (over-long retry/DLQ topics reach the log)"),
+        Plant("apply-raises", "broker", apply_raises,
+              "a record the apply refuses raises instead: every replica stops at the same committed entry"),
         Plant("sdk-definite-on-lost-connection", "client", sdk_lost_connection_is_failure,
               "the SDK answers 'definitely failed' for sends that were stored (a lost connection is called a "
               "failure; only the last attempt counts)"),

@@ -13,7 +13,7 @@ running host they drift apart (0.25-0.3 s within hours, seconds after days), and
 from one and read against the other fires early or late by the drift: a leader's heartbeat went
 out every ~360 ms instead of 50 ms and the group re-elected every 0.8 s. ``bind_pysyncobj()``
 rebinds those four names to ``current_monotonic``, which reads the clock the calling thread uses
-(set with ``use()`` by a tick thread or by the simulator before it steps a node), so pysyncobj and
+(set with ``use()`` by a node before it runs its replica, or by the simulator before it steps one), so pysyncobj and
 dledger read one clock.
 
 ``process_clock()`` is the clock of a server process: the system clock, or, for tests that skew the
@@ -140,7 +140,7 @@ _thread = threading.local()
 
 
 def use(clock: Clock) -> None:
-    """Make ``clock`` the one pysyncobj reads on the calling thread (a tick thread, the simulator)."""
+    """Make ``clock`` the one pysyncobj reads on the calling thread (a node entering its replica, the simulator)."""
     _thread.clock = clock
 
 

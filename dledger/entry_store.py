@@ -31,28 +31,32 @@ Invariants:
 - Recovery on open (``store_recovery``) cuts a torn tail of the last segment and refuses any
   other damage with CorruptStoreError naming file and offset. File helpers: ``segment_files``.
 
-Threads: one writer (the Raft tick thread) calls every mutating method; ``read``, ``read_range``,
-``term_at``, ``chain_crc_at``, ``position_at``, ``read_at_position`` and ``segments`` may be called
-from any thread. ``_lock`` guards the segment table, the index-file table and ``last_*``. Readers
-snapshot under the lock, pin the file they read (a retired file is closed by its last reader),
-read without the lock, and re-check ``_generation`` (bumped by ``truncate_suffix`` and ``reset``)
-afterwards: a read that raced with one is retried and finally fails with StaleReadError, it never
-returns bytes from a replaced entry. Retention does not replace entries: a read pinned to a segment
-it removes still returns that (valid) entry; a later one gets IndexOutOfRangeError.
+Threads: one writer (the replica's thread: its event loop) calls every mutating method; ``flush``
+runs on any thread (the replica's flusher thread, a state machine's snapshot thread) while the
+writer appends; ``read``, ``read_range``, ``term_at``, ``chain_crc_at``, ``position_at``,
+``read_at_position`` and ``segments`` may be called from any thread. ``_lock`` guards the segment
+table, the index-file table and ``last_*``. Readers snapshot under the lock, pin the file they read
+(a retired file is closed by its last reader), read without the lock, and re-check ``_generation``
+(bumped by ``truncate_suffix`` and ``reset``) afterwards: a read that raced with one is retried and
+finally fails with StaleReadError, it never returns bytes from a replaced entry. Retention does not
+replace entries: a read pinned to a segment it removes still returns that (valid) entry; a later one
+gets IndexOutOfRangeError.
 
-Durability: appends reach the page cache; ``flush()`` fdatasyncs the segment files written since
-the last flush (and fsyncs the directories that gained files): one fdatasync per acknowledged
-append. Index records are derived data (recovery rebuilds them from the last segment, which it
-scans in full), so they are synced lazily: with the segment they describe when it is sealed, and by
-``truncate_suffix`` and ``close``. ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are
-durable when they return.
+Durability: appends reach the page cache; ``flush()`` fdatasyncs the segment files written since the
+last flush (and fsyncs the directories that gained files): one fdatasync per acknowledged append, or
+fewer (group commit: a flush covers everything written before it started). Flushes are serialised by
+``_flush_lock`` and pin the files they sync (a file retired meanwhile is closed by the flush, its
+last user), so a flush on another thread never races the writer's bookkeeping. Index records are
+derived data (recovery rebuilds them from the last segment, which it scans in full), so they are
+synced lazily: with the segment they describe when it is sealed, and by ``truncate_suffix`` and
+``close``. ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are durable when they
+return.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 import logging
 import os
 import threading
@@ -135,6 +139,9 @@ class EntryStore(StoreRecovery):
         self._log_dir = os.path.join(path, "log")
         self._index_dir = os.path.join(path, "index")
         self._lock = threading.Lock()
+        # Held for a whole flush (and by truncation, which flushes): whatever was written before a
+        # flush() call is durable when it returns, on any thread.
+        self._flush_lock = threading.RLock()
         self._generation = 0
         self._closed = False
         self._segments: list[Segment] = []
@@ -412,7 +419,11 @@ class EntryStore(StoreRecovery):
         """Caller holds the lock; ``first`` is among the recent entries (so is every later one)."""
         out: list[Entry] = []
         body_bytes = 0
-        for e in itertools.islice(self._recent, first - self._recent[0].index, None):
+        recent = self._recent
+        # By position, not islice: reads are near the end (replicating, applying what was just
+        # written) and a deque is indexed from its nearer end; islice walked from the front.
+        for k in range(first - recent[0].index, len(recent)):
+            e = recent[k]
             size = len(e.body)
             if out and (len(out) >= max_count or body_bytes + size > max_bytes):
                 break
@@ -573,7 +584,8 @@ class EntryStore(StoreRecovery):
             f = self._index_file_for_write(base)
             chunk = records if n == len(records) else records[k : k + n]
             pwrite_all(f.fd, chunk, self._index_slot(index), n * INDEX_RECORD_SIZE)
-            self._lazy_files.add(f)
+            with self._lock:
+                self._lazy_files.add(f)
             k += n
 
     def _index_file_for_write(self, base: int) -> SegmentFile:
@@ -582,7 +594,7 @@ class EntryStore(StoreRecovery):
             f = self._open_file(os.path.join(self._index_dir, file_name(base)), os.O_CREAT)
             with self._lock:
                 self._index_files[base] = f
-            self._dirty_dirs.add(self._index_dir)
+                self._dirty_dirs.add(self._index_dir)
         return f
 
     def _roll(self, seg: Segment | None) -> Segment:
@@ -611,31 +623,56 @@ class EntryStore(StoreRecovery):
         with self._lock:
             self._segments.append(new)
             self._starts.append(start)
-        self._dirty_dirs.add(self._log_dir)
+            self._dirty_dirs.add(self._log_dir)
         return new
 
     def flush(self) -> None:
         """fdatasync every segment file written since the last flush; fsync directories that gained
-        files. Index files wait for ``flush_all`` (recovery rebuilds what they lack)."""
-        if not self.dirty:
-            return
-        for f in list(self._dirty_files):
-            os.fdatasync(f.fd)
-        for d in list(self._dirty_dirs):
-            fsync_dir(d)
-        self._dirty_files.clear()
-        self._dirty_dirs.clear()
+        files. Index files wait for ``flush_all`` (recovery rebuilds what they lack). Any thread:
+        what was written before the call is durable when it returns."""
+        with self._flush_lock:
+            self._sync_files(self._dirty_files, self._dirty_dirs)
 
     def flush_all(self) -> None:
         """``flush``, and the index files too."""
-        for f in list(self._lazy_files):
-            os.fdatasync(f.fd)
-        self._lazy_files.clear()
-        self.flush()
+        with self._flush_lock:
+            self._sync_files(self._lazy_files, set())
+            self.flush()
+
+    def _sync_files(self, files_set: set[SegmentFile], dirs_set: set[str]) -> None:
+        """Caller holds _flush_lock. Takes the files out of ``files_set`` (pinned, so that a
+        truncation or retention retiring one meanwhile cannot close it under the fdatasync),
+        syncs them and the directories; on failure they are dirty again."""
+        with self._lock:
+            if not files_set and not dirs_set:
+                return
+            files, dirs = list(files_set), list(dirs_set)
+            files_set.clear()
+            dirs_set.clear()
+            for f in files:
+                f.pins += 1
+        try:
+            for f in files:
+                if not f.retired:
+                    os.fdatasync(f.fd)
+            for d in dirs:
+                fsync_dir(d)
+        except BaseException:
+            with self._lock:
+                files_set.update(f for f in files if not f.retired)
+                dirs_set.update(dirs)
+            raise
+        finally:
+            for f in files:
+                self._unpin(f)
 
     # -- truncation, reset, retention (writer thread; durable on return) ----------------------------
     def truncate_suffix(self, from_index: int) -> None:
         """Drop entries ``>= from_index``; anchor_index < from_index <= last_index + 1."""
+        with self._flush_lock:  # no flush on another thread runs while the tail is cut
+            self._truncate_suffix(from_index)
+
+    def _truncate_suffix(self, from_index: int) -> None:
         self._check_open()
         if not self._anchor[0] < from_index <= self._last[0] + 1:
             raise IndexOutOfRangeError(
@@ -674,11 +711,13 @@ class EntryStore(StoreRecovery):
         fsync_dir(self._index_dir)
         os.ftruncate(seg.file.fd, seg.size)
         os.fdatasync(seg.file.fd)
-        self._dirty_files.discard(seg.file)
+        with self._lock:
+            self._dirty_files.discard(seg.file)
         index_file = self._index_files.get(base)
         if index_file is not None:
             os.ftruncate(index_file.fd, self._index_slot(from_index))
-            self._dirty_files.add(index_file)
+            with self._lock:
+                self._dirty_files.add(index_file)
         self.flush_all()  # what is left is durable when this returns (index files included)
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
@@ -778,7 +817,7 @@ class EntryStore(StoreRecovery):
             self._index_files.clear()
             for f in files:
                 self._retire(f)
-        self._dirty_dirs.clear()
+            self._dirty_dirs.clear()
 
     def __enter__(self) -> EntryStore:
         return self

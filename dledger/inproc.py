@@ -1,16 +1,17 @@
 """Raft links inside one process: the in-process twin of the TCP peer transport.
 
 ``InProcNetwork`` connects the ``InProcTransport`` of each replica in this process. A message is
-encoded with the real peer codec (``peer_codec``), so nothing is shared between replicas, put in
-the receiver's inbox and handed to its SyncObj on the receiver's own tick thread (``drain``, run
-when the node wakes). A link is like a TCP connection: both replicas attached and the link not
-cut; ``cut``/``heal`` partition replicas, and each side learns of it as a connect/disconnect.
+encoded with the real peer codec (``peer_codec``), so nothing is shared between replicas, put in the
+receiver's inbox and handed to its SyncObj on the receiver's own thread (``drain``, run by the
+receiver's loop soon after ``wake``: never inside the sender's call). A link is like a TCP
+connection: both replicas attached and the link not cut; ``cut``/``heal`` partition replicas, and
+each side learns of it as a connect/disconnect.
 
 The deterministic simulator (``dledger.sim``) uses the same transport with a network of its own
 that decides when (and whether) a message arrives.
 
 Threads: ``post`` and the network's methods may be called from any thread; everything else runs
-on the owning replica's tick thread.
+on the owning replica's thread.
 """
 
 from __future__ import annotations
@@ -91,12 +92,16 @@ class InProcTransport(Transport):
 
     # -- inbox ----------------------------------------------------------------------------------
     def post(self, kind: str, src: str, payload: bytes = b"") -> None:
-        """From any thread: queue one event for the tick thread ('msg', 'up' or 'down')."""
+        """From any thread: queue one event for the replica's thread ('msg', 'up' or 'down')."""
         self._inbox.append((kind, src, payload))
         self._wake()
 
+    @property
+    def has_input(self) -> bool:
+        return bool(self._inbox)
+
     def drain(self, max_items: int = 10_000) -> int:
-        """On the tick thread: hand queued events to SyncObj, in arrival order."""
+        """On the replica's thread: hand queued events to SyncObj, in arrival order."""
         n = 0
         while self._inbox and n < max_items:
             kind, src, payload = self._inbox.popleft()

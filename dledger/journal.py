@@ -14,8 +14,9 @@ Entries are returned as ``LazyEntry`` objects whose command bytes are read from 
 Durability (the journal's half of invariant 1):
 - ``setCurrentTerm`` makes term and vote durable (``MetaStore.save_term_vote``) *before*
   returning: SyncObj sends the vote right after the call.
-- Appends go to the page cache; ``flush()`` makes them durable (fdatasync). The node calls it
-  before anything that tells another party an entry is safe (see ``syncobj_patch``).
+- Appends go to the page cache; the replica makes them durable (fdatasync, on its flusher thread)
+  before anything that tells another party an entry is safe (see ``replica`` and
+  ``syncobj_patch``).
 - The commit index is a hint (a restarted node learns it again from the leader): it is written
   without fsync, at most once a second.
 
@@ -134,8 +135,11 @@ class RaftJournal:
         self._term, self._voted_for, self._commit_index = self._meta.load()
         self._commit_written = self._commit_index
         self.skip_next_truncate = False
-        # Told the first index of every truncation (the simulator's checker re-verifies from there).
+        # Told the first index of every truncation before it happens (the simulator's checker
+        # re-verifies from there), and after it (the replica: flushes in flight and acknowledgements
+        # held for them no longer speak for the entries that replaced the cut ones).
         self.on_truncate: Callable[[int], None] | None = None
+        self.after_truncate: Callable[[int], None] | None = None
         self.truncations_skipped = 0
         self.entries_truncated = 0
 
@@ -171,7 +175,7 @@ class RaftJournal:
             raise IndexError(item)
         return self.entry_at_index(self._first_visible() + item)
 
-    # -- mutation (tick thread only) --------------------------------------------------------
+    # -- mutation (the replica's thread only) ------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
         self.store.append(idx, term, bytes(command))
 
@@ -193,17 +197,12 @@ class RaftJournal:
         self.entries_truncated += dropped
         log.info("truncating %d entries from index %d (conflict with the leader)", dropped, index)
         self.store.truncate_suffix(index)
+        if self.after_truncate is not None:
+            self.after_truncate(index)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         # Only pysyncobj's log compaction calls this, and compaction is switched off.
         raise JournalError("deleteEntriesTo() is not supported: retention is done by the store")
-
-    def flush(self) -> bool:
-        """fdatasync pending appends; True when there was something to flush."""
-        if not self.store.dirty:
-            return False
-        self.store.flush()
-        return True
 
     # -- Raft persistent state -------------------------------------------------------------
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:

@@ -16,7 +16,7 @@ Contract (both):
   marker where it fits): a message's position is the same whichever store holds it.
 - ``append``/``append_many`` reach volatile storage; ``flush`` makes everything appended durable.
   ``truncate_suffix``, ``reset`` and ``delete_segments_before`` are durable when they return.
-- One writer thread; reads may come from any thread.
+- One writer thread; ``flush`` and reads may come from any thread.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class SegmentInfo:
 class LogReader(Protocol):
     """What a state machine (the broker's message store) may use of its replica's log: reads of
     committed entries and records by position, and ``flush`` so that a snapshot never claims more
-    than the log holds on disk (called on the tick thread, between ticks). ``DLedgerNode.log``."""
+    than the log holds on disk (any thread: the store's snapshot thread calls it; what was written
+    before the call is durable when it returns). ``DLedgerNode.log``."""
 
     header_bytes: int
 

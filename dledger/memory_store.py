@@ -10,7 +10,7 @@ record torn in the middle is cut by recovery, which is the same as losing it. ``
 ``reset`` and ``delete_segments_before`` are durable when they return, as on disk. Slow fsync is
 the simulator's business (it charges simulated time per ``flush``: see ``flushes``).
 
-Threads: one writer; readers from any thread (one lock, held briefly).
+Threads: one writer; ``flush`` and reads from any thread (one lock, held briefly).
 """
 
 from __future__ import annotations
@@ -239,9 +239,11 @@ class MemoryLogStore:
         return new
 
     def flush(self) -> None:
-        if self.dirty:
-            self._synced = len(self._entries)
-            self.flushes += 1
+        """Any thread (like the file store's): what was appended before the call is durable."""
+        with self._lock:
+            if self.dirty:
+                self._synced = len(self._entries)
+                self.flushes += 1
 
     # -- truncation, reset, retention (durable on return) ---------------------------------------
     def truncate_suffix(self, from_index: int) -> None:

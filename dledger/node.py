@@ -1,20 +1,44 @@
-"""DLedgerNode: one replica of a dledger group, driven by its own tick thread, used from asyncio.
+"""DLedgerNode: one replica of a dledger group, owned by the event loop that serves its clients.
 
-The replica's logic is ``ReplicaCore`` (single-threaded, shared with the simulator); this module is
-the bridge between it and the event loop. Threads and ownership::
+One thread owns a replica: the event loop thread runs Raft (pysyncobj's handlers and our tick),
+the peer transport's sockets, the log writes and the state machine's apply. Nothing on the send
+path waits for a hand-off between threads; blocking storage work runs on the replica's flusher
+thread and comes back as one callback per job (group commit)::
 
-    event loop (asyncio)                    tick thread (owns the ReplicaCore: SyncObj, store
-    --------------------                    writes, apply; reads the node's injected clock)
-    append(bodies) --core.submit + wake-->  group requests into entries, store.append, fsync
-                                             (sync policy), replicate at once
-    future <--outbox, one call per tick--   commit index passes the entry (and it is applied):
-                                             result (index, positions, apply results), or a
-                                             definite failure, or "outcome unknown"
-    role events <--call_soon_threadsafe-    role/leader/term changed since the last tick
-    run_on_tick_thread(fn) --control------> fn() on the tick thread (status, transfer, ...)
+    event loop thread: owns the ReplicaCore (SyncObj, store         flusher thread
+    writes, apply, peer sockets); reads the node's injected clock   (dledger-flush-<id>)
+    -------------------------------------------------------------   ------------------------
+    append(bodies) -> core.submit -> tick soon (once per loop turn,
+                                     so one turn's appends share an entry)
+    tick: group requests into an entry -> store.append (pwrite)
+          -> AppendEntries to the followers (socket send, this turn)
+          -> flush job --------------------------- SimpleQueue ------>  fdatasync of what was
+                                                                         written before the job
+    peer socket readable (loop reader) -> frame -> SyncObj handler       (one job in flight; the
+          (follower: append, answer held until durable) -> tick soon     next covers what was
+    flush done <---------------- one call_soon_threadsafe per job -----  written meanwhile)
+          leader: counts itself up to what is durable -> tick soon
+          follower: the answers held for it leave
+    tick: commit index -> apply (state machine) -> futures of appends resolved (this thread)
+    timer (call_later; due times read on the injected clock, at most TICK_MAX_S apart): the full
+          tick: heartbeats, elections, check-quorum, the stall guard, retention, transport
+          keep-alives; how late it fires is the loop's lag (``status()['loop']``). The ticks after
+          input or appends are light (``ReplicaCore.after_input``): no timers.
+
+Ownership is enforced: ``append``, ``status``, ``transfer_leadership`` and ``run_on_replica_thread``
+raise ``RuntimeError`` on another thread than the loop's (``run_on_replica_thread`` called from
+another thread hands the call to the loop instead), and so does every ``ReplicaCore`` method.
+
+The stall guard (``syncobj_patch``): a tick later than half the minimum election timeout after the
+previous one means this thread did not run (the loop was blocked by a long handler, a garbage
+collection, a paused or starved process): the election timer and the quorum check restart. The
+loop ticks at least every ``TICK_MAX_S`` while it runs, so a gap is a stall, not an idle loop;
+the lateness of each timer tick is measured (``loop_lag_ms_max``, ``loop_stalls_100ms``).
 
 Every wait is bounded: ``append`` has a deadline (after which the outcome is *unknown*: the entry
-may still commit); control requests time out; queued appends are bounded by bytes.
+may still commit); queued appends are bounded by bytes. A replica whose tick, socket handler or
+flush fails stops taking part (``fatal`` says why; the broker and ``dledger-node`` exit with 70 for
+their supervisor).
 
 Transports: TCP between processes (``peer_tcp``), or an ``InProcNetwork`` when every replica of
 the group lives in this process (tests, the in-process broker cluster).
@@ -31,14 +55,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pysyncobj.poller import POLL_EVENT_TYPE
-
 from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.clock import Clock
 from dledger.entry_store import EntryStore
+from dledger.flusher import Done, ThreadFlusher
 from dledger.inproc import InProcNetwork, InProcTransport
 from dledger.log_store import LogReader, LogStore
+from dledger.loop_poller import LoopPoller
 from dledger.meta_store import FileMetaStore, MetaStore
 from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import (
@@ -54,8 +78,10 @@ from dledger.records import (
     NotCommittedError,
     NotLeaderError,
     RaftSettings,
+    Refused,
     RoleChange,
     StateMachine,
+    StateMachineError,
     to_committed,
 )
 from dledger.replica import ROLE_NAMES, ReplicaCore, Request
@@ -77,11 +103,14 @@ __all__ = [
     "NotCommittedError",
     "NotLeaderError",
     "RaftSettings",
+    "Refused",
     "RoleChange",
     "StateMachine",
+    "StateMachineError",
 ]
 
-_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+TICK_MAX_S = 0.05  # the longest the loop goes without a tick (the stall guard's premise)
+LAG_STALL_S = 0.1  # a timer tick this late counts in loop_stalls_100ms
 
 
 class DLedgerNode:
@@ -126,27 +155,24 @@ class DLedgerNode:
             disk_used_ratio=disk_used_ratio,
         )
         self.journal = self.core.journal
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._started = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queued_lock = threading.Lock()
-        self._queued_bytes = 0  # guarded by _queued_lock: the loop adds, the tick thread subtracts
-        self._control: collections.deque[
-            tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
-        ] = collections.deque()
-        self._wake_r, self._wake_w = os.pipe()
-        self._wake_pending = False
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._owner: int | None = None  # the loop's thread, from start() on
+        self._poller: LoopPoller | None = None
+        self._flusher: ThreadFlusher | None = None
+        self._flush_idle: asyncio.Future[None] | None = None  # set while a flush job is out
+        self._running = False
+        self._stopped = False
+        self._tick_pending = False
+        self._drain_pending = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = float("inf")  # on the injected clock
+        self._queued_bytes = 0  # bytes of appends submitted and not answered yet
         self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RoleChange]]] = []
-        # Outcomes gathered during one tick, handed to each loop in one call (tick thread only).
-        self._outbox: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         self._fatal: BaseException | None = None
-        self._before_log_close: Callable[[], None] | None = None
-        self._closed_by_tick_thread = False
+        self.loop_lag_ms_max = 0.0  # how late a timer tick fired, at most
+        self.loop_stalls = 0  # timer ticks later than LAG_STALL_S
 
-    # -- published state (written by the tick thread; plain values) --------------------------
+    # -- published state (plain values, written on the loop's thread) --------------------------
     @property
     def role(self) -> str:
         return self.core.role
@@ -190,7 +216,7 @@ class DLedgerNode:
 
     def set_observer(self, observe: Callable[[str, float], None]) -> None:
         """Where the replica reports its measurements (``observe(name, value)``: ``batch_bodies``,
-        ``fsync_seconds``), called on the tick thread; set it before ``start``. The broker's
+        ``fsync_seconds``), called on the loop's thread; set it before ``start``. The broker's
         Prometheus metrics take them."""
         self.core.observe = observe
 
@@ -204,7 +230,7 @@ class DLedgerNode:
     # -- lifecycle --------------------------------------------------------------------------
     def _make_transport(self, sync_obj: Any, self_node: Any, other_nodes: Any) -> Any:
         if self._network is not None:
-            return InProcTransport(self._network, sync_obj, self_node, other_nodes, wake=self._wake)
+            return InProcTransport(self._network, sync_obj, self_node, other_nodes, wake=self._inproc_wake)
         s = self.settings
         view = s.view()
         return TcpPeerTransport(
@@ -225,119 +251,187 @@ class DLedgerNode:
         )
 
     async def start(self, timeout_s: float = 10.0) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(
-            target=self._run, name=f"dledger-tick-{self.settings.self_id}", daemon=True
-        )
-        self._thread.start()
-        ok = await self._loop.run_in_executor(None, self._started.wait, timeout_s)
-        if self._fatal is not None:
-            raise self._fatal
-        if not ok:
-            raise DLedgerError("the tick thread did not start in time")
+        """Open the replica on the running loop, whose thread owns it from now on."""
+        if self._owner is not None:
+            raise DLedgerError("the node was started already")
+        loop = asyncio.get_running_loop()
+        self._loop, self._owner = loop, threading.get_ident()
+        self._enter()
+        self._poller = LoopPoller(loop, enter=self._enter, after_input=self._tick_soon, fail=self._die)
+        self._flusher = ThreadFlusher(loop, f"dledger-flush-{self.settings.self_id}")
+        try:
+            sync = self.core.open(poller=self._poller, flusher=_LoopFlusher(self, self._flusher))
+        except BaseException as exc:
+            self._fatal = exc
+            self._poller.close()
+            self._flusher.close()
+            raise
+        if isinstance(sync.dl_transport, InProcTransport):
+            self._poller.drains.append(sync.dl_transport.drain)
+        self._running = True
+        self._tick(full=True)
 
     @property
     def fatal(self) -> BaseException | None:
-        """Why the tick thread died (None while it runs): the replica can no longer take part in
-        the group, and its process should exit so that a supervisor restarts it."""
+        """Why the replica stopped taking part (None while it runs): its process should exit so
+        that a supervisor restarts it from its log."""
         return self._fatal
 
     async def stop(self, before_log_close: Callable[[], None] | None = None) -> None:
-        """Stop the tick thread; ``before_log_close`` runs on it after the last tick, while the log
-        is still open (a state machine's final snapshot)."""
-        self._before_log_close = before_log_close
-        self._stopping.set()
-        self._wake()
-        if self._thread is not None:
-            assert self._loop is not None
-            await self._loop.run_in_executor(None, self._thread.join, 10.0)
-        if before_log_close is not None and not self._closed_by_tick_thread:
-            # The tick thread never ran its loop (start failed), or it died before this stop: no
-            # one else will run it (the log is closed by now; the hook must cope).
-            try:
-                before_log_close()
-            except Exception:
-                if self._fatal is None:
-                    raise
-                log.exception("closing the state machine of a replica whose tick thread died")
-
-    def _run(self) -> None:
-        dl_clock.use(self._clock)  # pysyncobj, on this thread, reads the node's clock
-        try:
-            sync = self.core.open()
-            sync._poller.subscribe(self._wake_r, self._on_wake, POLL_EVENT_TYPE.READ)
-        except BaseException as exc:  # surfaced by start()
-            self._fatal = exc
-            self._started.set()
+        """Stop: waits for the flush in flight, closes the replica; ``before_log_close`` runs after
+        the last apply, while the log is still open (a state machine's final snapshot)."""
+        if self._stopped:
             return
-        self._started.set()
-        try:
-            while not self._stopping.is_set():
-                self.core.tick(self.core.wait_s(0.05))
-        except BaseException as exc:
-            log.critical("tick thread died: %s", exc, exc_info=True)
-            self._fatal = exc
-            raise
-        finally:
+        self._stopped = True
+        self._running = False
+        self._cancel_timer()
+        if self._owner is None:  # never started: the log was opened by the constructor
             try:
-                self._closed_by_tick_thread = self._before_log_close is not None or self._fatal is None
-                self.core.close(self._before_log_close)
-                self._deliver_outbox()
+                if before_log_close is not None:
+                    before_log_close()
             finally:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-
-    def _wake(self) -> None:
-        # One byte in the pipe is enough: _wake_pending is True only while a byte is unread.
-        if self._wake_pending:
+                self.journal.close()
             return
-        self._wake_pending = True
+        self._check_owner()
+        if self._flush_idle is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._flush_idle), 10.0)
+            except TimeoutError:
+                log.error("a flush of the log did not return within 10 s of stopping")
+        self._enter()
         try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+            self.core.close(before_log_close)
+        except Exception:
+            if self._fatal is None:
+                raise
+            log.exception("closing a replica that had failed")
+        finally:
+            if self._poller is not None:
+                self._poller.close()
+            if self._flusher is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self._flusher.close)
 
-    def _on_wake(self, _fd: int, _event: int) -> None:
+    def _die(self, exc: BaseException) -> None:
+        """Fail stop: the replica no longer ticks, reads its sockets or writes; ``fatal`` tells
+        why. ``stop`` still closes it."""
+        if self._fatal is None:
+            log.critical("the replica failed and stops taking part: %s", exc, exc_info=exc)
+            self._fatal = exc
+        self._running = False
+        self._cancel_timer()
+        if self._poller is not None:
+            self._poller.close()
+
+    # -- the loop drives the core ---------------------------------------------------------------
+    def _enter(self) -> None:
+        dl_clock.use(self._clock)  # pysyncobj reads the node's clock (several nodes per loop: each its own)
+
+    def _check_owner(self) -> None:
+        if threading.get_ident() != self._owner:
+            raise RuntimeError(
+                f"DLedgerNode {self.settings.self_id} used on thread {threading.current_thread().name!r}, not "
+                "on its event loop's thread (use run_on_replica_thread)"
+            )
+
+    def _tick_soon(self) -> None:
+        """One light tick after this loop turn's callbacks (the appends and input of one turn
+        share it): ``ReplicaCore.after_input``."""
+        if not self._tick_pending and self._running:
+            self._tick_pending = True
+            assert self._loop is not None
+            self._loop.call_soon(self._light_tick)
+
+    def _light_tick(self) -> None:
+        self._tick_pending = False
+        if self._running:
+            self._tick(full=False)
+
+    def _tick(self, *, full: bool) -> None:
+        self._enter()
+        core = self.core
         try:
-            while os.read(self._wake_r, 4096):
+            if full:
+                core.tick(0)
+            else:
+                core.after_input()
+        except BaseException as exc:
+            self._die(exc)
+            return
+        self._arm_timer(core.next_tick_s(TICK_MAX_S))
+        if core.more_to_apply():
+            self._tick_soon()  # after what else is ready: a long catch-up never starves the loop
+
+    def _arm_timer(self, delay_s: float) -> None:
+        due = self._clock.monotonic() + delay_s
+        if self._timer is not None:
+            if self._timer_due <= due + 0.0005:
+                return  # the armed one comes first (or as good as): it re-arms after its tick
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer_due = due
+        self._timer = self._loop.call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        late_s = self._clock.monotonic() - self._timer_due
+        if late_s > 0:
+            self.loop_lag_ms_max = max(self.loop_lag_ms_max, late_s * 1000)
+            if late_s >= LAG_STALL_S:
+                self.loop_stalls += 1
+        self._timer_due = float("inf")
+        if self._running:
+            self._tick(full=True)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_due = float("inf")
+
+    def _inproc_wake(self) -> None:
+        """The in-process network queued input for this replica (from any thread)."""
+        if threading.get_ident() == self._owner:
+            self._drain_soon()
+        elif self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._drain_soon)
+            except RuntimeError:  # the loop is closed
                 pass
-        except BlockingIOError:
-            pass
-        # Cleared after draining: a wake that raced with the drain leaves a byte (a spurious but
-        # harmless wake-up) rather than a lost one.
-        self._wake_pending = False
-        transport = self.core.sync.dl_transport if self.core.sync is not None else None
-        if isinstance(transport, InProcTransport):
-            transport.drain()
 
-    # -- CoreEvents (tick thread) -------------------------------------------------------------
+    def _drain_soon(self) -> None:
+        if not self._drain_pending:  # also during start: the network's first events come then
+            self._drain_pending = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_pending = False
+        if not self._running:
+            return
+        self._enter()
+        transport = self.core.sync.dl_transport if self.core.sync is not None else None
+        try:
+            if isinstance(transport, InProcTransport):
+                transport.drain()
+                if transport.has_input:
+                    self._drain_soon()  # more than one drain's worth: the rest after other callbacks
+        except BaseException as exc:
+            self._die(exc)
+            return
+        self._tick_soon()
+
+    # -- CoreEvents (the loop's thread) ---------------------------------------------------------
     def role_changed(self, change: RoleChange) -> None:
         for loop, queue in self._listeners:
-            loop.call_soon_threadsafe(_offer, queue, change)
-
-    def tick_done(self) -> None:
-        while self._control:
-            fn, future, loop = self._control.popleft()
-            try:
-                result = fn()
-            except Exception as exc:  # delivered to the caller
-                self._outbox.setdefault(loop, []).append((future, None, exc))
+            if loop is self._loop:
+                _offer(queue, change)
             else:
-                self._outbox.setdefault(loop, []).append((future, result, None))
-        if self._outbox:
-            self._deliver_outbox()
+                loop.call_soon_threadsafe(_offer, queue, change)
 
-    def _deliver_outbox(self) -> None:
-        outbox, self._outbox = self._outbox, {}
-        for loop, items in outbox.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the loop is closed: nobody waits for these any more
-                pass
-
-    # -- the public API (event loop) ----------------------------------------------------------
+    # -- the public API (the loop's thread) -----------------------------------------------------
     async def append(self, bodies: Sequence[bytes], timeout_s: float = 3.0) -> list[BodyLocation]:
         """Append ``bodies`` (one request, kept in one entry); resolves when committed and applied."""
+        self._check_owner()
         if not bodies:
             raise ValueError("append needs at least one body")
         size = sum(len(b) for b in bodies) + command_codec.batch_overhead(len(bodies))
@@ -345,26 +439,29 @@ class DLedgerNode:
             raise EntryTooLargeError(
                 f"request of {size} bytes exceeds the entry limit {self.settings.max_entry_bytes}"
             )
-        if self.role != "LEADER":
-            raise NotLeaderError(self.leader_id)
-        if self.disk_full:
+        if not self._running:
+            raise DLedgerError("the replica is not running")
+        if self.core.role != "LEADER":
+            raise NotLeaderError(self.core.leader_id)
+        if self.core.disk_full:
             raise DiskFullError("disk use is above the write limit: appends are refused")
-        with self._queued_lock:
-            if self._queued_bytes + size > self.settings.max_pending_bytes:
-                raise BusyError("too many bytes waiting to be appended; retry later")
-            self._queued_bytes += size
-        loop = asyncio.get_running_loop()
+        if self._queued_bytes + size > self.settings.max_pending_bytes:
+            raise BusyError("too many bytes waiting to be appended; retry later")
+        self._queued_bytes += size
+        loop = self._loop
+        assert loop is not None
         future: asyncio.Future[list[BodyLocation]] = loop.create_future()
 
-        def done(result: list[BodyLocation] | None, exc: BaseException | None) -> None:  # tick thread
-            with self._queued_lock:
-                self._queued_bytes -= size
-            self._outbox.setdefault(loop, []).append((future, result, exc))
+        def done(result: list[BodyLocation] | None, exc: BaseException | None) -> None:
+            self._queued_bytes -= size
+            if not future.done():
+                if exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)  # type: ignore[arg-type]
 
-        self.core.submit(
-            Request(list(bodies), size, done, self._clock.monotonic(), alive=lambda: not future.done())
-        )
-        self._wake()
+        self.core.submit(Request(list(bodies), size, done, self._clock.monotonic(), alive=_not_done(future)))
+        self._tick_soon()
         handle = loop.call_later(timeout_s, _time_out, future, timeout_s)
         try:
             return await future
@@ -404,13 +501,22 @@ class DLedgerNode:
         self._listeners = [(lp, q) for lp, q in self._listeners if q is not queue]
 
     async def status(self, timeout_s: float = 2.0) -> dict[str, Any]:
-        status = await self.run_on_tick_thread(self.core.status, timeout_s)
+        return dict(await self.run_on_replica_thread(self._status, timeout_s))
+
+    def _status(self) -> dict[str, Any]:
+        status = self.core.status()
         status["queued_bytes"] = self._queued_bytes
-        return dict(status)
+        status["loop"] = {
+            "lag_ms_max": round(self.loop_lag_ms_max, 3),
+            "stalls_100ms": self.loop_stalls,
+            "flush_jobs": self._flusher.jobs_done if self._flusher is not None else 0,
+        }
+        return status
 
     async def transfer_leadership(self, target_id: str | None = None, timeout_s: float = 3.0) -> str:
         """Hand leadership to ``target_id`` (or the most caught-up follower); returns the new leader id."""
-        started = await self.run_on_tick_thread(lambda: self.core.start_transfer(target_id), timeout_s)
+        started = await self.run_on_replica_thread(lambda: self.core.start_transfer(target_id), timeout_s)
+        self._tick_soon()
         deadline = self._clock.monotonic() + timeout_s
         queue = self.role_changes()
         try:
@@ -426,35 +532,71 @@ class DLedgerNode:
             self.stop_listening(queue)
         raise DLedgerError(f"leadership transfer to {started} did not complete within {timeout_s} s")
 
-    async def run_on_tick_thread(self, fn: Callable[[], Any], timeout_s: float) -> Any:
-        """Run ``fn`` on the tick thread (between two ticks) and return its result."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._control.append((fn, future, loop))
-        self._wake()
-        return await asyncio.wait_for(future, timeout_s)
+    async def run_on_replica_thread(self, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
+        """``fn()`` on the replica's thread (its loop), between two ticks, and its result. On that
+        thread it simply runs; from another thread or loop the call is handed to the replica's
+        loop and waited for (at most ``timeout_s``)."""
+        if threading.get_ident() == self._owner:
+            self._enter()
+            return fn()
+        if self._loop is None:
+            raise DLedgerError("the node is not started")
 
+        async def call() -> Any:
+            self._enter()
+            return fn()
+
+        moved = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        return await asyncio.wait_for(asyncio.wrap_future(moved), timeout_s)
 
     def run_retention_now(self) -> None:
-        """Tick-thread only (tests use it through ``run_on_tick_thread``)."""
+        """The replica's thread only (tests)."""
         self.core.run_retention_now()
 
 
+class _LoopFlusher:
+    """The node's flusher as the core sees it: completions run inside the node (its clock, a
+    tick after, fail stop on error), and the node knows when no job is out (``stop`` waits)."""
+
+    def __init__(self, node: DLedgerNode, flusher: ThreadFlusher):
+        self._node = node
+        self._flusher = flusher
+
+    def submit(self, job: Callable[[], None], done: Done) -> None:
+        node = self._node
+        assert node._loop is not None
+        if node._flush_idle is None or node._flush_idle.done():
+            node._flush_idle = node._loop.create_future()
+        self._flusher.submit(job, lambda exc: self._done(done, exc))
+
+    def _done(self, done: Done, exc: BaseException | None) -> None:
+        node = self._node
+        try:
+            if node._fatal is None:  # also while stopping: stop waits for the core to see it
+                node._enter()
+                done(exc)
+        except BaseException as e:
+            node._die(e)
+        finally:
+            idle = node._flush_idle
+            if idle is not None and not idle.done() and (node._fatal is not None or not node.core.flush_in_flight):
+                idle.set_result(None)
+        if node.core.role == "LEADER":
+            node._tick_soon()  # it may count itself now (a follower's held answers left already)
+
+    def close(self) -> None:
+        self._flusher.close()
+
+
+def _not_done(future: asyncio.Future[Any]) -> Callable[[], bool]:
+    return lambda: not future.done()
+
+
 def _time_out(future: asyncio.Future[Any], timeout_s: float) -> None:
-    if not future.done():  # the tick thread skips requests whose future is done
+    if not future.done():  # the core skips requests whose future is done
         future.set_exception(
             AppendTimeoutError(f"no commit within {timeout_s:.3f} s: the outcome is unknown")
         )
-
-
-def _deliver(items: list[_Outcome]) -> None:
-    for future, result, exc in items:
-        if future.done():
-            continue
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
 
 
 def _offer(queue: asyncio.Queue[RoleChange], change: RoleChange) -> None:

@@ -42,8 +42,10 @@ listener is never closed.
 runs) while peers keep their identities. ``blocked`` drops traffic to and from the listed peers
 (in-process partition tests).
 
-Thread ownership: everything runs on the node's tick thread (socket callbacks come from the
-SyncObj poller, timers from the tick callback).
+Thread ownership: everything runs on the replica's thread, its event loop (socket callbacks come
+from the loop through the SyncObj poller, ``dledger.loop_poller``; timers from the tick callback).
+A send writes to the socket at once (what the kernel does not take waits in the connection's
+buffer, flushed when the socket is writable): no hop between threads.
 """
 
 from __future__ import annotations
@@ -162,12 +164,12 @@ class _Conn:
 
 
 class PeerResolver:
-    """Resolves peer host names off the tick thread.
+    """Resolves peer host names off the replica's thread.
 
     A peer named by host (``n1:40911`` in a compose network) must be looked up before each connect,
     because a restarted container can come back at another address; but a lookup blocks, and the
     name of a dead container fails (``Name or service not known``) only after the resolver gives
-    up. So lookups run on one daemon thread; the tick thread asks, and connects only once an
+    up. So lookups run on one daemon thread; the replica asks, and connects only once an
     answer is there (a stale answer is used while a fresh one is on its way). Answers expire after
     ``ttl_s`` (a failed lookup after ``retry_s``) on the replica's clock (the caller passes ``now``).
     """
@@ -178,7 +180,7 @@ class PeerResolver:
         self._lookup = lookup or _first_address
         self._lock = threading.Lock()
         self._answers: dict[str, str | None] = {}  # host -> address, or None (lookup failed)
-        self._asked_at: dict[str, float] = {}  # host -> when the tick thread last asked (its clock)
+        self._asked_at: dict[str, float] = {}  # host -> when the replica last asked (its clock)
         self._wanted: list[str] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -364,9 +366,9 @@ class TcpPeerTransport(Transport):
     def _listen(self, on: bool) -> None:
         assert self._listener is not None
         if on and not self._listening:
-            self._sync._poller.subscribe(self._listener.fileno(), self._on_accept, POLL_EVENT_TYPE.READ)
+            self._sync.dl_poller.subscribe(self._listener.fileno(), self._on_accept, POLL_EVENT_TYPE.READ)
         elif not on and self._listening:
-            self._sync._poller.unsubscribe(self._listener.fileno())
+            self._sync.dl_poller.unsubscribe(self._listener.fileno())
         self._listening = on
 
     def _on_accept(self, _fd: int, _event: int) -> None:
@@ -410,7 +412,7 @@ class TcpPeerTransport(Transport):
         mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if outbound:
             mask |= POLL_EVENT_TYPE.WRITE
-        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+        self._sync.dl_poller.subscribe(conn.fd, self._on_event, mask)
         return conn
 
     # -- connecting -----------------------------------------------------------------------------
@@ -436,7 +438,7 @@ class TcpPeerTransport(Transport):
             try:
                 sock.setblocking(False)
                 err = sock.connect_ex((ip, int(port)))
-            except OSError as exc:  # never let one peer's address stop the tick thread
+            except OSError as exc:  # never let one peer's address stop the replica
                 err = exc.errno or -1
             if err not in (0, errno.EINPROGRESS):
                 self.counters["connect_errors"] += 1
@@ -466,7 +468,7 @@ class TcpPeerTransport(Transport):
         except (HandshakeError, peer_codec.PeerCodecError) as exc:
             self.counters["handshake_failed" if conn.state != "ready" else "bad_frames"] += 1
             self._close(conn, f"refused: {exc}")
-        except Exception as exc:  # a peer must never take the tick thread down
+        except Exception as exc:  # a peer must never take the replica down
             self.counters["bad_frames"] += 1
             self._close(conn, f"dropped after {type(exc).__name__}: {exc}")
 
@@ -635,7 +637,7 @@ class TcpPeerTransport(Transport):
         mask = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if conn.outbuf:
             mask |= POLL_EVENT_TYPE.WRITE
-        self._sync._poller.subscribe(conn.fd, self._on_event, mask)
+        self._sync.dl_poller.subscribe(conn.fd, self._on_event, mask)
 
     # -- timers (tick callback) ---------------------------------------------------------------------
     def _on_tick(self) -> None:
@@ -666,7 +668,7 @@ class TcpPeerTransport(Transport):
         conn.closed = True
         self._conns.pop(conn.fd, None)
         try:
-            self._sync._poller.unsubscribe(conn.fd)
+            self._sync.dl_poller.unsubscribe(conn.fd)
         except Exception:
             pass
         try:

@@ -22,6 +22,9 @@ class NotLeaderError(DLedgerError):
         super().__init__(f"this node is not the leader (leader: {leader_id or 'unknown'})")
         self.leader_id = leader_id
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.leader_id,), self.__dict__
+
 
 class AppendFailedError(DLedgerError):
     """The entry is known NOT to be committed (it was overwritten by a newer leader)."""
@@ -49,6 +52,28 @@ class EntryTooLargeError(DLedgerError):
 
 class NotCommittedError(DLedgerError):
     code = "NOT_COMMITTED"
+
+
+class StateMachineError(DLedgerError):
+    """The state machine raised while applying committed entries (``StateMachine.apply``): a bug or
+    an environment failure (disk, memory) the replica cannot decide the same way as its peers. The
+    replica fails stop with it (``DLedgerNode.fatal``; the process exits 70): applying on would
+    diverge from the group.
+    A record the state machine can decide to be inapplicable is *refused* instead (``Refused``)."""
+
+    def __init__(self, first_index: int, last_index: int, cause: BaseException):
+        super().__init__(
+            f"the state machine raised applying entries {first_index}..{last_index}: {cause!r:.300}; "
+            "this replica stops (a bug or a local failure, never a bad record: those are refused)"
+        )
+        self.first_index = first_index
+        self.last_index = last_index
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what it was made of, not from ``args`` (the message): a simulator worker
+        # hands its failure to the parent by pickling it, and a copy must keep the indexes.
+        return type(self), (self.first_index, self.last_index, self.cause), self.__dict__
 
 
 class EntryRemovedError(DLedgerError):
@@ -95,7 +120,7 @@ class RaftSettings:
 class BodyLocation(NamedTuple):
     """Where one appended body lives: its Raft entry, its place in the entry, its log position.
 
-    A named tuple, not a dataclass: one is made per acknowledged message on the tick thread,
+    A named tuple, not a dataclass: one is made per acknowledged message on the replica's thread,
     and a frozen dataclass costs three times as much to build."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index, which nobody calls on it
@@ -115,6 +140,17 @@ class CommittedEntry:
     bodies: list[tuple[int, bytes]]  # (log position of the body, body); [] for a no-op
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """What ``StateMachine.apply`` answers for a body it refused to apply: nothing of it was
+    applied. A refusal is decided from the body and the replicated state alone, so every replica
+    refuses the same body alike; the append that wrote it resolves with this as the body's
+    ``BodyLocation.result`` (its caller answers with ``code``, not with a success)."""
+
+    code: str
+    reason: str
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleChange:
     role: str
@@ -124,11 +160,17 @@ class RoleChange:
 
 
 class StateMachine(Protocol):
-    """Applied on the tick thread, in log order; keep it fast. It owns its durability.
+    """Applied on the replica's thread (the loop that serves clients), in log order; keep it fast:
+    it runs between client requests. It owns its durability (fsync off that thread).
 
     ``apply`` may return, per entry, one result per body (what applying it produced, e.g. the
     queue offset a message got); the append that wrote the entry resolves with them
     (``BodyLocation.result``). ``None`` when it has nothing to report.
+
+    Applying never raises for a bad body: a body that cannot be applied is refused (its result is a
+    ``Refused``), decided from the body and the replicated state only, so that every replica
+    decides alike and keeps going. An exception out of ``apply`` means the state machine is broken
+    (a bug, a failing disk): the replica stops loudly (``StateMachineError``).
     """
 
     def applied_index(self) -> int: ...
@@ -138,7 +180,7 @@ class StateMachine(Protocol):
         ...
 
     def checkpoint(self) -> None:
-        """Called on the tick thread before each retention check: a chance to make what is
+        """Called on the replica's thread before each retention check: a chance to make what is
         applied durable when no new entries arrive (an idle state machine would otherwise hold
         retention back for ever)."""
         ...

@@ -1,26 +1,37 @@
-"""ReplicaCore: one replica's tick-thread half — Raft (DLedgerSyncObj), the log, applying, appends.
+"""ReplicaCore: one replica — Raft (DLedgerSyncObj), the log, applying, appends — on one thread.
 
-Single-threaded: every method runs on the thread that calls ``tick`` (a node's tick thread, or the
-simulator). Nothing here blocks on another thread or reads a clock other than the injected one;
-the same code runs in production (``DLedgerNode`` wraps it with a thread and an asyncio bridge)
-and inside the deterministic simulator (``dledger.sim``).
+Single-threaded: every method runs on the thread that opened it (the event loop that serves the
+replica's clients, see ``DLedgerNode``; or the simulator's one thread). Nothing here blocks on
+another thread or reads a clock other than the injected one: blocking storage work (fdatasync)
+goes to a ``Flusher`` and comes back as one call per job. The same code runs in production and
+inside the deterministic simulator (``dledger.sim``).
 
 What a tick does (the tick callback, after SyncObj's election/commit/heartbeat work)::
 
     submitted requests --group--> entries appended (leader only) --> replicate at once
-         --> flush per policy --> commit index --> apply committed entries in log order
+         --> flush job (off the thread; group commit: one in flight, the next covers what was
+             written meanwhile) --> commit index --> apply committed entries in log order
          --> resolve appends whose entry is committed (and applied) --> role changes
          --> retention (every retention_check_ms)
+
+    flush job done --> durable index --> leader: counts itself up to it (next tick)
+                                     --> follower: acknowledgements held for it leave now
 
 Invariants:
 - An append is acknowledged only when the commit index covers its entry *and* the entry at that
   index still carries the term it was written with (so it is the same entry); the leader counts
-  itself only up to what it made durable (sync policy), followers fsync before they ack.
+  itself only up to what it made durable (sync policy), and a follower's success answer leaves
+  only once what it acknowledges is durable (held until the flush that covers it returns).
 - Entries are applied in log order, once: the state machine's durable ``applied_index()`` is
-  where applying resumes after a restart.
+  where applying resumes after a restart. A body the state machine cannot apply is refused by it
+  (``Refused``, the same on every replica); an exception out of ``apply`` is a broken state
+  machine, raised as ``StateMachineError`` naming the entries: the replica fails stop, loudly.
 - A leader that steps down answers every append still waiting with "outcome unknown" at once
   (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
   for their deadline.
+- A flush speaks only for the entries it saw: a truncation or a re-anchor (install) while it was
+  in flight voids its result (and the acknowledgements held for it); what remains after a
+  truncation is durable (the store syncs it).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from pysyncobj import SyncObjConf
 
 from dledger import command_codec
 from dledger.clock import Clock
+from dledger.flusher import Flusher, SyncFlusher
 from dledger.journal import RaftJournal
 from dledger.log_store import LogStore
 from dledger.meta_store import MetaStore
@@ -50,6 +62,7 @@ from dledger.records import (
     RaftSettings,
     RoleChange,
     StateMachine,
+    StateMachineError,
     to_committed,
 )
 from dledger.retention import retention_target
@@ -68,7 +81,7 @@ COMMIT_TELL_DELAY_S = 0.002
 
 
 class Request:
-    """One append: its bodies, and where its outcome goes (called once, on the tick thread)."""
+    """One append: its bodies, and where its outcome goes (called once, on the replica's thread)."""
 
     __slots__ = ("alive", "bodies", "done", "enqueued", "size")
 
@@ -96,11 +109,9 @@ class _Waiting:
 
 
 class CoreEvents(Protocol):
-    """What the core tells its owner (on the tick thread)."""
+    """What the core tells its owner (on the replica's thread)."""
 
     def role_changed(self, change: RoleChange) -> None: ...
-
-    def tick_done(self) -> None: ...
 
 
 TransportFactory = Callable[[Any, Any, Any], Any]
@@ -150,29 +161,43 @@ class ReplicaCore:
         self.leader_floor = 0
         self._own_floor = 0
         self._live_followers: int | None = None
+        # Entries up to here are durable (what the log held at open, then what each flush saw).
         self._durable_index = store.last_index
         self._last_flush = clock.monotonic()
+        self._flusher: Flusher = SyncFlusher()
+        self._flush_in_flight = False
+        # Moves when entries are replaced (truncation, install): a flush or an acknowledgement
+        # of an older epoch no longer speaks for the log.
+        self._log_epoch = 0
+        # Follower: success answers waiting for their entries to be durable, per leader node:
+        # (next index, term, epoch); the highest only (answers are cumulative).
+        self._held_acks: dict[Any, tuple[int, int, int]] = {}
         self._last_retention: float | None = None
         self._commit_tell_at: float | None = None  # when an untold commit goes out on its own
         self.counters: collections.Counter[str] = collections.Counter()
         # enqueue -> commit known on the leader, last 20k acknowledged appends (bounded)
         self.commit_latency_ms: collections.deque[float] = collections.deque(maxlen=20_000)
-        # Metrics hook (broker/server/metrics.py), called on the tick thread: ("fsync_seconds", duration)
-        # after every flush, ("batch_bodies", n) per entry written (a group commit of n bodies).
+        # Metrics hook (broker/server/metrics.py), called on the replica's thread: ("fsync_seconds",
+        # duration) after every flush, ("batch_bodies", n) per entry written (a group commit of n).
         self.observe: Callable[[str, float], None] = _observe_nothing
 
-    # -- lifecycle (tick thread) ------------------------------------------------------------------
+    # -- lifecycle (the replica's thread) ----------------------------------------------------------
     def _owned(self) -> None:
         """Every method that changes or reads the replica's state runs on the thread that opened it
-        (a node's tick thread; the simulator's one thread): enforced, not left to the GIL."""
+        (the node's event loop; the simulator's one thread): enforced, not left to the GIL."""
         if self._owner is not None and threading.get_ident() != self._owner:
             raise RuntimeError(
                 f"ReplicaCore {self.settings.self_id} used on thread {threading.current_thread().name!r}, "
-                "not the thread that owns it (use DLedgerNode.run_on_tick_thread)"
+                "not the thread that owns it (use DLedgerNode.run_on_replica_thread)"
             )
 
-    def open(self) -> DLedgerSyncObj:
+    def open(self, *, poller: Any = None, flusher: Flusher | None = None) -> DLedgerSyncObj:
+        """Start the replica on the calling thread, which owns it from now on. ``poller``: who
+        watches the transport's sockets (the node's event loop: ``LoopPoller``; the simulator's);
+        ``flusher``: where fdatasync runs (``ThreadFlusher``; default: at once, on this thread)."""
         self._owner = threading.get_ident()
+        if flusher is not None:
+            self._flusher = flusher
         s = self.settings
         conf = SyncObjConf(
             password=None,  # peers authenticate in the transport (peer_tcp), not in pysyncobj
@@ -198,8 +223,10 @@ class ReplicaCore:
             rng=self._rng,
             prevote=self._prevote,
             batch_bytes=s.replication_batch_bytes,
+            poller=poller,
         )
         self.sync = sync
+        self.journal.after_truncate = self._after_truncate
         applied = self._sm.applied_index() if self._sm is not None else 0
         self.applied_index = max(applied, self.store.anchor[0])
         sync.dl_skip_replay(self.applied_index)
@@ -207,14 +234,29 @@ class ReplicaCore:
         return sync
 
     def tick(self, wait_s: float) -> None:
+        """The full tick: pysyncobj's timers (elections, heartbeats, check-quorum, the stall
+        guard), the transport's, then the replica's own work (``_on_tick``)."""
         self._owned()
         assert self.sync is not None
         self.sync.doTick(wait_s)
 
+    def after_input(self) -> None:
+        """The light tick, after input or submitted appends: the leader's commit index, then the
+        replica's own work (appends, replication, flush, apply, answers); no timers."""
+        self._owned()
+        sync = self.sync
+        assert sync is not None
+        sync.dl_after_input()
+        self._on_tick()
+
+    @property
+    def flush_in_flight(self) -> bool:
+        return self._flush_in_flight
+
     def close(self, before_log_close: Callable[[], None] | None = None) -> None:
-        """Stop: appends still waiting get "outcome unknown"; the log is flushed; SyncObj destroyed;
-        ``before_log_close`` runs (the state machine's last snapshot may still read the log); then
-        the log closes."""
+        """Stop: appends still waiting get "outcome unknown"; the log is flushed (here, at once:
+        the owner waited for the flush in flight); SyncObj destroyed; ``before_log_close`` runs
+        (the state machine's last snapshot may still read the log); then the log closes."""
         self._owned()
         self.fail_queue(DLedgerError("node stopped"))
         self._fail_waiting(
@@ -230,21 +272,31 @@ class ReplicaCore:
         finally:
             self.journal.close()
 
-    # -- NodeHooks for DLedgerSyncObj (tick thread) ---------------------------------------------
-    def before_ack(self) -> None:
-        if self.settings.flush_policy == "sync":
-            self._flush()
+    # -- NodeHooks for DLedgerSyncObj (the replica's thread) ---------------------------------------
+    def ack_ready(self, node: Any, next_index: int) -> bool:
+        """May a success answer for entries below ``next_index`` leave now? Under the sync policy
+        only once they are durable: otherwise it is held (the highest per leader) and sent by the
+        flush that covers it (``_flush_done``); the tick after this input starts that flush."""
+        if self.settings.flush_policy != "sync" or next_index - 1 <= self._durable_index:
+            return True
+        held = self._held_acks.get(node)
+        if held is None or held[0] < next_index:
+            assert self.sync is not None
+            self._held_acks[node] = (next_index, int(self.sync.raftCurrentTerm), self._log_epoch)
+        return False  # the tick that follows this input starts the flush (_on_tick, last)
 
     def self_match_index(self) -> int:
         """How far the leader may count itself toward a majority: what it made durable (sync)."""
-        if self.settings.flush_policy != "sync" or not self.store.dirty:
+        if self.settings.flush_policy != "sync":
             return int(self.store.last_index)
         return min(self._durable_index, int(self.store.last_index))
 
     def on_install_anchor(self, anchor_index: int) -> None:
         self.applied_index = anchor_index
         self.commit_index = max(self.commit_index, anchor_index)
-        self._durable_index = anchor_index
+        self._durable_index = anchor_index  # reset() is durable when it returns
+        self._log_epoch += 1
+        self._held_acks.clear()
         self.counters["installs"] += 1
         if self._sm is not None:
             self._sm.on_install(anchor_index)
@@ -255,13 +307,19 @@ class ReplicaCore:
     def on_leader_floor(self, floor: int) -> None:
         self.leader_floor = floor
 
-    # -- requests (tick thread) -------------------------------------------------------------------
+    def _after_truncate(self, from_index: int) -> None:
+        """Entries from ``from_index`` on were cut (truncate_suffix syncs what remains): flushes in
+        flight and acknowledgements held for them speak for entries that are gone."""
+        self._log_epoch += 1
+        self._durable_index = min(self._durable_index, from_index - 1)
+        self._held_acks.clear()
+
+    # -- requests (the replica's thread) ------------------------------------------------------------
     def submit(self, request: Request) -> None:
         """Queue one append; it is written at the next tick if this replica leads, else refused.
-
-        The one method other threads may call: a deque append is atomic, and the owner wakes the
-        tick thread after it. Everything else about the request happens on the tick thread.
-        """
+        The owner runs that tick soon (the node: once per loop turn, so that the appends of one
+        turn share an entry)."""
+        self._owned()
         self._queue.append(request)
 
     def fail_queue(self, exc: DLedgerError) -> None:
@@ -290,7 +348,6 @@ class ReplicaCore:
             # Replicate before the local flush so followers write while the leader syncs. Safe: the
             # leader counts itself only up to what it made durable (self_match_index).
             sync.dl_send_now()
-        self._flush_per_policy()
         self.commit_index = sync.raftCommitIndex
         self._tell_commit(sync)
         if self.applied_index < self.commit_index:
@@ -298,7 +355,6 @@ class ReplicaCore:
         if self._waiting:
             self._complete_waiting()
         self._publish_role(sync)
-        self._events.tick_done()
         now = self._clock.monotonic()
         if (
             self._last_retention is None
@@ -306,6 +362,9 @@ class ReplicaCore:
         ):
             self._last_retention = now
             self._retention_tick(sync)
+        # Last: the flusher wakes as this thread goes back to its loop (and lets go of the GIL),
+        # not while it still runs Python here (measured: the hand-over then costs a GIL wait).
+        self._maybe_flush()
 
     def _tell_commit(self, sync: DLedgerSyncObj) -> None:
         """Followers learn a new commit index from the next append, or from an empty one sent
@@ -321,11 +380,23 @@ class ReplicaCore:
             self._commit_tell_at = None
             sync.dl_send_now()
 
-    def wait_s(self, longest: float) -> float:
-        """How long the next tick may wait for I/O: ``longest``, or less if a commit is to be told."""
-        if self._commit_tell_at is None:
-            return longest
-        return min(longest, max(0.0, self._commit_tell_at - self._clock.monotonic()))
+    def next_tick_s(self, longest: float) -> float:
+        """How long until the next tick is due with no input: ``longest`` at most; sooner for a
+        commit to tell, a heartbeat or an election timeout, or the flush interval (async policy).
+        Read on the injected clock."""
+        now = self._clock.monotonic()
+        due = now + longest
+        if self._commit_tell_at is not None:
+            due = min(due, self._commit_tell_at)
+        if self.sync is not None:
+            due = min(due, self.sync.dl_next_deadline())
+        if self.settings.flush_policy != "sync" and self.store.dirty and not self._flush_in_flight:
+            due = min(due, self._last_flush + self.settings.flush_interval_ms / 1000)
+        return max(0.0, due - now)
+
+    def more_to_apply(self) -> bool:
+        """The apply budget of the last tick ran out: the owner ticks again soon (after other work)."""
+        return self.applied_index < self.commit_index and self._sm is not None
 
     def _append_queued(self, sync: DLedgerSyncObj) -> bool:
         term = sync.raftCurrentTerm
@@ -368,26 +439,60 @@ class ReplicaCore:
             appended = True
         return appended
 
-    def _flush(self) -> bool:
-        if not self.store.dirty:
-            return False
-        started = self._clock.monotonic()
-        self.store.flush()
-        self._durable_index = self.store.last_index
-        self._last_flush = self._clock.monotonic()
-        self.counters["fsync"] += 1
-        self.observe("fsync_seconds", self._last_flush - started)
-        return True
-
-    def _flush_per_policy(self) -> None:
-        if not self.store.dirty:
+    # -- durability (group commit on the flusher) ------------------------------------------------
+    def _maybe_flush(self) -> None:
+        """Start a flush job if the log has unsynced appends (or appends this replica has not
+        seen synced: a store syncs by itself when it seals a segment), none is in flight, and the
+        policy asks for one now (sync: always; async: every flush_interval_ms)."""
+        if self._flush_in_flight or (not self.store.dirty and self._durable_index >= self.store.last_index):
             return
-        now = self._clock.monotonic()
         if (
             self.settings.flush_policy == "sync"
-            or now - self._last_flush >= self.settings.flush_interval_ms / 1000
+            or self._clock.monotonic() - self._last_flush >= self.settings.flush_interval_ms / 1000
         ):
-            self._flush()
+            self._start_flush()
+
+    def _start_flush(self) -> None:
+        self._flush_in_flight = True
+        target, epoch = int(self.store.last_index), self._log_epoch  # written before the job starts
+        store, clock = self.store, self._clock
+        took: list[float] = []
+
+        def job() -> None:  # the flusher's thread
+            started = clock.monotonic()
+            store.flush()
+            took.append(clock.monotonic() - started)
+
+        self._flusher.submit(job, lambda exc: self._flush_done(target, epoch, took, exc))
+
+    def _flush_done(self, target: int, epoch: int, took: list[float], exc: BaseException | None) -> None:
+        """Back on the replica's thread: everything up to ``target`` is durable (unless the log
+        was cut meanwhile); held acknowledgements leave; the next job covers what was written
+        since (sync policy). A failed fdatasync is fatal: the replica fails stop (raised)."""
+        self._flush_in_flight = False
+        if exc is not None:
+            raise exc
+        self._last_flush = self._clock.monotonic()
+        self.counters["fsync"] += 1
+        if took:
+            self.observe("fsync_seconds", took[0])
+        if epoch == self._log_epoch and target > self._durable_index:
+            self._durable_index = target
+        if self._held_acks:
+            self._send_held_acks()
+        if self.settings.flush_policy == "sync":
+            self._maybe_flush()
+
+    def _send_held_acks(self) -> None:
+        sync = self.sync
+        assert sync is not None
+        term = int(sync.raftCurrentTerm)
+        for node, (next_index, ack_term, epoch) in list(self._held_acks.items()):
+            if ack_term != term or epoch != self._log_epoch:
+                del self._held_acks[node]  # stale: the next AppendEntries is answered afresh
+            elif next_index - 1 <= self._durable_index:
+                del self._held_acks[node]
+                sync.dl_send_ack(node, next_index)
 
     def _complete_waiting(self) -> None:
         store = self.store
@@ -432,7 +537,10 @@ class ReplicaCore:
             raw = self.store.read_range(first, count, 8 << 20)
             if not raw:
                 return
-            results = self._sm.apply([to_committed(e, self.store) for e in raw])
+            try:
+                results = self._sm.apply([to_committed(e, self.store) for e in raw])
+            except Exception as exc:  # a broken state machine: stop loudly, naming the entries
+                raise StateMachineError(raw[0].index, raw[-1].index, exc) from exc
             if results is not None and self._waiting_indexes:
                 for e, res in zip(raw, results, strict=True):
                     if e.index in self._waiting_indexes:

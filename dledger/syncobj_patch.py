@@ -30,11 +30,12 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
    - a follower that sees an AppendEntries from an older term answers ``dl_stale_term``, so a
      leader on an older term learns that it is stale (pre-vote alone could leave a node whose term
      rose during a partition unable to rejoin).
-   - before campaigning, input already received is read first: a tick thread that stalled must not
-     call an election while the leader's heartbeats wait in its socket buffer.
+   - before campaigning, input already received is read first: a replica whose thread stalled must
+     not call an election while the leader's heartbeats wait in its socket buffer.
    - a stall is not a failure: a tick that comes more than half the minimum election timeout after
-     the previous one (``STALL_FRACTION``: the thread did not run — a garbage collection, a starved
-     or suspended process, every replica of an in-process group at once) restarts the election
+     the previous one (``STALL_FRACTION``: the replica's thread did not run — its event loop held
+     by a long handler, a garbage collection, a starved or suspended process, every replica of an
+     in-process group at once; the loop ticks at least every 50 ms while it runs) restarts the election
      timer, keeps the lease of a known leader for another minimum timeout (votes and pre-votes
      refused), and gives a leader's quorum check one more ``leaderFallbackTimeout``: the node could
      not have heard its peers, so their silence proves nothing. A peer that really failed meanwhile
@@ -45,15 +46,20 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
      leader only up to what it has made durable (``NodeHooks.self_match_index``), and only when
      that entry is of the leader's current term (Raft §5.4.2).
    - votes are counted per voter (a duplicated answer counts once).
-6. Durability before acknowledgement: a follower's ``next_node_idx`` success is sent only after
-   ``NodeHooks.before_ack`` (fdatasync under the sync flush policy), whatever the transport.
+6. Durability before acknowledgement: a follower's ``next_node_idx`` success leaves only when
+   ``NodeHooks.ack_ready`` says the entries it covers are durable; otherwise the replica holds it
+   and sends it (``dl_send_ack``) when the flush that covers them returns, whatever the transport.
 7. Time and randomness: every deadline reads ``dledger.clock`` (the thread's injected clock);
    election timeouts come from the node's own ``random.Random`` (seeded in the simulator); peers
    are ``PeerNode`` objects whose hash does not depend on PYTHONHASHSEED, so iteration orders are
    the same in every run.
 
-Thread ownership: all of this runs on the node's tick thread; nothing here is called from the
-event loop.
+8. The poller: the replica's owner decides who watches the transport's descriptors (the event
+   loop: ``dledger.loop_poller``; the simulator: its inboxes): ``dl_poller``, which the transport
+   and the tick use (SyncObj's own poller is left unused).
+
+Thread ownership: all of this runs on the replica's thread (the event loop that serves its
+clients; the simulator's one thread).
 """
 
 from __future__ import annotations
@@ -93,7 +99,8 @@ def check_pinned_version() -> None:
 
 _original_create_journal = _syncobj_mod.createJournal
 # A tick later than this fraction of the minimum election timeout after the previous one is a stall
-# of this thread (ticks wait at most 50 ms for input), not a silence of its peers.
+# of this replica's thread (its loop ticks at least every 50 ms while it runs: DLedgerNode
+# TICK_MAX_S), not a silence of its peers.
 STALL_FRACTION = 0.5
 
 _installed = False
@@ -128,9 +135,9 @@ class PeerNode(TCPNode):
 
 
 class NodeHooks(Protocol):
-    """What DLedgerSyncObj asks of the node that owns it (all called on the tick thread)."""
+    """What DLedgerSyncObj asks of the replica that owns it (all called on the replica's thread)."""
 
-    def before_ack(self) -> None: ...
+    def ack_ready(self, node: Any, next_index: int) -> bool: ...
 
     def self_match_index(self) -> int: ...
 
@@ -222,6 +229,7 @@ class DLedgerSyncObj(SyncObj):
         per_call_budget_bytes: int = 4 << 20,
         max_queued_bytes: int = 8 << 20,
         batch_bytes: int = 1 << 20,
+        poller: Any = None,
     ):
         install()
         conf.journalFile = journal
@@ -251,6 +259,8 @@ class DLedgerSyncObj(SyncObj):
         self.dl_max_append_gap_s = 0.0
         self.dl_last_leader_contact: float | None = None
         self.dl_last_tick_at: float | None = None
+        self.dl_next_second = float("-inf")  # the journal's one-second timer (commit hint)
+        self.dl_tick_callbacks: list[Callable[[], None]] = []
         self.dl_stall_grace_until = float("-inf")  # after a stall: lease kept / quorum check waits
         self.dl_prevote_round = 0
         self.dl_prevote_term: int | None = None
@@ -273,16 +283,29 @@ class DLedgerSyncObj(SyncObj):
             ),
             0,
         )
+        # Who watches the transport's descriptors (item 8): the owner's (the event loop's), or, for
+        # an object built by hand (unit tests), the poller SyncObj made for itself.
+        self.dl_poller: Any = poller
+        made: list[Any] = []
+
+        def make_transport(sync_obj: Any, self_node: Any, other_nodes: Any) -> Any:
+            if self.dl_poller is None:
+                self.dl_poller = sync_obj._poller
+            made.append(transport_factory(sync_obj, self_node, other_nodes))
+            return made[-1]
+
         super().__init__(
             self_address,
             other_addresses,
             conf=conf,
             nodeClass=PeerNode,
-            transportClass=transport_factory,
+            transportClass=make_transport,
         )
-        self.dl_transport: Any = self._SyncObj__transport
+        self.dl_transport: Any = made[0]
+        # The group's other members, fixed (no membership changes), in one order for every process.
+        self.dl_peers: tuple[Any, ...] = tuple(sorted(self.otherNodes, key=lambda n: n.id))
 
-    # -- read-only views of SyncObj state (tick thread only) ---------------------------------
+    # -- read-only views of SyncObj state (the replica's thread only) -------------------------
     @property
     def dl_state(self) -> int:
         return int(self._SyncObj__raftState)
@@ -300,8 +323,8 @@ class DLedgerSyncObj(SyncObj):
     def dl_last_response(self) -> dict[Any, float]:
         return dict(self._SyncObj__lastResponseTime)
 
-    def dl_others(self) -> list[Any]:
-        return sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
+    def dl_others(self) -> tuple[Any, ...]:
+        return self.dl_peers
 
     def dl_skip_replay(self, applied_index: int) -> None:
         """Before the first tick: SyncObj need not re-run entries that are already applied."""
@@ -315,6 +338,26 @@ class DLedgerSyncObj(SyncObj):
         if self.dl_state == RAFT_STATE_LEADER:
             self._SyncObj__sendAppendEntries()
 
+    def dl_next_deadline(self) -> float:
+        """When the Raft timer next needs a tick (on the node's clock): a leader's next heartbeat,
+        or a follower's (candidate's) election timeout."""
+        if self.dl_state == RAFT_STATE_LEADER:
+            return float(self._SyncObj__newAppendEntriesTime)
+        return float(self._SyncObj__raftElectionDeadline)
+
+    def dl_send_ack(self, node: Any, next_index: int) -> None:
+        """A success answer the replica held until its entries were durable (item 6)."""
+        self.dl_transport.send(
+            node, {"type": "next_node_idx", "next_node_idx": next_index, "reset": False, "success": True}
+        )
+
+    def _dl_read_pending(self) -> None:
+        read = getattr(self.dl_poller, "read_pending", None)
+        if read is not None:
+            read()
+        else:  # pysyncobj's own pollers (unit tests that build a DLedgerSyncObj by hand)
+            self.dl_poller.poll(0)
+
     # -- item 5: the tick loop --------------------------------------------------------------
     def _onTick(self, timeToWait: float = 0.0) -> None:
         transport = self.dl_transport
@@ -324,22 +367,22 @@ class DLedgerSyncObj(SyncObj):
             except TransportNotReadyError:
                 pass
             if not transport.ready:
-                self._poller.poll(timeToWait)
+                self.dl_poller.poll(timeToWait)
                 return
         now = dl_clock.current_monotonic()
         last_tick, self.dl_last_tick_at = self.dl_last_tick_at, now
         if last_tick is not None and now - last_tick > STALL_FRACTION * self.dl_conf.raftMinTimeout:
             self._dl_after_stall(now, now - last_tick)
-        if now - self._SyncObj__startTime > self._SyncObj__numOneSecondDumps:
-            self._SyncObj__numOneSecondDumps += 1
-            self._SyncObj__raftLog.onOneSecondTimer()
+        if now >= self.dl_next_second:
+            self.dl_next_second = now + 1.0
+            self.dl_journal.onOneSecondTimer()
         if self.dl_state != RAFT_STATE_LEADER and self._SyncObj__raftElectionDeadline < now:
-            self._poller.poll(0)  # heartbeats that already arrived come first
+            self._dl_read_pending()  # heartbeats that already arrived come first
             now = dl_clock.current_monotonic()
             if (
                 self.dl_state != RAFT_STATE_LEADER
                 and self._SyncObj__raftElectionDeadline < now
-                and self._SyncObj__connectedToAnyone()
+                and any(self.isNodeConnected(n) for n in self.dl_peers)
             ):
                 self._dl_campaign(now)
         if self.dl_state == RAFT_STATE_LEADER:
@@ -351,18 +394,41 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftLastApplied = self._SyncObj__raftCommitIndex
         if self.dl_state == RAFT_STATE_LEADER and now > self._SyncObj__newAppendEntriesTime:
             self._SyncObj__sendAppendEntries()
-        with self._SyncObj__onTickCallbacksLock:
-            callbacks = list(self._SyncObj__onTickCallbacks)
-        for callback in callbacks:
+        for callback in self.dl_tick_callbacks:
             callback()
-        self._poller.poll(timeToWait)
+        self.dl_poller.poll(timeToWait)
+
+    def dl_after_input(self) -> None:
+        """The light tick, after input or appends (the replica's own work follows it): what input
+        may have moved — a leader's commit index, from answers or its own flush. The timers
+        (elections, heartbeats, check-quorum, the stall guard, the transport's keep-alives and
+        connects) wait for the full tick (``_onTick``), which the owner runs at least every 50 ms."""
+        if self.dl_state == RAFT_STATE_LEADER:
+            self._dl_advance_commit()
+        if self._SyncObj__raftCommitIndex > self._SyncObj__raftLastApplied:
+            self._SyncObj__raftLastApplied = self._SyncObj__raftCommitIndex
+
+    # Tick callbacks (ours, the transport's) in a list of our own: the full tick runs them.
+    def addOnTickCallback(self, callback: Callable[[], None]) -> None:
+        self.dl_tick_callbacks.append(callback)
+
+    def removeOnTickCallback(self, callback: Callable[[], None]) -> None:
+        if callback in self.dl_tick_callbacks:
+            self.dl_tick_callbacks.remove(callback)
+
+    # The log's end, read from the store (SyncObj reads it through the journal, an object per call).
+    def _SyncObj__getCurrentLogIndex(self) -> int:
+        return int(self.dl_journal.store.last_index)
+
+    def _SyncObj__getCurrentLogTerm(self) -> int:
+        return int(self.dl_journal.store.last_term)
 
     def _SyncObj__generateRaftTimeout(self) -> float:
         low, high = self.dl_conf.raftMinTimeout, self.dl_conf.raftMaxTimeout
         return float(low + (high - low) * self.dl_rng.random())
 
     def _dl_majority(self, count: int) -> bool:
-        return count > (len(self._SyncObj__otherNodes) + 1) / 2
+        return count > (len(self.dl_peers) + 1) / 2
 
     def _dl_in_lease(self, now: float) -> bool:
         """Heard from a live leader within the minimum election timeout (or is the leader)."""
@@ -409,7 +475,7 @@ class DLedgerSyncObj(SyncObj):
             self._dl_start_election(transfer=False)
 
     def _dl_after_stall(self, now: float, gap_s: float) -> None:
-        """This tick thread did not run for ``gap_s``: restart what measured the peers' silence."""
+        """This replica's thread did not run for ``gap_s``: restart what measured the peers' silence."""
         self.dl_counters["stalls"] += 1
         if self.dl_state == RAFT_STATE_LEADER:
             self.dl_stall_grace_until = now + self.dl_conf.leaderFallbackTimeout
@@ -419,7 +485,7 @@ class DLedgerSyncObj(SyncObj):
                 self._SyncObj__raftElectionDeadline = restarted
             self.dl_stall_grace_until = now + self.dl_conf.raftMinTimeout
         log.warning(
-            "the Raft tick thread did not run for %.0f ms (%s): election timer and quorum check restarted",
+            "the replica's thread did not tick for %.0f ms (%s): election timer and quorum check restarted",
             gap_s * 1000, "leader" if self.dl_state == RAFT_STATE_LEADER else "follower",
         )
 
@@ -430,7 +496,7 @@ class DLedgerSyncObj(SyncObj):
         self._SyncObj__raftLeader = None
         self._SyncObj__setState(RAFT_STATE_CANDIDATE)
         # Durable before the request leaves: our own vote is a vote like any other.
-        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm + 1, self._SyncObj__selfNode.id)
+        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm + 1, self.selfNode.id)
         self._SyncObj__votesCount = 1
         self.dl_voters = set()
         message = {
@@ -448,7 +514,7 @@ class DLedgerSyncObj(SyncObj):
 
     def _dl_become_leader(self) -> None:
         self.dl_counters["became_leader"] += 1
-        self.dl_probing = set(self._SyncObj__otherNodes)
+        self.dl_probing = set(self.dl_peers)
         self._SyncObj__onBecomeLeader()
 
     def _dl_step_down(self, term: int | None, reason: str) -> None:
@@ -468,13 +534,13 @@ class DLedgerSyncObj(SyncObj):
         new = quorum_commit_index(
             commit,
             min(self.dl_hooks.self_match_index(), self._SyncObj__getCurrentLogIndex()),
-            [match.get(n, 0) for n in self._SyncObj__otherNodes],
+            [match.get(n, 0) for n in self.dl_peers],
             self._SyncObj__raftCurrentTerm,
             self._dl_term_at,
         )
         if new != commit:
             self._SyncObj__raftCommitIndex = new
-            self._SyncObj__raftLog.setRaftCommitIndex(new)
+            self.dl_journal.setRaftCommitIndex(new)
         self._SyncObj__leaderCommitIndex = new
 
     def _dl_check_quorum(self, now: float) -> None:
@@ -482,7 +548,7 @@ class DLedgerSyncObj(SyncObj):
             return  # this leader stalled: the followers' answers have not had time to come
         deadline = now - self.dl_conf.leaderFallbackTimeout
         responses = self._SyncObj__lastResponseTime
-        heard = 1 + sum(1 for n in self._SyncObj__otherNodes if responses.get(n, deadline) > deadline)
+        heard = 1 + sum(1 for n in self.dl_peers if responses.get(n, deadline) > deadline)
         if not self._dl_majority(heard):
             self._dl_step_down(None, "check_quorum")
 
@@ -605,10 +671,10 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__sendNextNodeIdx(
         self, node: Any, reset: bool = False, nextNodeIdx: int | None = None, success: bool = False
     ) -> None:
-        if success:
-            self.dl_hooks.before_ack()  # item 6: durable before the follower says so
         if nextNodeIdx is None:
             nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        if success and not self.dl_hooks.ack_ready(node, nextNodeIdx):
+            return  # item 6: held until durable; the replica sends it (dl_send_ack)
         self.dl_transport.send(
             node, {"type": "next_node_idx", "next_node_idx": nextNodeIdx, "reset": reset, "success": success}
         )
@@ -705,13 +771,12 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:
         self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self.dl_conf.appendEntriesPeriod
         self.dl_commit_sent = int(self._SyncObj__raftCommitIndex)
-        nodes = sorted(self._SyncObj__otherNodes, key=lambda n: n.id)
+        nodes = self.dl_peers
         if not nodes:
             return
         self.dl_rotation = (self.dl_rotation + 1) % len(nodes)
-        connected = self._SyncObj__connectedNodes
         for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
-            if node in connected:
+            if self.isNodeConnected(node):
                 self._dl_replicate_to(node)
 
     def _dl_replicate_to(self, node: Any) -> None:

@@ -14,6 +14,13 @@ Keys (RocketMQ's names; all optional):
     tlsEnable=false                     true: serve HTTPS with the two files below
     tlsServerCertPath=                  PEM certificate chain of this NameServer
     tlsServerKeyPath=                   PEM private key (keep it 0600)
+    tlsMode=enforcing                   with tlsEnable: enforcing = TLS only; permissive = plain
+                                        connections too (RocketMQ's tls.server.mode)
+    remotingAclV1=accept                with aclEnable: what RocketMQ's own clients' ACL 1.0
+                                        signatures may do: accept | readonly | refuse (they have
+                                        no nonce: a recorded request can be replayed)
+    orderMessageEnable=false            routes carry orderTopicConf from the KV config
+                                        ORDER_TOPIC_CONFIG (RocketMQ's key; updatable at run time)
     serverConnectionsMax=1024           open client connections at most (more are closed at once)
     serverHeaderTimeoutMs=10000         time a connection has to send a complete request head
     serverIdleTimeoutMs=60000           an idle keep-alive connection is closed after this
@@ -50,8 +57,13 @@ NAMESRV_KEYS: Final = frozenset(
         "serverHeaderTimeoutMs",
         "serverIdleTimeoutMs",
         "serverBodyTimeoutMs",
+        "tlsMode",
+        "remotingAclV1",
+        "orderMessageEnable",
     }
 )
+TLS_MODES: Final = ("enforcing", "permissive")  # broker.serving.sniff.TlsMode's values
+ACL_V1_POLICIES: Final = ("accept", "readonly", "refuse")  # broker.serving.remoting_acl.AclV1Policy's
 _DECIMAL_RE: Final = re.compile(r"-?[0-9]+")  # ASCII only: int() would also take '1_000' or '١'
 
 
@@ -68,6 +80,9 @@ class NamesrvConfig:
     header_timeout_ms: int = 10_000
     idle_timeout_ms: int = 60_000
     body_timeout_ms: int = 30_000
+    tls_mode: str = "enforcing"
+    remoting_acl_v1: str = "accept"
+    order_message_enable: bool = False
     source: str = ""
 
     def as_properties(self) -> dict[str, Any]:
@@ -84,6 +99,9 @@ class NamesrvConfig:
             "serverHeaderTimeoutMs": self.header_timeout_ms,
             "serverIdleTimeoutMs": self.idle_timeout_ms,
             "serverBodyTimeoutMs": self.body_timeout_ms,
+            "tlsMode": self.tls_mode,
+            "remotingAclV1": self.remoting_acl_v1,
+            "orderMessageEnable": self.order_message_enable,
         }
 
 
@@ -137,8 +155,19 @@ def parse_namesrv_config(props: Mapping[str, str], source: str = "<properties>")
         header_timeout_ms=_integer(props, "serverHeaderTimeoutMs", 10_000, 100, 600_000, source),
         idle_timeout_ms=_integer(props, "serverIdleTimeoutMs", 60_000, 100, 3_600_000, source),
         body_timeout_ms=_integer(props, "serverBodyTimeoutMs", 30_000, 100, 600_000, source),
+        tls_mode=_choice(props, "tlsMode", TLS_MODES, source),
+        remoting_acl_v1=_choice(props, "remotingAclV1", ACL_V1_POLICIES, source),
+        order_message_enable=_boolean(props, "orderMessageEnable", source),
         source=source,
     )
+
+
+def _choice(props: Mapping[str, str], key: str, choices: tuple[str, ...], source: str) -> str:
+    """One of ``choices`` (the first is the default)."""
+    raw = props.get(key, choices[0])
+    if raw not in choices:
+        raise ConfigError(key, f"must be one of {', '.join(choices)}, got {raw!r:.60}", source)
+    return raw
 
 
 def _boolean(props: Mapping[str, str], key: str, source: str) -> bool:

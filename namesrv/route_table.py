@@ -306,12 +306,15 @@ class RouteTable:
                 )
         return expired
 
-    def delete_topic(self, topic: str) -> bool:
-        """Forget ``topic`` in every group. Brokers own topic configs: the next registration of a
-        leader that still has the topic brings it back (delete it on the brokers first)."""
+    def delete_topic(self, topic: str, cluster: str | None = None) -> bool:
+        """Forget ``topic`` in every group (of ``cluster`` only, when given). Brokers own topic
+        configs: the next registration of a leader that still has the topic brings it back (delete
+        it on the brokers first)."""
         validate_topic(topic)
         found = False
         for group in self._groups.values():
+            if cluster is not None and group.cluster != cluster:
+                continue
             if group.topics.pop(topic, None) is not None:
                 self._count_topics((), (topic,))
                 found = True
@@ -363,6 +366,14 @@ class RouteTable:
 
     def topic_list(self) -> tuple[str, ...]:
         return tuple(sorted(self._topic_groups))
+
+    def topics_of_cluster(self, cluster: str) -> tuple[str, ...]:
+        """The topics some group of ``cluster`` serves (RocketMQ's getTopicsByCluster)."""
+        topics: set[str] = set()
+        for group in self._groups.values():
+            if group.cluster == cluster:
+                topics.update(group.topics)
+        return tuple(sorted(topics))
 
     def broker_for(self, broker_name: str) -> BrokerData | None:
         group = self._groups.get(broker_name)

@@ -22,11 +22,14 @@ open (routes are what every client needs first). Errors are 401 (unsigned, bad s
 timestamp, replay) or 403 (signed, but not allowed).
 
 The port sits behind ``broker.serving.http_edge`` (connection cap, request-receipt timeouts, bounded bodies,
-JSON errors from the HTTP parser) and serves HTTPS with ``tlsEnable=true``.
+JSON errors from the HTTP parser) and serves HTTPS with ``tlsEnable=true``. The same port speaks
+RocketMQ's remoting protocol to the official clients and mqadmin (``namesrv.remoting``): a
+connection's first byte tells the two apart (``broker.serving.sniff``).
 
-Ownership: one task (``TableOwner``) owns the RouteTable and the counters. Handlers only decode,
-submit a closure to its bounded queue and encode the answer; the scan task submits a scan every
-``scanNotActiveBrokerInterval`` ms. The table's clock is injected (monotonic ms by default).
+Ownership: one task (``TableOwner``) owns the RouteTable, the KV config and the counters. Handlers of
+both protocols only decode, submit a closure to its bounded queue (through the service methods both
+share) and encode the answer; the scan task submits a scan every ``scanNotActiveBrokerInterval`` ms.
+The table's clock is injected (monotonic ms by default).
 """
 
 from __future__ import annotations
@@ -36,17 +39,19 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
 from broker.protocol import route_wire as wire
-from broker.protocol.auth import AuthError
+from broker.protocol.auth import AuthError, namesrv_scope
 from broker.protocol.errors import ProtocolError
+from broker.protocol.rocketmq.command import Bounds
 from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
-from broker.serving.acl import AclError, AclWatcher
+from broker.serving.acl import AclConfig, AclError, AclWatcher
 from broker.serving.http_edge import (
     ErrorAnswer,
     Guard,
@@ -54,15 +59,19 @@ from broker.serving.http_edge import (
     error_middleware,
     guarded_app,
     server_ssl_context,
-    start_server,
 )
 from broker.serving.process_main import run_until_signalled, setup_logging
+from broker.serving.remoting_acl import AclV1Policy, RemotingAuthenticator
+from broker.serving.remoting_server import ByteBudget, RemotingLimits, RemotingServer
 from broker.serving.security import Security
+from broker.serving.sniff import SniffingSite, SniffLimits, TlsMode, start_dual_server
 from dledger.clock import process_clock
 from dledger.config import ConfigError
 from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_config
+from namesrv.kv_config import KvConfigTable
 from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from namesrv.metrics import NamesrvMetrics
+from namesrv.remoting import NamesrvRemoting, protocol_error
 from namesrv.route_table import (
     ConflictError,
     ExpiredBroker,
@@ -78,9 +87,12 @@ from namesrv.route_table import (
 
 log = logging.getLogger("namesrv")
 
-HOT_KEYS: Final = ("scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime")  # updateNamesrvConfig
+# what updateNamesrvConfig may change on a running NameServer
+HOT_KEYS: Final = ("scanNotActiveBrokerInterval", "brokerChannelMaxIdleTime", "orderMessageEnable")
 
 BODY_BYTES_MAX: Final = 4 << 20
+REMOTING_FRAME_BYTES_MAX: Final = BODY_BYTES_MAX  # the NameServer's requests are small (a KV value: 64 KiB)
+UNAUTHENTICATED_BYTES_MAX: Final = 64 << 20  # bodies in flight (HTTP) and unauthenticated frames (remoting)
 QUEUE_JOBS_MAX: Final = 1024
 SUBMIT_TIMEOUT_S: Final = 5.0
 T = TypeVar("T")
@@ -187,9 +199,28 @@ class NamesrvService:
             ),
             wire.error_to_dict,
         )
+        # A signature names this NameServer process (a random instance id: its table and its nonce
+        # window live in memory only, so a request signed for an earlier process is void).
         self.security = Security(
-            cfg.acl_file, wall_clock_ms, self.guard, anonymous=lambda request: request.method in ("GET", "HEAD")
+            cfg.acl_file, wall_clock_ms, self.guard, scope=namesrv_scope(secrets.token_hex(8)),
+            anonymous=lambda request: request.method in ("GET", "HEAD"),
         )
+        self.kv = KvConfigTable()  # owned by the table task, like the RouteTable
+        self.authenticator = RemotingAuthenticator(self._acl_rules, AclV1Policy(cfg.remoting_acl_v1))
+        self.remoting = RemotingServer(
+            authenticator=self.authenticator,
+            limits=RemotingLimits(
+                bounds=Bounds(frame_bytes_max=REMOTING_FRAME_BYTES_MAX),
+                connections_max=cfg.connections_max,
+                first_frame_timeout_s=cfg.header_timeout_ms / 1000,
+                frame_timeout_s=cfg.body_timeout_ms / 1000,
+                idle_timeout_s=cfg.idle_timeout_ms / 1000,
+            ),
+            budget=ByteBudget(UNAUTHENTICATED_BYTES_MAX),
+            map_error=protocol_error,
+        )
+        NamesrvRemoting(self).install(self.remoting)
+        self.site: SniffingSite | None = None  # set by serve()
         self._started_ms = clock_ms()
         self.metrics = NamesrvMetrics()
         self._started_wall_ms = wall_clock_ms()
@@ -222,6 +253,7 @@ class NamesrvService:
             self._acl_task = asyncio.create_task(self.security.run(), name="namesrv-acl")
 
     async def shutdown(self) -> None:
+        await self.remoting.stop()
         for task in (self._scanner, self._acl_task):
             if task is not None:
                 task.cancel()
@@ -230,15 +262,25 @@ class NamesrvService:
         await self.owner.shutdown()
 
     async def serve(self, host: str, port: int) -> tuple[web.AppRunner, str]:
-        """Start serving on ``host:port`` behind the edge guard (TLS when configured); returns the
-        runner (``cleanup()`` stops it) and the bound ``host:port``."""
+        """Start serving HTTP and RocketMQ remoting on ``host:port`` behind the edge guard (TLS when
+        configured, ``tlsMode``); returns the runner (``cleanup()`` stops both) and the bound
+        ``host:port``."""
         ssl_ctx = (
             server_ssl_context(self.cfg.tls_cert_file, self.cfg.tls_key_file or "")
             if self.cfg.tls_cert_file
             else None
         )
-        runner, site = await start_server(self.app(), self.guard, host, port, ssl_ctx)
+        limits = SniffLimits(pending_max=self.cfg.connections_max,
+                             first_byte_timeout_s=self.cfg.header_timeout_ms / 1000,
+                             tls_handshake_timeout_s=self.guard.limits.tls_handshake_timeout_s)
+        runner, site = await start_dual_server(self.app(), self.guard, host, port, remoting=self.remoting,
+                                               limits=limits, ssl_context=ssl_ctx, tls_mode=TlsMode(self.cfg.tls_mode))
+        self.site = site
         return runner, f"{host}:{site.bound_port}"
+
+    def _acl_rules(self) -> AclConfig | None:
+        watcher = self.security.watcher
+        return None if watcher is None else watcher.current
 
     async def _on_startup(self, app: web.Application) -> None:
         await self.startup()
@@ -321,59 +363,26 @@ class NamesrvService:
         return _reply(request, {"v": WIRE_VERSION, "removed": await self.owner.call(job)})
 
     async def handle_broker_perm(self, request: web.Request) -> web.Response:
-        """``{v, broker_name, write: bool}`` (admin): mqadmin wipeWritePerm / addWritePerm. The group's
-        queues are routed without (or again with) write permission until changed back; kept in
-        memory like the routes themselves."""
+        """``{v, broker_name, write: bool}`` (admin): mqadmin wipeWritePerm / addWritePerm."""
         fmt = wire.format_for_content_type(request.content_type)
         body = wire.parse_body(await self.guard.read_body(request), fmt)
         self.security.require(request, admin=True)
         name, write = body.get("broker_name"), body.get("write")
         if not isinstance(name, str) or not isinstance(write, bool) or set(body) - {"v", "broker_name", "write"}:
             raise InvalidRecordError("BAD_REQUEST", "body must be {v, broker_name, write: true|false}")
-
-        def job(table: RouteTable, now_ms: int) -> int:
-            count = table.set_write_perm(name, write)
-            log.warning("%s write permission of broker group %s (%d topics)", "added" if write else "wiped",
-                        name, count)
-            return count
-
-        count = await self.owner.call(job)
+        count = await self.set_write_perm(name, write)
         return _reply(request, {"v": WIRE_VERSION, "broker_name": name, "write": write, "topics": count})
 
     async def handle_config_update(self, request: web.Request) -> web.Response:
-        """``{v, key, value}`` (admin): mqadmin updateNamesrvConfig for the keys a running NameServer
-        can change (``HOT_KEYS``), checked like the config file; in memory until restart."""
+        """``{v, key, value}`` (admin): mqadmin updateNamesrvConfig (``update_config``)."""
         fmt = wire.format_for_content_type(request.content_type)
         body = wire.parse_body(await self.guard.read_body(request), fmt)
         self.security.require(request, admin=True)
         key, value = body.get("key"), body.get("value")
         if not isinstance(key, str) or not isinstance(value, str) or set(body) - {"v", "key", "value"}:
             raise InvalidRecordError("BAD_REQUEST", "body must be {v, key, value} with string key and value")
-        if key not in HOT_KEYS:
-            raise InvalidRecordError(
-                "NOT_UPDATABLE",
-                f"{key[:80]!r} cannot change on a running NameServer (updatable: {', '.join(HOT_KEYS)}); "
-                "edit its config file and restart it",
-            )
-        current = self.cfg.as_properties()
-        props = {k: str(current[k]) for k in HOT_KEYS} | {key: value[:64]}
-        try:
-            parsed = parse_namesrv_config(props, source="updateNamesrvConfig")
-        except ConfigError as exc:
-            raise InvalidRecordError("BAD_PARAMETER", str(exc)) from None
-        self.cfg = dataclasses.replace(
-            self.cfg,
-            scan_not_active_broker_interval_ms=parsed.scan_not_active_broker_interval_ms,
-            broker_channel_max_idle_time_ms=parsed.broker_channel_max_idle_time_ms,
-        )
-        idle_ms = parsed.broker_channel_max_idle_time_ms
-
-        def job(table: RouteTable, now_ms: int) -> None:
-            table.heartbeat_timeout_ms_default = idle_ms  # brokers that send none get it at their next heartbeat
-
-        await self.owner.call(job)
-        log.warning("config %s set to %s by updateNamesrvConfig (until restart)", key, value[:64])
-        return _reply(request, {"v": WIRE_VERSION, "key": key, "value": str(self.cfg.as_properties()[key])})
+        effective = await self.update_config({key: value})
+        return _reply(request, {"v": WIRE_VERSION, "key": key, "value": effective[key]})
 
     async def handle_route(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)
@@ -395,16 +404,89 @@ class NamesrvService:
     async def handle_delete_topic(self, request: web.Request) -> web.Response:
         topic = _topic_param(request)
         self.security.require(request, admin=True)
-
-        def job(table: RouteTable, now_ms: int) -> bool:
-            deleted = table.delete_topic(topic)
-            if deleted:
-                log.info("deleted topic %s (brokers still holding it re-announce it)", topic)
-            return deleted
-
-        if not await self.owner.call(job):
+        if not await self.delete_topic(topic):
             raise NotFoundError("TOPIC_NOT_EXIST", f"topic {topic} is not in the route table")
         return _reply(request, {"v": WIRE_VERSION, "topic": topic, "deleted": True})
+
+    # -- what both protocols do (HTTP above, remoting in namesrv/remoting.py) ----------------------
+    async def set_write_perm(self, broker_name: str, write: bool) -> int:
+        """Route every queue of a group without (or again with) write permission until changed back
+        (mqadmin wipeWritePerm / addWritePerm; the group's own registrations do not undo it; kept in
+        memory like the routes). Returns the group's topic count; NotFoundError for an unknown group."""
+
+        def job(table: RouteTable, now_ms: int) -> int:
+            count = table.set_write_perm(broker_name, write)
+            log.warning("%s write permission of broker group %s (%d topics)", "added" if write else "wiped",
+                        broker_name, count)
+            return count
+
+        return await self.owner.call(job)
+
+    async def update_config(self, changes: Mapping[str, str]) -> dict[str, str]:
+        """mqadmin updateNamesrvConfig for the keys a running NameServer can change (``HOT_KEYS``),
+        checked like the config file, all or none; in memory until restart. Returns the effective
+        values of the changed keys."""
+        for key in changes:
+            if key not in HOT_KEYS:
+                raise InvalidRecordError(
+                    "NOT_UPDATABLE",
+                    f"{key[:80]!r} cannot change on a running NameServer (updatable: {', '.join(HOT_KEYS)}); "
+                    "edit its config file and restart it",
+                )
+        current = self.cfg.as_properties()
+        props = {k: _property_text(current[k]) for k in HOT_KEYS} | {k: v[:64] for k, v in changes.items()}
+        try:
+            parsed = parse_namesrv_config(props, source="updateNamesrvConfig")
+        except ConfigError as exc:
+            raise InvalidRecordError("BAD_PARAMETER", str(exc)) from None
+        self.cfg = dataclasses.replace(
+            self.cfg,
+            scan_not_active_broker_interval_ms=parsed.scan_not_active_broker_interval_ms,
+            broker_channel_max_idle_time_ms=parsed.broker_channel_max_idle_time_ms,
+            order_message_enable=parsed.order_message_enable,
+        )
+        idle_ms = parsed.broker_channel_max_idle_time_ms
+
+        def job(table: RouteTable, now_ms: int) -> None:
+            table.heartbeat_timeout_ms_default = idle_ms  # brokers that send none get it at their next heartbeat
+
+        await self.owner.call(job)
+        effective = self.cfg.as_properties()
+        for key, value in changes.items():
+            log.warning("config %s set to %s by updateNamesrvConfig (until restart)", key, value[:64])
+        return {key: _property_text(effective[key]) for key in changes}
+
+    def config_text(self) -> dict[str, str]:
+        """Every setting as ``key -> text`` (GET_NAMESRV_CONFIG, mqadmin getNamesrvConfig)."""
+        return {key: _property_text(value) for key, value in self.cfg.as_properties().items()}
+
+    async def delete_topic(self, topic: str, cluster: str | None = None) -> bool:
+        """Forget ``topic`` (in ``cluster``'s groups only, when given); False when it was not there."""
+
+        def job(table: RouteTable, now_ms: int) -> bool:
+            deleted = table.delete_topic(topic, cluster)
+            if deleted:
+                log.info("deleted topic %s%s (brokers still holding it re-announce it)", topic,
+                         f" in cluster {cluster}" if cluster else "")
+            return deleted
+
+        return await self.owner.call(job)
+
+    async def put_kv(self, namespace: str, key: str, value: str) -> None:
+        def job(table: RouteTable, now_ms: int) -> None:
+            if self.kv.put(namespace, key, value):
+                log.info("KV config %s/%s set (%d bytes)", namespace[:80], key[:80], len(value))
+
+        await self.owner.call(job)
+
+    async def delete_kv(self, namespace: str, key: str) -> bool:
+        def job(table: RouteTable, now_ms: int) -> bool:
+            deleted = self.kv.delete(namespace, key)
+            if deleted:
+                log.info("KV config %s/%s deleted", namespace[:80], key[:80])
+            return deleted
+
+        return await self.owner.call(job)
 
     async def handle_status(self, request: web.Request) -> web.Response:
         _check_query_version(request)
@@ -438,8 +520,15 @@ class NamesrvService:
                 for b in table.live_brokers()
             ],
             "config": self.cfg.as_properties(),
+            "kv_config": self.kv.counts(),
+            "remoting": {
+                **self.remoting.status(),
+                "acl_refused": dict(self.authenticator.refused),
+                "sniff": self.site.listener.stats.as_dict() if self.site is not None else None,
+            },
             "security": {
                 "acl": self.security.enabled,
+                "scope": self.security.scope,
                 "tls": self.cfg.tls_cert_file is not None,
                 "refused": dict(self.security.refused),
                 "edge": self.guard.stats(),
@@ -448,6 +537,13 @@ class NamesrvService:
 
 
 # -- HTTP helpers --------------------------------------------------------------------------------
+def _property_text(value: Any) -> str:
+    """A setting as Java's properties write it (booleans in lower case)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _wants_msgpack(request: web.Request) -> bool:
     accept = request.headers.get("Accept", "")
     if any(t in accept for t in wire.MSGPACK_TYPES):
@@ -461,8 +557,8 @@ def _reply(request: web.Request, body: dict[str, Any], status: int = 200) -> web
     return web.Response(body=wire.dump_body(body, fmt), status=status, content_type=content_type)
 
 
-def error_response(status: int, code: str, message: str) -> web.Response:
-    body = wire.dump_body(wire.error_to_dict(code, message), "json")
+def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    body = wire.dump_body({**wire.error_to_dict(code, message), **extra}, "json")
     return web.Response(body=body, status=status, content_type=wire.JSON_TYPE)
 
 
@@ -485,12 +581,12 @@ def _classify(exc: Exception) -> ErrorAnswer | None:
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
         return ErrorAnswer(status, exc.code, exc.message)
     if isinstance(exc, AuthError):
-        return ErrorAnswer(exc.status, exc.code, exc.message)
+        return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
     return None
 
 
 def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
-    return error_response(answer.status, answer.code, answer.message)
+    return error_response(answer.status, answer.code, answer.message, **answer.extra)
 
 
 def _internal(exc: Exception) -> ErrorAnswer:  # a bug, not bad input: still answer JSON, and keep serving
@@ -506,10 +602,10 @@ async def serve(cfg: NamesrvConfig, stop: asyncio.Event) -> None:
     runner, bound = await service.serve(cfg.bind_address, cfg.listen_port)
     try:
         log.info(
-            "NameServer listening on %s (%s, ACL %s, config %s)",
+            "NameServer listening on %s (%s and RocketMQ remoting, ACL %s, config %s)",
             bound,
-            "https" if cfg.tls_cert_file else "http",
-            "on" if service.security.enabled else "off",
+            f"https, tlsMode={cfg.tls_mode}" if cfg.tls_cert_file else "http",
+            f"on, remotingAclV1={cfg.remoting_acl_v1}" if service.security.enabled else "off",
             cfg.source,
         )
         await stop.wait()

@@ -11,7 +11,19 @@ from urllib.parse import quote
 
 from broker.client.admin_records import InvalidArgument
 from broker.client.transport import ClientError
-from broker.protocol.names import GROUP_RULE, NAME_RULE, TOPIC_RULE, is_decimal, is_group, is_name, is_topic
+from broker.protocol.names import (
+    GROUP_RULE,
+    NAME_RULE,
+    STORED_GROUP_RULE,
+    STORED_TOPIC_RULE,
+    TOPIC_RULE,
+    is_decimal,
+    is_group,
+    is_name,
+    is_stored_group,
+    is_stored_topic,
+    is_topic,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -27,6 +39,20 @@ def check_topic(topic: str) -> str:
 def check_group(group: str) -> str:
     if not is_group(group):
         raise InvalidArgument("INVALID_GROUP", f"group {group!r} must match {GROUP_RULE}")
+    return group
+
+
+def check_stored_topic(topic: str) -> str:
+    """A topic to remove: any valid topic, or a longer name an older release stored (issue 23)."""
+    if not is_topic(topic) and not is_stored_topic(topic):
+        raise InvalidArgument("INVALID_TOPIC", f"topic {topic!r} must match {TOPIC_RULE} (or {STORED_TOPIC_RULE})")
+    return topic
+
+
+def check_stored_group(group: str) -> str:
+    """A group to remove: any valid group, or a longer name an older release stored (issue 23)."""
+    if not is_group(group) and not is_stored_group(group):
+        raise InvalidArgument("INVALID_GROUP", f"group {group!r} must match {GROUP_RULE} (or {STORED_GROUP_RULE})")
     return group
 
 

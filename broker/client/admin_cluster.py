@@ -15,6 +15,7 @@ from broker.client.admin_checks import (
     check_group,
     check_name,
     check_range,
+    check_stored_topic,
     check_topic,
     path_part,
 )
@@ -31,6 +32,7 @@ from broker.client.admin_records import (
 )
 from broker.client.transport import ClientError, TopicRoute
 from broker.protocol.limits import QUEUE_NUMS_MAX
+from broker.protocol.names import is_topic
 
 PEER_ID_RE = re.compile(r"[a-zA-Z0-9_]{1,64}")  # dledger.config.PEER_ID_RE
 STATUS_TIMEOUT_S = 2.0  # per member in cluster_list: a dead member must not stall the listing
@@ -111,11 +113,13 @@ class AdminClusterOps(AdminBase):
     async def delete_topic(self, topic: str, cluster: str) -> list[Outcome]:
         """Delete on every group leader of the cluster first, then on every NameServer (else the
         leaders' next registration would bring the route back)."""
-        path = f"/v1/topics/{path_part(check_topic(topic))}"
+        path = f"/v1/topics/{path_part(check_stored_topic(topic))}"
         groups = await self.cluster_groups(check_name(cluster, "cluster"))
         outcomes = await self.fan_out_groups(
             groups, lambda bd: self.write(bd, "DELETE", path, None), absent_ok=True
         )
+        if not is_topic(topic):  # a name an older release stored: never routable, no NameServer holds it
+            return outcomes
 
         async def on_namesrv(addr: str) -> Outcome:
             try:

@@ -9,6 +9,11 @@ requests wait on one connection; more callers wait for a slot (within their own 
 
 Errors are ``ClientError``s with the broker's code and HTTP-equivalent status, so callers handle
 them exactly like the HTTP transport's.
+
+Every request frame is signed for the broker's scope with the connection's ``Signer`` (shared with
+the HTTP transport: it learns each server's scope and clock from its refusals); a request refused
+``WRONG_SCOPE`` or ``TIMESTAMP_OUT_OF_WINDOW`` — refused from its head, before the broker read its
+body or acted on it — is signed again and sent once more.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, Final, cast
 
 import msgpack
 
-from broker.protocol.auth import Credentials, authorization
+from broker.client.signer import Signer
 from broker.protocol.frames import (
     AUTH_METHOD,
     FRAME_BYTES_MAX_DEFAULT,
@@ -87,14 +92,14 @@ class RemotingConnection:
         addr: str,
         *,
         error: ErrorFactory,
-        credentials: Credentials | None = None,
+        signer: Signer | None = None,
         ssl_context: ssl.SSLContext | None = None,
         in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
     ):
         self.addr = addr
         self._error = error
-        self.credentials = credentials
+        self.signer = signer if signer is not None else Signer(None)
         self.ssl_context = ssl_context
         self.frame_bytes_max = frame_bytes_max
         self._slots = asyncio.Semaphore(in_flight_max)
@@ -168,29 +173,44 @@ class RemotingConnection:
                               status=413, addr=self.addr)
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._slots:
-                    proto = await self._connect()
-                    rid = self._new_id()
-                    fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-                    self._pending[rid] = fut
-                    try:
-                        auth = ""
-                        if self.credentials is not None:
-                            auth = authorization(self.credentials, AUTH_METHOD, op_name(op), data,
-                                                 int(time.time() * 1000))
-                        if not proto.write_ok.is_set():
-                            await proto.write_ok.wait()
-                        if proto.transport is None or proto.transport.is_closing():
-                            raise self._error("CONNECTION_LOST", "the connection closed", addr=self.addr)
-                        proto.transport.write(encode(op, rid, data, auth=auth))
-                        self._last_used = time.monotonic()
-                        frame = await fut
-                        self._last_used = time.monotonic()
-                    finally:
-                        self._pending.pop(rid, None)
+                frame = await self._exchange(op, data)
+                if frame.is_error and self.signer.credentials is not None:
+                    refusal = self._error_map(frame)
+                    if refusal is not None and self.signer.learn_refusal(
+                        self.addr, str(refusal.get("code")), refusal
+                    ):  # refused from its head, before the broker acted: sign again, once
+                        frame = await self._exchange(op, data)
         except TimeoutError:
             raise self._error("TIMEOUT", f"no answer within {timeout_s} s", addr=self.addr) from None
         return self._decode(frame)
+
+    async def _exchange(self, op: int, data: bytes) -> Frame:
+        async with self._slots:
+            proto = await self._connect()
+            rid = self._new_id()
+            fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+            self._pending[rid] = fut
+            try:
+                auth = self.signer.sign(self.addr, AUTH_METHOD, op_name(op), data) or ""
+                if not proto.write_ok.is_set():
+                    await proto.write_ok.wait()
+                if proto.transport is None or proto.transport.is_closing():
+                    raise self._error("CONNECTION_LOST", "the connection closed", addr=self.addr)
+                proto.transport.write(encode(op, rid, data, auth=auth))
+                self._last_used = time.monotonic()
+                frame = await fut
+                self._last_used = time.monotonic()
+                return frame
+            finally:
+                self._pending.pop(rid, None)
+
+    @staticmethod
+    def _error_map(frame: Frame) -> dict[str, Any] | None:
+        try:
+            value = msgpack.unpackb(frame.body, raw=False, strict_map_key=False) if frame.body else None
+        except Exception:
+            return None
+        return value if isinstance(value, dict) else None
 
     def _decode(self, frame: Frame) -> Any:
         try:
@@ -207,6 +227,7 @@ class RemotingConnection:
                 status=int(status) if isinstance(status, int) else 500,
                 addr=self.addr,
                 leader_addr=value.get("leader_addr"),
+                answer=value,
             )
         return value
 

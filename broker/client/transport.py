@@ -6,7 +6,8 @@ RocketMQ-style ``code``: broker answers keep the broker's code (``NOT_LEADER``, 
 ...); a refused/closed connection is ``CONNECT_FAILED``; no answer in time is ``TIMEOUT``.
 
 Credentials and TLS (docs/SECURITY.md): every request is signed (``broker.protocol.auth``: HMAC-SHA256 over
-method, target, body hash, timestamp and a fresh nonce — signed again for every attempt) when the
+the server's scope, method, target, body hash, timestamp and a fresh nonce — signed again for every
+attempt; ``signer.py`` learns each server's scope and clock from its answers) when the
 transport has credentials: given as ``credentials=``, else from ``DLEDGER_ACCESS_KEY`` +
 ``DLEDGER_SECRET_KEY``, else from the file ``DLEDGER_CREDENTIALS_FILE`` names. TLS: ``tls=`` an
 ``ssl.SSLContext`` (or True for the system CAs), else ``DLEDGER_TLS_CA_FILE`` (a custom CA) or
@@ -27,12 +28,12 @@ from urllib.parse import quote, urlencode
 import msgpack
 
 from broker.client.remoting import RemotingConnection
+from broker.client.signer import Signer
 from broker.protocol import route_wire
 from broker.protocol.auth import (
     Credentials,
     CredentialsError,
     as_credentials,
-    authorization,
     credentials_from_env,
     load_credentials,
 )
@@ -52,6 +53,9 @@ PROTOCOLS: Final = ("auto", "http")
 REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2}
 IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+# A body this large is not sent to a server whose scope is unknown: a refusal would come before the
+# server read it and close the connection under the client's write. One anonymous GET asks first.
+PROBE_BODY_BYTES: Final = 64 << 10
 
 
 class _FromEnv:
@@ -161,6 +165,7 @@ class ClientError(Exception):
         status: int = 0,
         addr: str | None = None,
         leader_addr: str | None = None,
+        answer: Mapping[str, Any] | None = None,
     ):
         super().__init__(f"{code}: {message}" + (f" ({addr})" if addr else ""))
         self.code = code
@@ -168,6 +173,7 @@ class ClientError(Exception):
         self.status = status
         self.addr = addr
         self.leader_addr = leader_addr
+        self.answer = answer  # the server's whole error map, when there was one
         # True when the request may have taken effect (a send to retry with the same unique ids);
         # the producer also sets it when an earlier attempt of the same send had an unknown outcome.
         self.outcome_unknown = outcome_unknown(code, status)
@@ -242,6 +248,7 @@ class Transport:
         self._idle_s = idle_s
         self._answer_bytes_max = answer_bytes_max  # a server cannot make this client buffer more
         self.credentials, self.ssl_context = resolve_security(credentials, tls)
+        self.signer = Signer(self.credentials)  # each server's scope and clock, learned from its answers
 
     @property
     def scheme(self) -> str:
@@ -266,7 +273,7 @@ class Transport:
         conn = self._remoting.get(raddr)
         if conn is None:
             conn = self._remoting[raddr] = RemotingConnection(
-                raddr, error=ClientError, credentials=self.credentials, ssl_context=self.ssl_context
+                raddr, error=ClientError, signer=self.signer, ssl_context=self.ssl_context
             )
         return conn
 
@@ -347,26 +354,35 @@ class Transport:
         if body is not None:
             head.append(f"Content-Type: {MSGPACK}")
         head.append(f"Content-Length: {len(data)}")
-        creds = self.credentials
+        signer = self.signer
 
         def request() -> bytes:  # signed again for every attempt: a fresh timestamp and nonce
             lines = head
-            if creds is not None:
-                signed = authorization(creds, method, target, data, int(time.time() * 1000))
+            signed = signer.sign(addr, method, target, data)
+            if signed is not None:
                 lines = [*head, f"Authorization: {signed}"]
             return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
 
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                status, ctype, raw = await self._exchange(addr, method, request)
+                if signer.credentials is not None and len(data) > PROBE_BODY_BYTES and not signer.knows(addr):
+                    await self._exchange(addr, "GET", lambda: f"GET /v1/status HTTP/1.1\r\nHost: {addr}\r\n"
+                                         "Content-Length: 0\r\n\r\n".encode("latin-1"))
+                for attempt in (1, 2):
+                    status, ctype, raw = await self._exchange(addr, method, request)
+                    try:
+                        decoded = _decode(raw, ctype)
+                    except Exception:  # not msgpack/JSON (a proxy's page, say): never handed over as an answer
+                        # Unknown outcome (BAD_ANSWER): the server took the request; what it did is unreadable.
+                        raise ClientError("BAD_ANSWER", raw[:200].decode("utf-8", "replace"), status=status,
+                                          addr=addr) from None
+                    if not (status == 401 and attempt == 1 and isinstance(decoded, dict)
+                            and signer.learn_refusal(addr, str(decoded.get("code")), decoded)):
+                        break
+                    # refused before it was acted on (wrong scope, or this client's clock): sign again
         except TimeoutError:
             raise ClientError("TIMEOUT", f"no answer within {timeout} s", addr=addr) from None
-        try:
-            decoded = _decode(raw, ctype)
-        except Exception:  # not msgpack/JSON (a proxy's page, say): never handed over as an answer
-            # Unknown outcome (BAD_ANSWER): the server took the request; what it did is unreadable.
-            raise ClientError("BAD_ANSWER", raw[:200].decode("utf-8", "replace"), status=status, addr=addr) from None
         if status >= 400:
             if isinstance(decoded, dict):
                 raise ClientError(
@@ -375,6 +391,7 @@ class Transport:
                     status=status,
                     addr=addr,
                     leader_addr=decoded.get("leader_addr"),
+                    answer=decoded,
                 )
             raise ClientError(f"HTTP_{status}", raw[:200].decode("utf-8", "replace"), status=status, addr=addr)
         return decoded
@@ -438,6 +455,8 @@ class Transport:
                     ctype = value.strip().decode("latin-1")
                 elif lname == b"connection" and value.strip().lower() == b"close":
                     keep = False
+                elif lname == b"dledger-scope":
+                    self.signer.learn_scope(addr, value.strip().decode("latin-1"))
             else:
                 raise ValueError(f"more than {ANSWER_HEADERS_MAX} header lines")
             if length > self._answer_bytes_max:

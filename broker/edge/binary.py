@@ -1,43 +1,56 @@
 """The broker's binary listener (``remotingListenPort``): the frames of ``broker.protocol.frames``
 on asyncio protocols, many requests in flight per connection, answers in completion order.
 
-Bounds (each connection):
+Bounds (each connection, and the listener as a whole):
 
 - a frame is at most ``frame_bytes_max`` (the HTTP body cap); beyond, or a malformed header: an
   error frame ``{code, message}`` (request id 0) and the connection is closed;
+- **a frame's signature is checked from its head** (14 bytes and the signature, at most 1,038
+  bytes) before a byte of its body is kept: a refused frame is answered with its error and its
+  body is discarded unread as it arrives; an accepted one reserves its body's bytes from the
+  broker's budget of bodies in flight (``serverBodyBytesInFlightMax``, shared with the HTTP port:
+  503 ``BUSY`` and the body discarded when it is spent);
+- **unauthenticated connections** — those that have not yet sent one frame whose head verified —
+  hold at most one partial head each, together at most ``unauthenticated_bytes_max`` (beyond, the
+  connection that would pass it is closed), and at most ``unauthenticated_connections_max`` of
+  them are open: a new connection then closes the oldest unauthenticated one, so a flood of
+  half-open connections churns among itself and the remaining slots of ``connections_max`` stay
+  for connections that authenticated (signed clients are never locked out by it);
 - at most ``in_flight_max`` requests being handled: at the cap the protocol stops reading the
   socket (TCP back-pressure reaches the client) until an answer goes out;
-- the first complete frame must arrive within ``handshake_timeout_s`` of the connect; a frame
-  once started must be complete within ``frame_timeout_s``; a connection with nothing in flight
-  and nothing received for ``idle_timeout_s`` is closed;
-- at most ``connections_max`` connections at once (more are closed at once);
-- written answers waiting in the socket buffer pause the handling of new requests (the
-  transport's write flow control) so a client that does not read cannot grow the broker's memory.
+- the first frame head must verify within ``handshake_timeout_s`` of the connect; a frame once
+  started must be complete within ``frame_timeout_s``; a connection with nothing in flight and
+  nothing received for ``idle_timeout_s`` is closed;
+- written answers waiting in the socket buffer pause the handling of new requests and the reading
+  of the socket (the transport's write flow control) so a client that does not read cannot grow
+  the broker's memory.
 
 Authentication: with the ACL on, every request frame carries the HTTP scheme's signature
-(``broker.protocol.auth``, method ``REMOTING``, target the op's name, over the body) and is verified
-by the broker's ``Security`` exactly like an HTTP request (white list, signature, timestamp
-window, nonce window); the dispatcher then checks permissions with the principal.
+(``broker.protocol.auth``, method ``REMOTING``, target the op's name, the broker's scope, the body's
+declared hash) and is verified by the broker's ``Security`` exactly like an HTTP request (white
+list, scope, signature, timestamp window, nonce windows); the dispatcher then checks permissions
+with the principal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from broker.protocol.auth import AuthError
+from broker.protocol.auth import AuthError, SignedHeader, check_body
 from broker.protocol.frames import (
     AUTH_METHOD,
     FLAG_ERROR,
     FLAG_RESPONSE,
     FRAME_BYTES_MAX_DEFAULT,
-    Frame,
     FrameDecoder,
     FrameError,
+    FrameHead,
     Op,
     encode,
     error_body,
@@ -45,7 +58,8 @@ from broker.protocol.frames import (
     pack_body,
     unpack_body,
 )
-from broker.serving.security import ALL, Principal, Security
+from broker.serving.http_edge import Guard
+from broker.serving.security import ALL, SIGNED, Principal, Security, SignedRequest
 
 log = logging.getLogger("broker.remoting")
 
@@ -55,6 +69,10 @@ class RemotingLimits:
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
     in_flight_max: int = 256
     connections_max: int = 1024
+    # Of connections_max, how many may be unauthenticated at once (the rest stay for connections
+    # that proved an account), and the bytes they may make the broker hold together.
+    unauthenticated_connections_max: int = 768
+    unauthenticated_bytes_max: int = 1 << 20
     handshake_timeout_s: float = 10.0
     frame_timeout_s: float = 30.0
     idle_timeout_s: float = 60.0
@@ -89,37 +107,61 @@ ErrorMapper = Callable[[BaseException], CallError | None]
 class Stats:
     def __init__(self) -> None:
         self.connections = 0
+        self.unauthenticated = 0  # connections open that have not verified a frame yet
+        self.unauthenticated_bytes = 0  # what those hold (partial heads)
+        self.unauthenticated_bytes_peak = 0
         self.refused_connections = 0
+        self.evicted_connections = 0  # unauthenticated ones closed to make room (see the module doc)
+        self.over_budget_connections = 0
         self.timed_out_connections = 0
         self.bad_frames = 0
         self.requests = 0
         self.auth_refused = 0
+        self.busy_refused = 0
+        self.skipped_body_bytes = 0
         self.paused = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verified:
+    """A frame head that passed: who sent it, and the signature its body must match (None: ACL off
+    or a white-listed address)."""
+
+    principal: Principal
+    signed: SignedHeader | None
+
+
 class Authenticator:
-    """A request frame's principal, checked like ``Security.authenticate`` checks HTTP requests."""
+    """A request frame's principal, checked from its head like ``Security.authenticate`` checks an
+    HTTP request's head; the body is compared with the declared hash once it is in."""
 
     def __init__(self, security: Security | None):
         self.security = security
 
-    def principal(self, frame: Frame, peer: str) -> Principal:
+    def verify_head(self, head: FrameHead, peer: str) -> Verified:
         sec = self.security
         if sec is None or sec.watcher is None:
-            return ALL
+            return Verified(ALL, None)
         acl = sec.watcher.current
         if acl.white_listed(peer):
-            return ALL
-        access_key = sec.verifier.verify(
-            frame.auth or None, AUTH_METHOD, op_name(frame.op), frame.body, sec._wall_ms()
-        )
-        account = acl.accounts.get(access_key)
+            return Verified(ALL, None)
+        signed = sec.verifier.verify_head(head.auth or None, AUTH_METHOD, op_name(head.op), sec.wall_ms())
+        account = acl.accounts.get(signed.access_key)
         if account is None:  # removed by a reload between the two reads
             raise AuthError(401, "SIGNATURE_INVALID", "unknown access key or wrong signature")
-        return Principal(account)
+        return Verified(Principal(account), signed)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """A frame whose head verified and whose body is arriving (its bytes reserved)."""
+
+    head: FrameHead
+    verified: Verified
+    reserved: int
 
 
 class _Connection(asyncio.Protocol):
@@ -136,7 +178,9 @@ class _Connection(asyncio.Protocol):
         self.write_resumed: asyncio.Event | None = None
         self.closed = False
         self.accepted = False
-        self.got_frame = False
+        self.authenticated = False  # a frame head verified (see the module doc)
+        self.counted_bytes = 0  # what this connection adds to stats.unauthenticated_bytes
+        self.pending: _Pending | None = None
         self.failing: bytes | None = None  # the error frame to send once the answers in flight are out
         self._timer: asyncio.TimerHandle | None = None
 
@@ -144,15 +188,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here.
         transport = cast(asyncio.Transport, transport)
-        stats = self.server.stats
-        if stats.connections >= self.limits.connections_max:
-            stats.refused_connections += 1
+        server = self.server
+        if not server.admit(self):
             transport.close()
             self.closed = True
             return
         self.accepted = True
-        stats.connections += 1
-        self.server.connections.add(self)
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -163,8 +204,9 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         if self.accepted:
             self.accepted = False
-            self.server.stats.connections -= 1
-            self.server.connections.discard(self)
+            self.server.forget(self)
+        if self.pending is not None:  # a body that will never complete
+            self._release_pending()
         # Requests being handled run to their end (like HTTP handlers, never cancelled half-way
         # through an append); their answers are dropped.
         if self.write_resumed is not None:
@@ -174,6 +216,11 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
+
+    def _release_pending(self) -> None:
+        p, self.pending = self.pending, None
+        if p is not None and p.reserved:
+            self.server.release(p.reserved)
 
     # -- timers -----------------------------------------------------------------------------------
     def _arm(self, timeout_s: float) -> None:
@@ -190,16 +237,18 @@ class _Connection(asyncio.Protocol):
         if self.failing is not None:
             self.close()
             return
-        if self.in_flight and not self.decoder.mid_frame:
+        if self.in_flight and not self.decoder.mid_frame and self.authenticated:
             return  # answers pending: the next one re-arms the idle timer
-        if not self.got_frame or self.decoder.mid_frame:
+        if not self.authenticated or self.decoder.mid_frame:
             self.server.stats.timed_out_connections += 1
-            log.debug("closing a remoting connection from %s: no complete frame in time", self.peer)
+            log.debug("closing a remoting connection from %s: no (complete, verified) frame in time", self.peer)
         self.close()
 
     def _rearm(self) -> None:
+        if not self.authenticated:
+            return  # the handshake timer armed at the connect runs on: refused heads do not extend it
         if self.decoder.mid_frame:
-            self._arm(self.limits.frame_timeout_s if self.got_frame else self.limits.handshake_timeout_s)
+            self._arm(self.limits.frame_timeout_s)
         elif self.in_flight == 0:
             self._arm(self.limits.idle_timeout_s)
         else:
@@ -212,6 +261,12 @@ class _Connection(asyncio.Protocol):
         was_mid = self.decoder.mid_frame
         self.decoder.feed(data)
         self._drain_frames()
+        # what an unauthenticated connection holds at rest: part of one head (the process's budget)
+        if not self.closed and not self.authenticated and not self.server.count_unauthenticated(
+            self, self.decoder.buffered
+        ):
+            self.close()
+            return
         if not self.closed and (not was_mid or not self.decoder.mid_frame):
             self._rearm()
 
@@ -221,29 +276,74 @@ class _Connection(asyncio.Protocol):
         return False  # close our side too (answers in flight are dropped with the connection)
 
     def _drain_frames(self) -> None:
-        while not self.closed and self.failing is None and self.in_flight < self.limits.in_flight_max:
+        while (not self.closed and self.failing is None and not self.writing_paused
+               and self.in_flight < self.limits.in_flight_max):
             try:
-                frame = self.decoder.next()
+                if self.pending is None:
+                    head = self.decoder.next_head()
+                    if head is None:
+                        break
+                    self._on_head(head)
+                    continue
+                body = self.decoder.next_body()
             except FrameError as exc:
                 self._fatal(exc.code, exc.message)
                 return
-            if frame is None:
-                return
-            self.got_frame = True
-            self._start(frame)
-        if self.in_flight >= self.limits.in_flight_max and not self.reading_paused and self.transport is not None:
+            if body is None:
+                break
+            pending, self.pending = self.pending, None
+            self._start(pending, body)
+        self._update_reading()
+
+    def _on_head(self, head: FrameHead) -> None:
+        if head.is_response:
+            self._fatal("BAD_FRAME", "a client sends requests only")
+            return
+        server = self.server
+        try:
+            verified = server.auth.verify_head(head, self.peer)
+        except AuthError as exc:
+            server.stats.auth_refused += 1
+            self._refuse_frame(head, exc.status, exc.code, exc.message, **exc.extra)
+            return
+        if not self.authenticated:
+            self.authenticated = True
+            server.authenticated(self)
+            self._disarm()
+        if head.body_bytes and not server.reserve(head.body_bytes):
+            server.stats.busy_refused += 1
+            self._refuse_frame(head, 503, "BUSY", "too many request bodies in flight; retry shortly")
+            return
+        self.pending = _Pending(head, verified, head.body_bytes)
+
+    def _refuse_frame(self, head: FrameHead, status: int, code: str, message: str, **extra: Any) -> None:
+        """Answer one frame from its head and discard its body unread (the connection stays)."""
+        self.server.stats.skipped_body_bytes += head.body_bytes
+        self.decoder.skip_body()
+        if self.transport is not None and not self.closed:
+            self.transport.write(encode(head.op, head.request_id, error_body(code, message, status, **extra),
+                                        flags=FLAG_RESPONSE | FLAG_ERROR))
+
+    def _update_reading(self) -> None:
+        """Read while fewer than in_flight_max requests are handled and the answers drain."""
+        if self.transport is None or self.closed:
+            return
+        want_pause = self.in_flight >= self.limits.in_flight_max or self.writing_paused or self.failing is not None
+        if want_pause and not self.reading_paused:
             self.reading_paused = True
             self.server.stats.paused += 1
             self.transport.pause_reading()
+        elif not want_pause and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+            self._drain_frames()  # frames that arrived before the pause
 
     def _fatal(self, code: str, message: str) -> None:
         self.server.stats.bad_frames += 1
         log.debug("bad frame from %s: %s: %s", self.peer, code, message)
         self.failing = encode(0, 0, error_body(code, message, 400), flags=FLAG_RESPONSE | FLAG_ERROR)
         if self.in_flight:  # answer what was read before the bad frame, then refuse and close
-            if self.transport is not None and not self.reading_paused:
-                self.reading_paused = True
-                self.transport.pause_reading()
+            self._update_reading()
             self._arm(self.limits.frame_timeout_s)
             return
         self._refuse()
@@ -253,24 +353,24 @@ class _Connection(asyncio.Protocol):
             self.transport.write(self.failing)
         self.close()
 
-    def _start(self, frame: Frame) -> None:
-        if frame.is_response:
-            self._fatal("BAD_FRAME", "a client sends requests only")
-            return
+    def _start(self, pending: _Pending, body: bytes) -> None:
         self.in_flight += 1
         self._disarm()
-        task = asyncio.get_running_loop().create_task(self._handle(frame))
+        task = asyncio.get_running_loop().create_task(self._handle(pending, body))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _handle(self, frame: Frame) -> None:
+    async def _handle(self, pending: _Pending, body: bytes) -> None:
+        head = pending.head
         try:
-            flags, body = FLAG_RESPONSE, await self.server.handle(frame, self.peer)
-        except CallError as exc:
-            flags, body = FLAG_RESPONSE | FLAG_ERROR, error_body(exc.code, exc.message, exc.status, **exc.extra)
-        try:
-            await self._write(encode(frame.op, frame.request_id, body, flags=flags))
+            try:
+                flags, answer = FLAG_RESPONSE, await self.server.handle(head, pending.verified, body, self.peer)
+            except CallError as exc:
+                flags, answer = FLAG_RESPONSE | FLAG_ERROR, error_body(exc.code, exc.message, exc.status, **exc.extra)
+            await self._write(encode(head.op, head.request_id, answer, flags=flags))
         finally:
+            if pending.reserved:
+                self.server.release(pending.reserved)
             self._done()
 
     def _done(self) -> None:
@@ -281,11 +381,7 @@ class _Connection(asyncio.Protocol):
             if self.in_flight == 0:
                 self._refuse()
             return
-        if self.reading_paused and self.in_flight < self.limits.in_flight_max:
-            self.reading_paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
-            self._drain_frames()  # frames that arrived before the pause
+        self._update_reading()
         if not self.closed and self.in_flight == 0:
             self._rearm()
 
@@ -300,17 +396,20 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writing_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
         if self.write_resumed is not None:
             self.write_resumed.set()
             self.write_resumed = None
+        self._update_reading()
 
 
 class RemotingServer:
     """Serves ``dispatch`` on a TCP port. ``map_error`` turns the dispatcher's exceptions into error
-    answers (None: unexpected, logged, answered INTERNAL)."""
+    answers (None: unexpected, logged, answered INTERNAL). ``guard``: the broker's HTTP edge, whose
+    budget of bodies in flight frames share (None: a budget of this listener's own, for tests)."""
 
     def __init__(
         self,
@@ -319,15 +418,90 @@ class RemotingServer:
         security: Security | None,
         limits: RemotingLimits | None = None,
         map_error: ErrorMapper | None = None,
+        guard: Guard | None = None,
     ):
         self.dispatch = dispatch
         self.auth = Authenticator(security)
         self.limits = limits or RemotingLimits()
         self.map_error = map_error or (lambda exc: None)
+        self.guard = guard
+        self.body_bytes_reserved = 0  # without a guard
+        self.body_bytes_max = 256 << 20
         self.stats = Stats()
         self.connections: set[_Connection] = set()
+        # unauthenticated connections, oldest first (the one a new connection closes when full)
+        self._unauthenticated: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         self._server: asyncio.Server | None = None
         self.bound_port = 0
+
+    # -- connection slots and the unauthenticated budget ----------------------------------------------
+    def admit(self, conn: _Connection) -> bool:
+        """A new connection: take a slot, closing the oldest unauthenticated connection when the
+        unauthenticated ones (or all) are at their cap. False: every slot is held by authenticated
+        connections."""
+        stats, limits = self.stats, self.limits
+        while self._unauthenticated and (
+            stats.connections >= limits.connections_max
+            or len(self._unauthenticated) >= limits.unauthenticated_connections_max
+        ):
+            oldest = next(iter(self._unauthenticated))
+            stats.evicted_connections += 1
+            self.forget(oldest)
+            oldest.accepted = False
+            oldest.close()
+        if stats.connections >= limits.connections_max:
+            stats.refused_connections += 1
+            return False
+        stats.connections += 1
+        self.connections.add(conn)
+        self._unauthenticated[conn] = None
+        stats.unauthenticated = len(self._unauthenticated)
+        return True
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.stats.connections -= 1
+        if self._unauthenticated.pop(conn, 0) is None:
+            self.stats.unauthenticated = len(self._unauthenticated)
+        self._uncount(conn)
+
+    def authenticated(self, conn: _Connection) -> None:
+        if self._unauthenticated.pop(conn, 0) is None:
+            self.stats.unauthenticated = len(self._unauthenticated)
+        self._uncount(conn)
+
+    def count_unauthenticated(self, conn: _Connection, nbytes: int) -> bool:
+        """Set what an unauthenticated connection holds; False when the process's budget would pass."""
+        stats = self.stats
+        total = stats.unauthenticated_bytes - conn.counted_bytes + nbytes
+        if total > self.limits.unauthenticated_bytes_max:
+            stats.over_budget_connections += 1
+            self._uncount(conn)
+            return False
+        stats.unauthenticated_bytes = total
+        stats.unauthenticated_bytes_peak = max(stats.unauthenticated_bytes_peak, total)
+        conn.counted_bytes = nbytes
+        return True
+
+    def _uncount(self, conn: _Connection) -> None:
+        self.stats.unauthenticated_bytes -= conn.counted_bytes
+        conn.counted_bytes = 0
+
+    # -- bodies in flight -------------------------------------------------------------------------------
+    def reserve(self, nbytes: int) -> bool:
+        if self.guard is not None:
+            return self.guard.reserve(nbytes)
+        if self.body_bytes_reserved + nbytes > self.body_bytes_max:
+            return False
+        self.body_bytes_reserved += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        if self.guard is not None:
+            self.guard.release(nbytes)
+        else:
+            self.body_bytes_reserved -= nbytes
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         loop = asyncio.get_running_loop()
@@ -356,26 +530,28 @@ class RemotingServer:
                 log.warning("remoting connections did not close within 5 s")
             self._server = None
 
-    async def handle(self, frame: Frame, peer: str) -> bytes:
-        """The answer body of one request frame, or ``CallError``."""
+    async def handle(self, head: FrameHead, verified: Verified, raw: bytes, peer: str) -> bytes:
+        """The answer body of one request frame (its head verified), or ``CallError``."""
         self.stats.requests += 1
         try:
-            op = Op(frame.op)
+            op = Op(head.op)
         except ValueError:
-            raise CallError(400, "UNKNOWN_OP", f"op {frame.op} is not served") from None
+            raise CallError(400, "UNKNOWN_OP", f"op {head.op} is not served") from None
+        if verified.signed is not None:
+            try:
+                check_body(verified.signed, raw)
+            except AuthError as exc:
+                self.stats.auth_refused += 1
+                raise CallError(exc.status, exc.code, exc.message) from None
+            SIGNED.set(SignedRequest(verified.signed))  # this task's: the replay guard reads it
         try:
-            principal = self.auth.principal(frame, peer)
-        except AuthError as exc:
-            self.stats.auth_refused += 1
-            raise CallError(exc.status, exc.code, exc.message) from None
-        try:
-            body = unpack_body(frame.body)
+            body = unpack_body(raw)
         except FrameError as exc:
             raise CallError(400, exc.code, exc.message) from None
         if op is Op.PING:
             return pack_body({})
         try:
-            return pack_body(await self.dispatch(Call(op, principal, peer, body)))
+            return pack_body(await self.dispatch(Call(op, verified.principal, peer, body)))
         except CallError:
             raise
         except asyncio.CancelledError:

@@ -11,7 +11,7 @@ Each op takes exactly the map its HTTP route takes and answers exactly the HTTP 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.edge.binary import Call, CallError
 from broker.protocol.auth import AuthError
@@ -22,7 +22,9 @@ from broker.serving.acl import Perm, check
 from broker.store.message import InvalidInput
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from broker.service.base import ServiceConfig, ServiceMetrics
+    from broker.service.broker_service import BrokerService
+    from broker.serving.security import Security
 
 def remoting_error(exc: BaseException) -> CallError | None:
     """The error answer for what a dispatch raised (None: unexpected)."""
@@ -31,12 +33,25 @@ def remoting_error(exc: BaseException) -> CallError | None:
     if isinstance(exc, InvalidInput):  # the request's own checks (ApiError included)
         return CallError(exc.status, exc.code, exc.message, **getattr(exc, "extra", {}))
     if isinstance(exc, AuthError):
-        return CallError(exc.status, exc.code, exc.message)
+        return CallError(exc.status, exc.code, exc.message, **exc.extra)
     return None
 
 
+class OpsHost(Protocol):
+    """What the binary ops use of the replica they serve (``BrokerServer`` is one)."""
+
+    @property
+    def service(self) -> BrokerService: ...
+    @property
+    def security(self) -> Security: ...  # its refusal counters
+    @property
+    def metrics(self) -> ServiceMetrics: ...
+    @property
+    def cfg(self) -> ServiceConfig: ...
+
+
 class RemotingOps:
-    def __init__(self, server: BrokerServer):
+    def __init__(self, server: OpsHost):
         self.s = server
 
     def _require(self, call: Call, *, topics: dict[str, Perm], groups: dict[str, Perm] | None = None) -> None:

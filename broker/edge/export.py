@@ -2,7 +2,9 @@
 (docs/API.md, "Replica export"; used by ``python -m spark_jobs.audit --from-cluster``).
 
 Two routes, both **admin only** (ACL on) and both read-only by construction — files are opened
-``O_RDONLY | O_NOFOLLOW``, nothing is created, repaired or locked:
+``O_RDONLY``, every path component below the replica's directory with ``O_NOFOLLOW`` (a symbolic
+link anywhere on the path is refused, never followed, and listing never descends into one), nothing
+is created, repaired or locked:
 
 ``GET /v1/replica/files?after=PATH&limit=N``
     The files an audit reads, sorted by path, at most ``limit`` (1..10000, default 10000) after
@@ -26,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from typing import TYPE_CHECKING
+import stat
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -35,7 +38,8 @@ from broker.protocol.names import is_topic
 from broker.serving.http_edge import query_int
 
 if TYPE_CHECKING:
-    from broker.edge.http_api import BrokerApi
+    from broker.service.base import ServiceConfig
+    from broker.serving.security import Security
 
 __all__ = ["MAX_BYTES", "MAX_FILES", "exported_path", "list_files", "read_part", "register"]
 
@@ -64,6 +68,8 @@ def _walk(root: str) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     for sub in ("store", "meta", "broker"):
         top = os.path.join(root, sub)
+        if os.path.islink(top):  # os.walk would follow a linked top; below it, followlinks=False
+            continue
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             dirnames[:] = [d for d in dirnames if d != "index"]
             for name in filenames:
@@ -91,39 +97,69 @@ def read_part(root: str, path: str, offset: int, max_bytes: int) -> tuple[bytes,
     """(up to ``max_bytes`` of ``root/path`` from ``offset``, the file's size). Read-only."""
     if not exported_path(path):
         raise ApiError(400, "BAD_PATH", f"{path[:120]!r} is not an exported replica file")
-    full = os.path.join(root, *path.split("/"))
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_below(root, path.split("/"))
     except FileNotFoundError:
         raise ApiError(404, "FILE_GONE", f"{path} does not exist (any more)") from None
-    except OSError as exc:
+    except OSError as exc:  # ELOOP / ENOTDIR: a symbolic link on the path
         raise ApiError(404, "FILE_GONE", f"{path}: {exc.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ApiError(404, "FILE_GONE", f"{path} is not a regular file")
+        size = st.st_size
         return os.pread(fd, max_bytes, offset) if offset < size else b"", size
     finally:
         os.close(fd)
 
 
+def _open_below(root: str, parts: list[str]) -> int:
+    """``root/parts...`` opened read-only, each component relative to its parent's descriptor and
+    with ``O_NOFOLLOW``: a symbolic link at any component raises (ELOOP/ENOTDIR), so what is read
+    is always inside ``root`` (``root`` itself may be a link: the operator chose it)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            parent, fd = fd, os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(parent)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+class NodeStatus(Protocol):
+    async def status(self) -> dict[str, Any]: ...
+
+
+class ExportedReplica(Protocol):
+    """What the export reads of the replica it serves (``BrokerServer`` is one)."""
+
+    @property
+    def cfg(self) -> ServiceConfig: ...
+    @property
+    def node(self) -> NodeStatus: ...
+
+
 class ReplicaExport:
-    def __init__(self, api: BrokerApi):
-        self.api = api
+    def __init__(self, sec: Security, replica: ExportedReplica):
+        self.sec = sec
+        self.replica = replica
         self._reads = asyncio.Semaphore(READS_IN_FLIGHT)
 
     @property
     def root(self) -> str:
-        return str(self.api.s.cfg.dledger.node_dir)
+        return str(self.replica.cfg.dledger.node_dir)
 
     async def files(self, request: web.Request) -> web.Response:
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         after = request.query.get("after", "")
         if len(after) > 512:
             raise ApiError(400, "BAD_PARAMETER", "after is at most 512 characters")
         limit = query_int(request, "limit", MAX_FILES, 1, MAX_FILES)
-        node = await self.api.s.node.status()  # before the listing: the files hold at least this
+        node = await self.replica.node.status()  # before the listing: the files hold at least this
         async with self._reads:
             files, more = await asyncio.to_thread(list_files, self.root, after, limit)
-        cfg = self.api.s.cfg
+        cfg = self.replica.cfg
         return answer(request, {
             "group": cfg.broker_name, "node_id": cfg.dledger.self_id,
             "commit_index": node["commit_index"], "applied_index": node["applied_index"],
@@ -132,7 +168,7 @@ class ReplicaExport:
         })  # fmt: skip
 
     async def file(self, request: web.Request) -> web.Response:
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         path = request.query.get("path")
         if path is None:
             raise ApiError(400, "MISSING_FIELD", "query parameter 'path' is required")
@@ -145,7 +181,7 @@ class ReplicaExport:
         return answer(request, {"path": path, "offset": offset, "size": size, "data": data})
 
 
-def register(router: web.UrlDispatcher, api: BrokerApi) -> None:
-    ex = ReplicaExport(api)
+def register(router: web.UrlDispatcher, sec: Security, replica: ExportedReplica) -> None:
+    ex = ReplicaExport(sec, replica)
     router.add_get("/v1/replica/files", ex.files)
     router.add_get("/v1/replica/file", ex.file)

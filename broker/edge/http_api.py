@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from broker.edge import export
-from broker.edge.http_codec import ApiError, answer, check_fields, error, read_body
+from broker.edge.http_codec import ApiError, answer, error, read_body
 from broker.edge.http_retry import RetryApi
 from broker.edge.http_txn import TransactionApi
 from broker.protocol.auth import AuthError
 from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.names import is_client_id
-from broker.server.metrics import CONTENT_TYPE
-from broker.service.base import INT64_MAX
+from broker.service.base import INT64_MAX, ServiceMetrics
 from broker.service.broker_service import BrokerService, PulledMessage, offsets_answer
-from broker.service.requests import pull_request, send_request
+from broker.service.requests import check_fields, pull_request, send_request
 from broker.serving.acl import Perm
 from broker.serving.http_edge import ErrorAnswer, error_middleware, guarded_app, query_int
 from broker.store.message import (
@@ -41,7 +40,8 @@ from broker.store.message import (
 )
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from broker.serving.http_edge import Guard
+    from broker.serving.security import Security
 
 log = logging.getLogger("broker.api")
 
@@ -49,11 +49,31 @@ def _respond(request: web.Request, answer: ErrorAnswer) -> web.Response:
     return error(request, answer.status, answer.code, answer.message, **answer.extra)
 
 
+class ApiMetrics(ServiceMetrics, Protocol):
+    """The metrics the API reports to and serves (``BrokerMetrics`` is one)."""
+
+    @property
+    def content_type(self) -> str: ...  # of what ``scrape`` returns
+    async def scrape(self) -> bytes: ...
+
+
+class ApiHost(export.ExportedReplica, Protocol):
+    """What the HTTP API uses of the replica it serves (``BrokerServer`` is one), besides the
+    service: its ACL and signatures, the edge guard, its metrics, its configuration and node."""
+
+    @property
+    def security(self) -> Security: ...
+    @property
+    def guard(self) -> Guard: ...
+    @property
+    def metrics(self) -> ApiMetrics: ...
+
+
 class BrokerApi:
-    def __init__(self, server: BrokerServer, service: BrokerService | None = None):
+    def __init__(self, server: ApiHost, service: BrokerService):
         self.s = server
         self.sec = server.security
-        self.svc = service if service is not None else BrokerService(server)
+        self.svc = service
 
     def app(self) -> web.Application:
         errors = error_middleware(self._classify, _respond, logger=log)
@@ -84,11 +104,12 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
-        RetryApi(self).add_routes(r)  # consumer retries and DLQs (broker/edge/http_retry.py)
-        TransactionApi(self).add_routes(r)  # transactional messages (broker/edge/http_txn.py)
-        export.register(r, self)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
+        RetryApi(self.svc, self.sec).add_routes(r)  # consumer retries and DLQs (broker/edge/http_retry.py)
+        TransactionApi(self.svc, self.sec).add_routes(r)  # transactional messages (broker/edge/http_txn.py)
+        export.register(r, self.sec, self.s)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
         r.add_get("/v1/admin/config", self.config_get)
         r.add_post("/v1/admin/clean-expired-cq", self.clean_expired_cq)
+        r.add_get("/v1/admin/refused", self.refused_records)
         r.add_post("/v1/admin/config", self.config_update)
         r.add_get("/metrics", self.metrics)  # Prometheus exposition, anonymous like /v1/status
         return app
@@ -97,7 +118,7 @@ class BrokerApi:
         """The broker's errors (``error_middleware`` answers the rest): the service's, ACL's, and
         validation and store errors raised in this layer (``BrokerService.translate``)."""
         if isinstance(exc, AuthError):
-            return ErrorAnswer(exc.status, exc.code, exc.message)
+            return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
         mapped = self.svc.translate(exc)
         return None if mapped is None else ErrorAnswer(mapped.status, mapped.code, mapped.message, mapped.extra)
 
@@ -203,7 +224,7 @@ class BrokerApi:
         return answer(request, self.svc.get_topic(check_topic(request.match_info["topic"])).to_dict())
 
     async def topic_delete(self, request: web.Request) -> web.Response:
-        topic = check_topic(request.match_info["topic"])
+        topic = request.match_info["topic"]  # checked by the service (a stored older name too)
         self.sec.require(request, admin=True)
         await self.svc.delete_topic(topic)
         return answer(request, {"topic": topic, "deleted": True})
@@ -234,7 +255,7 @@ class BrokerApi:
         return answer(request, {"groups": [g.to_dict() for g in self.svc.groups()]})
 
     async def group_delete(self, request: web.Request) -> web.Response:
-        group = check_group(request.match_info["group"])
+        group = request.match_info["group"]  # checked by the service (a stored older name too)
         self.sec.require(request, admin=True)
         return answer(request, {"group": group, "deleted": await self.svc.delete_group(group)})
 
@@ -360,7 +381,7 @@ class BrokerApi:
             text = await self.s.metrics.scrape()
         except TimeoutError:
             raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
-        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=text, headers={"Content-Type": self.s.metrics.content_type})
 
     async def clean_expired_cq(self, request: web.Request) -> web.Response:
         """``mqadmin cleanExpiredCQ`` on this replica (admin): remove the consume queues of topics
@@ -368,6 +389,11 @@ class BrokerApi:
         self.sec.require(request, admin=True)
         removed = await self.svc.clean_expired_queues()
         return answer(request, {"removed": [{"topic": t, "queue_id": q} for t, q in removed]})
+
+    async def refused_records(self, request: web.Request) -> web.Response:
+        """The records this replica's apply refused (admin): ``mqadmin refusedRecords``."""
+        self.sec.require(request, admin=True)
+        return answer(request, self.svc.refused_records())
 
     async def transfer(self, request: web.Request) -> web.Response:
         self.sec.require(request, admin=True)

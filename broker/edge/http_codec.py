@@ -52,15 +52,6 @@ async def read_body(request: web.Request, *, binary: bool = False) -> dict[str, 
     return value
 
 
-def check_fields(body: dict[str, Any], allowed: frozenset[str], required: tuple[str, ...] = ()) -> None:
-    for name in required:
-        if name not in body:
-            raise ApiError(400, "MISSING_FIELD", f"field {name!r} is required")
-    unknown = [str(k) for k in body if k not in allowed]
-    if unknown:
-        raise ApiError(400, "UNKNOWN_FIELD", f"unknown field(s) {sorted(unknown)[:5]}")
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         out = {}

@@ -8,18 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.edge.http_codec import ApiError, answer, check_fields, read_body
+from broker.edge.http_codec import ApiError, answer, read_body
+from broker.service.requests import check_fields
 from broker.serving.acl import Perm
 from broker.store.message import check_group, check_int
 
 if TYPE_CHECKING:
-    from broker.edge.http_api import BrokerApi
+    from broker.service.broker_service import BrokerService
+    from broker.serving.security import Security
 
 
 class RetryApi:
-    def __init__(self, api: BrokerApi):
-        self.api = api
-        self.svc = api.svc
+    def __init__(self, svc: BrokerService, sec: Security):
+        self.svc = svc
+        self.sec = sec
 
     def add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/v1/consumer/sendback", self.sendback)
@@ -38,7 +40,7 @@ class RetryApi:
         body = await read_body(request)
         check_fields(body, frozenset({"group", "msg_id", "position", "max_reconsume_times", "dlq"}), ("group",))
         group = check_group(body["group"])
-        self.api.sec.require(request, groups={group: Perm.SUB})
+        self.sec.require(request, groups={group: Perm.SUB})  # and SUB on the message's topic: below
         self.svc.require_writable()
         position = self._position(body)
         to_dlq = body.get("dlq", False)
@@ -47,7 +49,11 @@ class RetryApi:
         max_times = None
         if body.get("max_reconsume_times") is not None:
             max_times = check_int(body["max_reconsume_times"], "max_reconsume_times", 0, 1000)
-        sb = await self.svc.send_back(group, position, max_reconsume_times=max_times, to_dlq=to_dlq)
+        sb = await self.svc.send_back(
+            group, position, max_reconsume_times=max_times, to_dlq=to_dlq,
+            # the stored message's topic: the caller must be allowed to read it (issue 23, finding 2)
+            may_read=lambda topic: self.sec.require(request, topics={topic: Perm.SUB}),
+        )
         return answer(
             request,
             {"topic": sb.topic, "dlq": sb.dlq, "reconsume_times": sb.reconsume_times, "msg_id": sb.msg_id},
@@ -57,7 +63,7 @@ class RetryApi:
         body = await read_body(request)
         check_fields(body, frozenset({"group", "msg_id", "position"}), ("group",))
         group = check_group(body["group"])
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         self.svc.require_writable()
         sent = await self.svc.resend_dlq(group, self._position(body))
         return answer(request, {"topic": sent.topic, "msg_id": sent.msg_id})

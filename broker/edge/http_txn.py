@@ -12,19 +12,21 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker.edge.http_codec import ApiError, answer, check_fields, read_body
+from broker.edge.http_codec import ApiError, answer, read_body
+from broker.service.requests import check_fields
 from broker.service.txn import CHECK_TOPICS_MAX, HALVES_LIMIT_MAX
 from broker.serving.acl import Perm
 from broker.store.message import check_topic
 
 if TYPE_CHECKING:
-    from broker.edge.http_api import BrokerApi
+    from broker.service.broker_service import BrokerService
+    from broker.serving.security import Security
 
 
 class TransactionApi:
-    def __init__(self, api: BrokerApi):
-        self.api = api
-        self.svc = api.svc
+    def __init__(self, svc: BrokerService, sec: Security):
+        self.svc = svc
+        self.sec = sec
 
     def add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/v1/transaction/half", self.half)
@@ -37,7 +39,7 @@ class TransactionApi:
         check_fields(body, frozenset({"topic", "queue_id", "producer_group", "messages"}),
                      ("topic", "producer_group", "messages"))
         topic = check_topic(body["topic"])
-        self.api.sec.require(request, topics={topic: Perm.PUB})
+        self.sec.require(request, topics={topic: Perm.PUB})
         sent = await self.svc.send_half(topic, body.get("queue_id", 0), body["messages"],
                                         producer_group=body["producer_group"], client_addr=request.remote or "")
         return answer(request, sent.to_dict())
@@ -47,7 +49,7 @@ class TransactionApi:
         check_fields(body, frozenset({"producer_group", "topic", "msg_id", "transaction_id", "state", "from_check"}),
                      ("producer_group", "topic", "msg_id", "state"))
         topic = check_topic(body["topic"])
-        self.api.sec.require(request, topics={topic: Perm.PUB})
+        self.sec.require(request, topics={topic: Perm.PUB})
         done = await self.svc.end_transaction(
             body["producer_group"], topic, body["msg_id"], body["state"],
             transaction_id=body.get("transaction_id"), from_check=body.get("from_check", False),
@@ -62,13 +64,13 @@ class TransactionApi:
         if not isinstance(raw, list) or not 1 <= len(raw) <= CHECK_TOPICS_MAX:
             raise ApiError(400, "BAD_REQUEST", f"topics must be a list of 1..{CHECK_TOPICS_MAX} topics")
         topics = [check_topic(t) for t in raw]
-        self.api.sec.require(request, topics=dict.fromkeys(topics, Perm.PUB))  # a check carries the half's body
+        self.sec.require(request, topics=dict.fromkeys(topics, Perm.PUB))  # a check carries the half's body
         got = await self.svc.transaction_checks(body["producer_group"], topics, max_count=body.get("max_count", 32),
                                                 wait_ms=body.get("wait_ms", 0))
         return answer(request, {"checks": got})
 
     async def halves(self, request: web.Request) -> web.Response:
-        self.api.sec.require(request, admin=True)
+        self.sec.require(request, admin=True)
         q = request.query
         raw = q.get("limit", "100")
         if not raw.isdigit() or len(raw) > 6:

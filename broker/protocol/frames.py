@@ -14,14 +14,18 @@ Pure: no sockets, no clocks. Shared by the broker (``broker/edge/binary.py``) an
     14     auth  signature   the ``Authorization`` value of broker.protocol.auth, ASCII
     14+a   rest  body        msgpack: a map (requests: the HTTP API's request body for that op)
 
-Signature: ``authorization(creds, "REMOTING", op_name(op), body, ts)`` — the HTTP scheme with
-``method`` = ``REMOTING`` and ``target`` = the op's name, over the frame's body bytes; checked by
-the broker's ``Verifier`` (same timestamp and nonce windows as HTTP).
+Signature: ``authorization(creds, "REMOTING", op_name(op), body, ts, scope=<broker's scope>)`` — the
+HTTP scheme with ``method`` = ``REMOTING`` and ``target`` = the op's name; it declares the body's
+hash, so the broker checks it from the frame's *head* (the 14 bytes and the signature) before it
+buffers the body, and compares the hash once the body is in (same timestamp and nonce windows as
+HTTP).
 
-``FrameDecoder`` takes bytes as they arrive and yields complete frames; anything malformed (a
-length beyond the cap or below the header, an unknown version or flag) raises ``FrameError``
-— the connection is then answered with an error frame and closed: after a bad frame nothing that
-follows can be trusted to be aligned.
+``FrameDecoder`` takes bytes as they arrive and yields a frame's head (``next_head``) as soon as it
+is complete, then its body (``next_body``) or discards the body unread as it arrives
+(``skip_body``: a refused frame costs no memory); ``next`` yields whole frames (the SDK). Anything
+malformed (a length beyond the cap or below the header, an unknown version or flag) raises
+``FrameError`` — the connection is then answered with an error frame and closed: after a bad frame
+nothing that follows can be trusted to be aligned.
 """
 
 from __future__ import annotations
@@ -123,13 +127,33 @@ def error_body(code: str, message: str, status: int = 400, **extra: Any) -> byte
     return pack_body({"code": code, "message": message, "status": status, **extra})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrameHead:
+    """A frame's header and signature; ``body_bytes`` of body follow."""
+
+    flags: int
+    op: int
+    request_id: int
+    auth: str
+    body_bytes: int
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+
+HEAD_BYTES_MAX: Final = HEADER_BYTES + AUTH_BYTES_MAX  # what a peer may make us hold before the body
+
+
 class FrameDecoder:
-    """Bytes in, frames out. ``frame_bytes_max`` bounds one frame (and so the buffer: at most one
-    frame plus what arrived with it)."""
+    """Bytes in, frame heads and bodies out. ``frame_bytes_max`` bounds one frame; the buffer holds at
+    most one frame plus what arrived with it, and nothing of a body being skipped."""
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT):
         self.frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
+        self._head: FrameHead | None = None  # returned by next_head, body not taken yet
+        self._skip = 0  # bytes of a skipped body still to come (dropped as they arrive)
 
     @property
     def buffered(self) -> int:
@@ -138,13 +162,19 @@ class FrameDecoder:
     @property
     def mid_frame(self) -> bool:
         """Part of a frame has arrived (its rest must follow in time)."""
-        return bool(self._buf)
+        return bool(self._buf) or self._head is not None or self._skip > 0
 
     def feed(self, data: bytes) -> None:
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = data[n:]
         self._buf += data
 
-    def next(self) -> Frame | None:
-        """The next complete frame, None when more bytes are needed, or ``FrameError``."""
+    def next_head(self) -> FrameHead | None:
+        """The next frame's head (its body stays to be taken or skipped), None when more bytes are
+        needed, or ``FrameError``."""
+        assert self._head is None, "take or skip the previous frame's body first"
         buf = self._buf
         if len(buf) < 4:
             return None
@@ -162,13 +192,43 @@ class FrameDecoder:
             raise FrameError("BAD_FRAME", f"unknown flags 0x{flags:02x}")
         if auth_len > AUTH_BYTES_MAX or LENGTH_MIN + auth_len > length:
             raise FrameError("BAD_FRAME", f"signature length {auth_len} does not fit the frame")
-        if len(buf) < length + 4:
+        if len(buf) < HEADER_BYTES + auth_len:
             return None
         auth_raw = bytes(buf[HEADER_BYTES:HEADER_BYTES + auth_len])
-        body = bytes(buf[HEADER_BYTES + auth_len:length + 4])
-        del buf[:length + 4]
         try:
             auth = auth_raw.decode("ascii")
         except UnicodeDecodeError:
             raise FrameError("BAD_FRAME", "the signature is not ASCII") from None
-        return Frame(flags, op, rid, auth, body)
+        del buf[:HEADER_BYTES + auth_len]
+        self._head = FrameHead(flags, op, rid, auth, length - LENGTH_MIN - auth_len)
+        return self._head
+
+    def next_body(self) -> bytes | None:
+        """The body of the head ``next_head`` returned, once all of it arrived (None before)."""
+        head = self._head
+        assert head is not None
+        if len(self._buf) < head.body_bytes:
+            return None
+        body = bytes(self._buf[:head.body_bytes])
+        del self._buf[:head.body_bytes]
+        self._head = None
+        return body
+
+    def skip_body(self) -> None:
+        """Discard the body of the head ``next_head`` returned, without buffering it."""
+        head = self._head
+        assert head is not None
+        here = min(head.body_bytes, len(self._buf))
+        del self._buf[:here]
+        self._skip = head.body_bytes - here
+        self._head = None
+
+    def next(self) -> Frame | None:
+        """The next complete frame, None when more bytes are needed, or ``FrameError``."""
+        head = self._head or self.next_head()
+        if head is None:
+            return None
+        body = self.next_body()
+        if body is None:
+            return None
+        return Frame(head.flags, head.op, head.request_id, head.auth, body)

@@ -9,7 +9,7 @@ with a newline in its name. Nothing here exports a compiled pattern, so no calle
 | name | rule |
 |---|---|
 | topic | 1..127 of ``[%|a-zA-Z0-9_-]`` (``%RETRY%group``-style system topics included) |
-| group (producer/consumer) | 1..255 of ``[%|a-zA-Z0-9_-]`` |
+| group (producer/consumer) | 1..120 of ``[%|a-zA-Z0-9_-]`` (``GROUP_CHARS_MAX``, below) |
 | cluster, broker name | 1..127 of ``[a-zA-Z0-9_-]`` |
 | unique id (message) | 1..64 of ``[0-9A-Za-z_-]`` |
 | property name | 1..64 of ``[a-zA-Z0-9_.-]`` |
@@ -17,6 +17,13 @@ with a newline in its name. Nothing here exports a compiled pattern, so no calle
 | access key (ACL) | 1..255 of ``[a-zA-Z0-9_.@-]`` |
 
 Every accepted name is a safe single path component (no ``/``, no ``.`` alone, no control chars).
+
+Groups are at most 120 characters (RocketMQ's ``GROUP_MAX_LENGTH`` since 5.3.2, for the same
+reason): a group's retry and dead-letter topics, ``%RETRY%<group>`` and ``%DLQ%<group>``, are topics
+and must fit the topic rule (127 - len("%RETRY%") = 120). Releases before issue 23 allowed 255, and
+a send-back for a longer group made a topic no replica could apply (docs/SECURITY.md). Names those
+releases may have stored (``is_stored_group``, ``is_stored_topic``: groups up to 255, retry and DLQ
+topics of them up to 262) are accepted only to read or remove what a store holds — never to create.
 """
 
 from __future__ import annotations
@@ -24,8 +31,12 @@ from __future__ import annotations
 import re
 from typing import Final
 
+TOPIC_CHARS_MAX: Final = 127
+GROUP_CHARS_MAX: Final = TOPIC_CHARS_MAX - len("%RETRY%")  # 120: the retry topic is a topic too
 TOPIC_RULE: Final = "[%|a-zA-Z0-9_-]{1,127}"
-GROUP_RULE: Final = "[%|a-zA-Z0-9_-]{1,255}"
+GROUP_RULE: Final = "[%|a-zA-Z0-9_-]{1,120}"
+STORED_GROUP_RULE: Final = "[%|a-zA-Z0-9_-]{1,255}"  # what releases before issue 23 let into a store
+STORED_TOPIC_RULE: Final = "[%|a-zA-Z0-9_-]{1,262}"  # ... and the %RETRY% / %DLQ% topics of such groups
 NAME_RULE: Final = "[a-zA-Z0-9_-]{1,127}"
 UNIQUE_ID_RULE: Final = "[0-9A-Za-z_-]{1,64}"
 PROPERTY_NAME_RULE: Final = "[a-zA-Z0-9_.-]{1,64}"
@@ -34,6 +45,8 @@ ACCESS_KEY_RULE: Final = "[a-zA-Z0-9_.@-]{1,255}"
 
 _TOPIC: Final = re.compile(TOPIC_RULE)
 _GROUP: Final = re.compile(GROUP_RULE)
+_STORED_GROUP: Final = re.compile(STORED_GROUP_RULE)
+_STORED_TOPIC: Final = re.compile(STORED_TOPIC_RULE)
 _NAME: Final = re.compile(NAME_RULE)
 _UNIQUE_ID: Final = re.compile(UNIQUE_ID_RULE)
 _PROPERTY_NAME: Final = re.compile(PROPERTY_NAME_RULE)
@@ -53,6 +66,17 @@ def is_topic(value: object) -> bool:
 
 def is_group(value: object) -> bool:
     return _full(_GROUP, value)
+
+
+def is_stored_group(value: object) -> bool:
+    """A group name an older release may have stored (up to 255 chars): read or removed, never created."""
+    return _full(_STORED_GROUP, value)
+
+
+def is_stored_topic(value: object) -> bool:
+    """A topic name an older release may have stored (the retry or DLQ topic of a group of up to 255
+    chars: up to 262): read or removed, never created."""
+    return _full(_STORED_TOPIC, value)
 
 
 def is_name(value: object) -> bool:

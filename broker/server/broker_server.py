@@ -29,10 +29,14 @@ from broker.client.transport import Transport, client_ssl_context
 from broker.edge.binary import RemotingLimits, RemotingServer
 from broker.edge.binary_ops import RemotingOps, remoting_error
 from broker.edge.http_api import BrokerApi
+from broker.protocol.auth import broker_scope
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
+from broker.server.admin_config import NotUpdatable, config_view
+from broker.server.admin_config import update as update_config
 from broker.server.config import BrokerConfig, load_broker_config
 from broker.server.metrics import BrokerMetrics
 from broker.server.registration import Registrar
+from broker.service.base import ServiceError
 from broker.service.broker_service import BrokerService
 from broker.service.consumers import ConsumerManager
 from broker.service.producers import ProducerTable
@@ -42,6 +46,7 @@ from broker.serving.process_main import run_until_signalled, set_gc_young_thresh
 from broker.serving.security import Security
 from broker.store.message import encode_command
 from broker.store.message_store import MessageStore
+from broker.store.replay import ReplayGuardedNode
 from broker.store.schedule import SchedulePolicy, ScheduleService
 from broker.store.transactions import TransactionPolicy, TransactionService
 from dledger.clock import Clock, process_clock
@@ -80,8 +85,10 @@ class BrokerServer:
             dedup_max_messages=cfg.duplicate_window_messages, dedup_window_ms=cfg.duplicate_window_ms,
         )
         settings = dataclasses.replace(settings_from_config(cfg.dledger), **(raft_overrides or {}))
-        self.node = DLedgerNode(
-            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta
+        # The node carries each signed request's nonce into its Raft entry (broker/store/replay.py).
+        self.node: DLedgerNode = ReplayGuardedNode(
+            settings, self.store, clock=self.clock, network=network, store=log_store, meta=meta,
+            leader_ms=self.wall_ms,
         )
         self.consumers = ConsumerManager(cfg.client_expiry_ms)
         self.producers = ProducerTable(cfg.client_expiry_ms)  # seen sending (mqadmin producerConnection)
@@ -90,10 +97,7 @@ class BrokerServer:
         self.creating: dict[str, asyncio.Task[Any]] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
-        # What the tick thread may read of the long polls (see on_applied): an immutable snapshot
-        # of the queues someone waits on, replaced by the loop; and the applies so far (tick thread).
-        self._waited: frozenset[tuple[str, int]] = frozenset()
-        self.applied_seq = 0
+        self.applied_seq = 0  # apply calls so far (see on_applied, wait_for_queue)
         self.stopping = False  # held pulls answer at once from now on (stop does not wait them out)
         self._role_generation = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -112,10 +116,13 @@ class BrokerServer:
             ),
             lambda code, message: {"code": code, "message": message},
         )
-        # Every replica enforces the same ACL file (followers serve pulls too).
+        # Every replica enforces the same ACL file (followers serve pulls too). A signature names
+        # this replica (its scope), and a nonce this group's log admitted is refused here at once.
         self.security = Security(
             sec.acl_file, self.wall_ms, self.guard,
+            scope=broker_scope(cfg.cluster, cfg.broker_name, cfg.dledger.self_id),
             anonymous=lambda request: request.method == "GET" and request.path in ("/v1/status", "/metrics"),
+            extra_check=self.store.nonces.check,
         )
         ns_tls = client_ssl_context(sec.namesrv_ca_file) if sec.namesrv_tls else None
         self.registrar = Registrar(
@@ -149,8 +156,10 @@ class BrokerServer:
                 handshake_timeout_s=sec.header_timeout_ms / 1000,
                 frame_timeout_s=sec.body_timeout_ms / 1000,
                 idle_timeout_s=sec.idle_timeout_ms / 1000,
+                unauthenticated_connections_max=max(1, sec.connections_max * 3 // 4),
             ),
             map_error=remoting_error,
+            guard=self.guard,
         )
         self.remoting_address: str | None = None
         self.started_at = self.clock.monotonic()
@@ -162,6 +171,19 @@ class BrokerServer:
     def wall_ms(self) -> int:
         """For timestamps stored in records (a message's store time)."""
         return int(self.clock.wall() * 1000)
+
+    # -- configuration (mqadmin getBrokerConfig / updateBrokerConfig) ---------------------------------
+    def config_view(self) -> dict[str, str]:
+        return config_view(self.cfg)
+
+    def update_config(self, key: str, value: str) -> None:
+        """Change one hot key until this replica restarts; a refused change is a ``ServiceError``."""
+        try:
+            self.cfg = update_config(self.cfg, key, value)
+        except NotUpdatable as exc:
+            raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
+        except ConfigError as exc:
+            raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -199,12 +221,13 @@ class BrokerServer:
         )
 
     async def _watch_replica(self) -> None:
-        """Fail-stop: a replica whose tick thread died can neither vote nor replicate, yet would keep
-        answering HTTP (and look alive to a health check that only opens a socket). ``failed`` is
-        set so that the process exits (``serve``) and its supervisor restarts it from its log."""
+        """Fail-stop: a replica that failed (its tick, a peer handler or a flush raised) can neither
+        vote nor replicate, yet would keep answering HTTP (and look alive to a health check that
+        only opens a socket). ``failed`` is set so that the process exits (``serve``) and its
+        supervisor restarts it from its log."""
         while self.node.fatal is None:
             await asyncio.sleep(0.2)
-        log.critical("the replica's tick thread died (%s): stopping the broker", self.node.fatal)
+        log.critical("the replica failed (%s): stopping the broker", self.node.fatal)
         self.failed.set()
 
     async def stop(self, *, unregister: bool = True) -> None:
@@ -232,7 +255,7 @@ class BrokerServer:
         await self.remoting.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        # The store's last snapshot runs on the tick thread after its last apply, with the log open.
+        # The store's last snapshot runs after the replica's last apply, with the log open.
         await self.node.stop(before_log_close=self.store.close)
 
     # -- roles ----------------------------------------------------------------------------------
@@ -327,42 +350,34 @@ class BrokerServer:
             remoting_address=self.remoting_address,
         )
 
-    # -- the apply bridge (tick thread -> loop) ---------------------------------------------------
+    # -- applies wake the long polls (the loop's thread: it owns the replica) ----------------------
     def on_applied(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
-        """Tick thread. Wakes the loop only if a long poll waits on a touched queue (or metadata
-        changed): a follower nobody reads from is not woken once per entry. No wake is lost: the
-        sequence number moves before the waited set is read, and a poll registers before it reads
-        the number it saw before its last look at the queue (``wait_for_queue(since=...)``)."""
+        """Called by the store's apply, on this loop (which owns the replica): wakes the long polls
+        waiting on a touched queue, and re-registers at once when topics changed. An apply nobody
+        waits for costs a counter and a set test."""
         self.applied_seq += 1
-        waited = self._waited
-        if metadata_changed or (waited and not waited.isdisjoint(touched)):
-            self.loop.call_soon_threadsafe(self._on_applied_loop, touched, metadata_changed)
+        if metadata_changed or (self._waiters and not self._waiters.keys().isdisjoint(touched)):
+            self._wake_waiters(touched, metadata_changed)
 
-    def _on_applied_loop(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
-        woke = False
+    def _wake_waiters(self, touched: set[tuple[str, int]], metadata_changed: bool) -> None:
         for key in touched:
             for fut in self._waiters.pop(key, ()):
-                woke = True
                 if not fut.done():
                     fut.set_result(None)
-        if woke:
-            self._waited = frozenset(self._waiters)
         if metadata_changed:
             self.registrar.trigger()
 
     async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None:
         """Until an apply touches the queue, or ``timeout_s``. ``since``: ``applied_seq`` as read
-        before the caller last found the queue empty; if an apply happened since, return at once
-        (the caller looks again) — the apply may have seen no waiter and woken nobody."""
+        before the caller last found the queue empty; if an apply happened since (the caller
+        awaited something between its look and this wait), return at once: the caller looks again."""
         key = (topic, queue_id)
+        if since is not None and self.applied_seq != since:
+            return
         fut: asyncio.Future[None] = self.loop.create_future()
         waiters = self._waiters.setdefault(key, set())
         waiters.add(fut)
-        if key not in self._waited:
-            self._waited = frozenset(self._waiters)
         try:
-            if since is not None and self.applied_seq != since:
-                return
             await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             pass
@@ -370,7 +385,6 @@ class BrokerServer:
             waiters.discard(fut)
             if not waiters and self._waiters.get(key) is waiters:
                 del self._waiters[key]
-                self._waited = frozenset(self._waiters)
 
     # -- status ---------------------------------------------------------------------------------
     def first_log_position(self) -> int:
@@ -403,8 +417,9 @@ class BrokerServer:
                 for pid, p in node["peers"].items()
             },
             "topics": len(self.store.metadata_view().topics),
-            "queues": len(self.store.cqs.queues()),
+            "queues": self.store.queue_count(),
             "dispatch": dict(self.store.counters),
+            "refused_records": self.store.refusals.total,  # GET /v1/admin/refused lists them
             "send": dict(self.counters),
             "commit_latency_ms": node["commit_latency_ms"],
             "raft": {
@@ -415,6 +430,7 @@ class BrokerServer:
                 + node["counters"].get("stepdowns_stale_term", 0),
                 "votes_ignored_in_lease": node["counters"].get("votes_ignored_in_lease", 0),
                 "max_append_gap_ms": node["max_append_gap_ms"],
+                "loop": node.get("loop"),  # the serving loop's lag (it owns the replica) and flush jobs
                 "live_followers": node["live_followers"],
                 "retention_floor": node["retention_floor"],
             },
@@ -423,12 +439,16 @@ class BrokerServer:
                 "registrations": self.registrar.registrations,
                 "errors": dict(self.registrar.last_error),
                 "last_role": list(self.registrar.last_registered_role or ()),
+                "unroutable_topics": list(self.registrar.unroutable),
             },
             "consumer_groups": self.consumers.groups(),
             "schedule": self.schedule.status(),
             "transactions": self.transactions.status(),
             "security": {
                 "acl": self.security.enabled,
+                "scope": self.security.scope,
+                "replicated_nonces": len(self.store.nonces),
+                "replays_refused_at_apply": dict(self.store.nonces.refused),
                 "tls": self.cfg.security.tls_cert_file is not None,
                 "refused": dict(self.security.refused),
                 "edge": self.guard.stats(),
@@ -453,7 +473,7 @@ class BrokerServer:
             if not due and installs == installs_seen:
                 continue
             try:
-                cmd = await self.node.run_on_tick_thread(self.store.capture_state, 5.0)
+                cmd = await self.node.run_on_replica_thread(self.store.capture_state, 5.0)
                 record = encode_command(cmd)
                 if len(record) + 1024 > self.node.settings.max_entry_bytes:
                     raise ValueError(
@@ -472,7 +492,7 @@ class BrokerServer:
             self.producers.expire(self.monotonic_ms())
 
 
-EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica's tick thread died (see BrokerServer.failed)
+EXIT_REPLICA_FAILED = 70  # EX_SOFTWARE: the replica failed (see BrokerServer.failed)
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event) -> None:

@@ -6,7 +6,7 @@ so nothing goes to prometheus_client's global registry):
 - Event series, updated where the event happens: send/pull message and byte counters and latency
   histograms per topic (``rocketmq_messages_in_total``, ``rocketmq_send_latency_seconds``...), the
   replica's fsync latency and group-commit batch sizes (``dledger_fsync_latency_seconds``,
-  ``dledger_group_commit_batch_size``, observed on the tick thread: prometheus_client's metrics are
+  ``dledger_group_commit_batch_size``, observed on the replica's thread (the loop): prometheus_client's metrics are
   thread-safe).
 - State series, read once per scrape (``Snapshot``, built by ``scrape()`` on the serving loop and
   handed to the collector): Raft term, role, commit/applied index, follower match lag, elections,
@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import shutil
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,7 +37,9 @@ from prometheus_client.registry import Collector
 from dledger.clock import Clock
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from broker.server.config import BrokerConfig
+    from broker.store.message_store import MessageStore
+    from dledger.node import DLedgerNode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RATE_WINDOW_S = 10
@@ -108,10 +110,28 @@ class Snapshot:
     progress: dict[tuple[str, str], list[tuple[int, int, int | None, int]]]
     producer_tps: dict[str, float]
     consumer_tps: dict[tuple[str, str], float]
+    refused_records: int = 0  # records this replica's apply refused (broker/store/record_rules.py)
+
+
+class MeteredReplica(Protocol):
+    """What the metrics read of the replica they describe (``BrokerServer`` is one)."""
+
+    @property
+    def cfg(self) -> BrokerConfig: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> MessageStore: ...
+    @property
+    def ready(self) -> bool: ...
 
 
 class BrokerMetrics:
-    def __init__(self, server: BrokerServer):
+    content_type = CONTENT_TYPE  # of what ``scrape`` returns
+
+    def __init__(self, server: MeteredReplica):
         self.s = server
         cfg = server.cfg
         self.base = {"cluster": cfg.cluster, "broker": cfg.broker_name, "node": cfg.dledger.self_id}
@@ -160,9 +180,9 @@ class BrokerMetrics:
         self._lock = asyncio.Lock()
         reg.register(_StateCollector(self))
 
-    # -- events (serving loop, tick thread for observe) -------------------------------------------
+    # -- events (serving loop; observe too) ------------------------------------------------------
     def observe(self, name: str, value: float) -> None:
-        """The replica's hook (``ReplicaCore.observe``), called on the tick thread."""
+        """The replica's hook (``ReplicaCore.observe``), called on the replica's thread (the loop)."""
         if name == "fsync_seconds":
             self.fsync.observe(value)
         elif name == "batch_bodies":
@@ -213,7 +233,7 @@ class BrokerMetrics:
             for topic, tc in md.topics.items():
                 total = 0
                 for qid in range(tc.read_queue_nums):
-                    cq = s.store.cqs.get(topic, qid)
+                    cq = s.store.queue(topic, qid)
                     total += cq.max_offset if cq is not None else 0
                 producer[topic] = total
             for (g, t), offsets in sorted(committed.items()):
@@ -222,7 +242,7 @@ class BrokerMetrics:
                     continue
                 rows = []
                 for qid in range(gtc.read_queue_nums):
-                    cq = s.store.cqs.get(t, qid)
+                    cq = s.store.queue(t, qid)
                     hi = cq.max_offset if cq is not None else 0
                     c = offsets.get(qid)
                     base = c if c is not None else (cq.min_offset if cq is not None else 0)
@@ -236,6 +256,7 @@ class BrokerMetrics:
             progress=progress,
             producer_tps=self.producer_rate.rates(),
             consumer_tps=self.consumer_rate.rates(),
+            refused_records=s.store.refusals.total,
         )
 
 
@@ -270,7 +291,7 @@ class _StateCollector(Collector):
             ("dledger_applied_index", "Raft applied index", node["applied_index"]),
             ("dledger_first_index", "First index in the Raft log", node["first_index"]),
             ("dledger_last_index", "Last index in the Raft log", node["last_index"]),
-            ("dledger_append_queue_requests", "Append requests queued for the tick thread",
+            ("dledger_append_queue_requests", "Append requests queued for the next tick",
              node.get("queued_requests", 0)),
             ("dledger_append_queued_bytes", "Bytes of appends queued (bounded by maxPendingBytes)",
              node.get("queued_bytes", 0)),
@@ -297,6 +318,12 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=keys)
             c.add_metric(vals, float(counters.get(key, 0)))
             yield c
+        refused = CounterMetricFamily(
+            "dledger_broker_refused_records", "Committed records this replica refused to apply (every replica alike)",
+            labels=keys,
+        )
+        refused.add_metric(vals, float(snap.refused_records))
+        yield refused
         stepdowns = CounterMetricFamily("dledger_stepdowns", "Leader step-downs (lost quorum, stale term)", labels=keys)
         stepdowns.add_metric(
             vals, float(counters.get("stepdowns_check_quorum", 0) + counters.get("stepdowns_stale_term", 0))

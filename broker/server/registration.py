@@ -4,6 +4,12 @@ wakes the loop, which registers with all NameServers concurrently (3 s timeout e
 
 ``data_version`` is monotonic per broker process (start ms × 1000 + counter), as the NameServer
 requires; the record and its wire form are the protocol's (broker/protocol/routes.py, route_wire.py).
+
+Topics whose names the protocol does not allow (an older release stored ``%DLQ%<group>`` for a
+group of up to 255 chars, issue 23) are left out of every registration, logged once each and listed
+as ``unroutable`` (``/v1/status`` → ``namesrv.unroutable_topics``): the NameServer refuses a record
+holding one, and a single bad name must not keep the rest of the group's topics unroutable. An admin
+removes such a topic (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
+from broker.protocol.names import TOPIC_RULE, is_topic
 from broker.protocol.route_wire import registration_to_dict, unregister_to_dict
 from broker.protocol.routes import BrokerRegistration, UnregisterRequest
 from dledger.clock import SYSTEM, Clock
 
 log = logging.getLogger("broker.registration")
+
+UNROUTABLE_LISTED_MAX = 100
 
 
 class Registrar:
@@ -45,6 +54,7 @@ class Registrar:
         self.last_error: dict[str, str] = {}
         self.registrations = 0
         self.last_registered_role: tuple[str, int] | None = None
+        self.unroutable: list[str] = []  # topics left out of the last registration (invalid names)
 
     def trigger(self) -> None:
         for event in self._wakes.values():
@@ -72,7 +82,15 @@ class Registrar:
 
     def _record_now(self) -> BrokerRegistration:
         self._counter += 1
-        return dataclasses.replace(self._record(), data_version=self._version_base + self._counter)
+        record = self._record()
+        routable = tuple(t for t in record.topics if is_topic(t.topic))
+        unroutable = sorted(t.topic for t in record.topics if not is_topic(t.topic))
+        for name in unroutable:
+            if name not in self.unroutable:
+                log.error("topic %r is not a valid topic name (%s): left out of the registration; an admin "
+                          "deletes it (docs/OPERATIONS.md)", name[:300], TOPIC_RULE)
+        self.unroutable = unroutable[:UNROUTABLE_LISTED_MAX]
+        return dataclasses.replace(record, topics=routable, data_version=self._version_base + self._counter)
 
     async def register_all(self) -> None:
         await asyncio.gather(*(self.register_one(addr) for addr in self.addrs))

@@ -11,9 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
-from broker.protocol.names import is_decimal
-from broker.server.admin_config import ConfigError, NotUpdatable, config_view
-from broker.server.admin_config import update as update_config
+from broker.protocol.names import is_decimal, is_stored_group, is_stored_topic, is_topic
 from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
@@ -83,7 +81,11 @@ class AdminOps(ServiceBase):
 
     @translated
     async def delete_topic(self, topic: str) -> None:
-        self.topic(check_topic(topic))
+        """Delete a topic (admin). Also takes a longer name an older release stored (``%RETRY%`` or
+        ``%DLQ%`` of a group of up to 255 chars, issue 23): it exists only to be removed."""
+        if not is_topic(topic) and not is_stored_topic(topic):
+            check_topic(topic)  # raises INVALID_TOPIC
+        self.topic(topic)
         await self.command({"op": "topic.delete", "topic": topic})
 
     @translated_sync
@@ -93,7 +95,7 @@ class AdminOps(ServiceBase):
         tc = self.topic(check_topic(topic))
         queues = []
         for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
-            cq = self.s.store.cqs.get(topic, qid)
+            cq = self.s.store.queue(topic, qid)
             last = cq.last_unit() if cq is not None else None
             queues.append(
                 {
@@ -130,7 +132,11 @@ class AdminOps(ServiceBase):
 
     @translated
     async def delete_group(self, group: str) -> bool:
-        result = await self.command({"op": "group.delete", "group": check_group(group)})
+        """Delete a subscription group and its offsets (admin); also a 121..255-char group an older
+        release stored (issue 23)."""
+        if not is_stored_group(group):
+            check_group(group)  # raises INVALID_GROUP
+        result = await self.command({"op": "group.delete", "group": group})
         return bool(result.get("deleted"))
 
     # -- offsets ---------------------------------------------------------------------------------------
@@ -218,7 +224,7 @@ class AdminOps(ServiceBase):
             ts = check_int(ts, "ts", 0, INT64_MAX)
             parsed = {}
             for qid in range(tc.read_queue_nums):
-                cq = self.s.store.cqs.get(topic, qid)
+                cq = self.s.store.queue(topic, qid)
                 parsed[qid] = cq.search_by_time(ts) if cq is not None else 0
         else:
             parsed = self.offsets_map(offsets, tc)
@@ -248,7 +254,7 @@ class AdminOps(ServiceBase):
             offsets = md.group_offsets(group, name)
             queues = []
             for qid in range(tc.read_queue_nums):
-                cq = s.store.cqs.get(name, qid)
+                cq = s.store.queue(name, qid)
                 broker_offset = cq.max_offset if cq is not None else 0
                 committed = offsets.get(qid)  # None: the group never committed this queue
                 consumer_offset = committed if committed is not None else (cq.min_offset if cq is not None else 0)
@@ -304,25 +310,32 @@ class AdminOps(ServiceBase):
 
     def config(self) -> dict[str, Any]:
         """The replica's configuration, secrets left out."""
-        return dict(config_view(self.s.cfg))
+        return dict(self.s.config_view())
 
     @translated_sync
     def update_config(self, key: str, value: str) -> Any:
         """Change one hot key on this replica until it restarts; the value now in effect."""
-        try:
-            self.s.cfg = update_config(self.s.cfg, key, value)
-        except NotUpdatable as exc:
-            raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
-        except ConfigError as exc:
-            raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
+        self.s.update_config(key, value)
         log.warning("config %s set to %s by updateBrokerConfig (until restart)", key, value)
         self.s.registrar.trigger()  # autoCreateTopicEnable changes what the registration announces
-        return config_view(self.s.cfg).get(key)
+        return self.s.config_view().get(key)
+
+    def refused_records(self) -> dict[str, Any]:
+        """The records this replica's apply refused (broker/store/record_rules.py): how many, and the last
+        ones with their log index, position, kind and reason — the same on every replica that
+        applied the same log."""
+        s = self.s
+        return {
+            "broker_name": s.cfg.broker_name,
+            "self_id": s.cfg.dledger.self_id,
+            "applied_index": s.store.applied_index(),
+            **s.store.refusals.view(),
+        }
 
     @translated
     async def clean_expired_queues(self) -> list[tuple[str, int]]:
         """Remove the consume queues of topics that no longer exist; runs between two ticks."""
-        removed = await self.s.node.run_on_tick_thread(self.s.store.clean_expired_queues, 10.0)
+        removed = await self.s.node.run_on_replica_thread(self.s.store.clean_expired_queues, 10.0)
         return list(removed)
 
     @translated

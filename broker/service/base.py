@@ -21,6 +21,7 @@ from broker.service.consumers import MembershipError
 from broker.store.message import InvalidInput, encode_command
 from broker.store.message_store import CorruptMessage
 from broker.store.metadata import TopicConfig
+from dledger.log_store import StoreClosedError
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -30,21 +31,21 @@ from dledger.node import (
     EntryRemovedError,
     EntryTooLargeError,
     NotLeaderError,
+    Refused,
 )
 
 if TYPE_CHECKING:
     import asyncio
     import collections
+    from collections.abc import Mapping
 
-    from broker.server.config import BrokerConfig
-    from broker.server.metrics import BrokerMetrics
-    from broker.server.registration import Registrar
     from broker.service.consumers import ConsumerManager
     from broker.service.producers import ProducerTable
     from broker.store.message_store import MessageStore
     from broker.store.schedule import ScheduleService
     from broker.store.transactions import TransactionService
     from dledger.clock import Clock
+    from dledger.config import DLedgerConfig
     from dledger.node import DLedgerNode
 
 INT64_MAX = 2**63 - 1
@@ -71,12 +72,66 @@ class ServiceError(InvalidInput):
         return {"code": self.code, "message": self.message, **self.extra}
 
 
+def refusal_error(refusal: Refused, what: str = "record", **extra: Any) -> ServiceError:
+    """The answer to a request whose record was committed but refused by every replica's apply
+    (broker/store/record_rules.py): a coded error, never a success. ``RECORD_REFUSED`` (422) for records
+    admission refused; ``BAD_COMMAND`` (400) for a metadata command the state machine refused."""
+    status = 400 if refusal.code == "BAD_COMMAND" else 422
+    return ServiceError(
+        status,
+        refusal.code,
+        f"the broker group refused to apply this {what} (every replica alike; listed by GET /v1/admin/refused):"
+        f" {refusal.reason}",
+        **extra,
+    )
+
+
+def raise_if_refused(result: Any, what: str = "record") -> Any:
+    """``result`` (a ``BodyLocation.result``) unless it is a refusal, which is raised as its error."""
+    if isinstance(result, Refused):
+        raise refusal_error(result, what)
+    return result
+
+
+class ServiceConfig(Protocol):
+    """What the service reads of the replica's configuration (``BrokerConfig`` is one)."""
+
+    @property
+    def dledger(self) -> DLedgerConfig: ...
+    @property
+    def broker_name(self) -> str: ...
+    @property
+    def auto_create_topic(self) -> bool: ...
+    @property
+    def default_topic_queue_nums(self) -> int: ...
+    @property
+    def max_message_size(self) -> int: ...
+    @property
+    def long_polling_max_ms(self) -> int: ...
+    @property
+    def enable_property_filter(self) -> bool: ...
+
+
+class ServiceMetrics(Protocol):
+    """The events the service reports (``BrokerMetrics`` counts them)."""
+
+    def sent(self, topic: str, count: int, nbytes: int, seconds: float) -> None: ...
+    def send_failed(self, code: str) -> None: ...
+    def pulled(self, topic: str, group: str | None, count: int, nbytes: int, seconds: float) -> None: ...
+
+
+class Announcer(Protocol):
+    """Registration with the NameServers (``Registrar`` is one)."""
+
+    def trigger(self) -> None: ...  # register now: what the registration announces changed
+
+
 class BrokerHost(Protocol):
     """What the service uses of the broker replica it runs in (``BrokerServer`` is one): the store
-    and the node, the configuration (``update_config`` replaces it), the clock, the tables of
-    clients, counters and metrics, and the long-poll wait. Nothing else reaches the service."""
+    and the node, the configuration (read, shown and changed through ``config_view`` and
+    ``update_config``), the clock, the tables of clients, counters and metrics, and the long-poll
+    wait. Nothing else reaches the service."""
 
-    cfg: BrokerConfig
     clock: Clock
     store: MessageStore
     node: DLedgerNode
@@ -84,14 +139,19 @@ class BrokerHost(Protocol):
     producers: ProducerTable
     schedule: ScheduleService
     transactions: TransactionService  # check-backs (broker/store/transactions.py)
-    registrar: Registrar
-    metrics: BrokerMetrics
     counters: collections.Counter[str]
     creating: dict[str, asyncio.Task[Any]]  # topics being auto-created: one command per topic
     loop: asyncio.AbstractEventLoop
     send_timeout_s: float
     stopping: bool
+    applied_seq: int  # apply calls so far (see BrokerServer.on_applied)
 
+    @property
+    def cfg(self) -> ServiceConfig: ...
+    @property
+    def registrar(self) -> Announcer: ...
+    @property
+    def metrics(self) -> ServiceMetrics: ...
     @property
     def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
 
@@ -99,10 +159,10 @@ class BrokerHost(Protocol):
     def monotonic_ms(self) -> int: ...
     def client_addr_of(self, peer_id: str | None) -> str | None: ...
     def first_log_position(self) -> int: ...
-    applied_seq: int  # applies so far (the tick thread counts; see BrokerServer.on_applied)
-
     async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None: ...
     async def status(self) -> dict[str, Any]: ...
+    def config_view(self) -> Mapping[str, str]: ...  # every setting as text, secrets left out
+    def update_config(self, key: str, value: str) -> None: ...  # one hot key; a refusal is a ServiceError
 
 
 P = ParamSpec("P")
@@ -131,6 +191,8 @@ class ServiceBase:
             return ServiceError(status, code, str(exc))
         if isinstance(exc, CorruptMessage):  # logged by the store; other replicas hold a good copy
             return ServiceError(500, "STORE_CORRUPT", f"{exc}: read it from another replica")
+        if isinstance(exc, StoreClosedError):  # the replica is stopping: its log closed under a read
+            return ServiceError(503, "SERVICE_UNAVAILABLE", "this replica is stopping; retry (another replica)")
         if isinstance(exc, TimeoutError):  # the replica's apply thread did not answer in time
             return ServiceError(503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
         return None
@@ -171,7 +233,7 @@ class ServiceBase:
         """Append one admin command (broker/store/metadata.py) and return what its apply answered."""
         self.require_writable()
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
-        result = locs[0].result
+        result = raise_if_refused(locs[0].result, "command")
         if not isinstance(result, dict):  # applied, but not as a command (never expected)
             raise ServiceError(500, "INTERNAL", f"command {cmd.get('op')!r} was applied without a result")
         if "error" in result:

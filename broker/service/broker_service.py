@@ -39,7 +39,7 @@ runs in (store, node, configuration, clock, client tables, metrics, the long-pol
 ``BrokerServer`` is one, checked by mypy where it builds its service.
 
 Threads: every method runs on the broker's event loop (store reads are safe there, see
-docs/ARCHITECTURE.md); appends go through the node's bridge to the tick thread.
+docs/ARCHITECTURE.md); appends go to the node on the same loop (it owns the replica).
 
 Split by concern: broker/service/send.py (send, retries), broker/service/txn.py (transactions),
 broker/service/query.py (pull, queries), broker/service/admin.py (topics, groups, offsets, membership, the replica).

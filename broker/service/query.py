@@ -20,7 +20,7 @@ from typing import Any
 from broker.protocol.limits import PULL_BYTES_MAX, PULL_COUNT_MAX, PULL_SUSPEND_MS_MAX
 from broker.protocol.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
 from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
-from broker.store.consume_queue import ConsumeQueue
+from broker.store.consume_queue import QueueReader
 from broker.store.message import (
     StoredMessage,
     check_group,
@@ -156,7 +156,7 @@ class QueryOps(ServiceBase):
         deadline = s.clock.monotonic() + suspend_ms / 1000
         while True:
             seen = s.applied_seq  # before the look: an apply after it makes the wait return at once
-            cq = s.store.cqs.get(topic, qid)
+            cq = s.store.queue(topic, qid)
             lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
             if offset < lo:
                 return self._pull_answer(topic, "OFFSET_TOO_SMALL", lo, lo, hi, [])
@@ -176,7 +176,7 @@ class QueryOps(ServiceBase):
     def _read_queue(
         self,
         topic: str,
-        cq: ConsumeQueue,
+        cq: QueueReader,
         offset: int,
         max_count: int,
         max_bytes: int,
@@ -247,7 +247,7 @@ class QueryOps(ServiceBase):
             if position < store.applied_end_position and position < self.s.first_log_position():
                 raise ServiceError(410, "MESSAGE_REMOVED", f"position {position} was removed by retention") from None
             raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}") from None
-        cq = store.cqs.get(m.topic, m.queue_id)
+        cq = store.queue(m.topic, m.queue_id)
         offset = cq.search_by_position(position) if cq is not None else None
         if offset is None:
             raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}")
@@ -263,14 +263,14 @@ class QueryOps(ServiceBase):
         self.require_state()
         store = self.s.store
         out: list[PulledMessage] = []
-        for position in store.index.query(topic, key, max_n * 2, begin_ts, end_ts):
+        for position in store.positions_by_key(topic, key, max_n * 2, begin_ts, end_ts):
             try:
                 m = store.read_message(position)
             except MessageNotFound:
                 continue
             if m.topic != topic or (m.unique_id != key if unique else key not in m.keys):
                 continue  # a hash collision
-            cq = store.cqs.get(m.topic, m.queue_id)
+            cq = store.queue(m.topic, m.queue_id)
             offset = cq.search_by_position(position) if cq is not None else None
             unit = cq.get(offset) if cq is not None and offset is not None else None
             out.append(PulledMessage(m, position, unit.size if unit else 0, offset))
@@ -282,7 +282,7 @@ class QueryOps(ServiceBase):
     def message_at_offset(self, topic: str, queue_id: int, offset: int) -> PulledMessage:
         """The message at ``offset`` of a queue (``MESSAGE_REMOVED`` once retention took it)."""
         self.require_state()
-        cq = self.s.store.cqs.get(topic, queue_id)
+        cq = self.s.store.queue(topic, queue_id)
         unit = cq.get(offset) if cq is not None else None
         if unit is None:
             raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at {topic}/{queue_id} offset {offset}")
@@ -296,5 +296,5 @@ class QueryOps(ServiceBase):
     def search_offset(self, topic: str, queue_id: int, ts: int) -> int:
         """The first offset of a queue stored at or after ``ts`` (RocketMQ ``searchOffset``)."""
         self.require_state()
-        cq = self.s.store.cqs.get(topic, queue_id)
+        cq = self.s.store.queue(topic, queue_id)
         return cq.search_by_time(ts) if cq is not None else 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.edge.http_codec import check_fields
 from broker.protocol.auth import AuthError
+from broker.service.base import ServiceError
 from broker.serving.acl import Perm
 from broker.store.message import InvalidInput, check_group, check_topic
 
@@ -21,6 +21,16 @@ SEND_FIELDS = frozenset({"topic", "queue_id", "producer_group", "messages"})
 PULL_FIELDS = frozenset(
     {"topic", "queue_id", "offset", "max_count", "max_bytes", "tags", "suspend_ms", "consumer_group", "sql"}
 )
+
+
+def check_fields(body: dict[str, Any], allowed: frozenset[str], required: tuple[str, ...] = ()) -> None:
+    """A request map's fields: every ``required`` one present, none outside ``allowed``."""
+    for name in required:
+        if name not in body:
+            raise ServiceError(400, "MISSING_FIELD", f"field {name!r} is required")
+    unknown = [str(k) for k in body if k not in allowed]
+    if unknown:
+        raise ServiceError(400, "UNKNOWN_FIELD", f"unknown field(s) {sorted(unknown)[:5]}")
 
 
 class Require(Protocol):

@@ -14,11 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from broker.protocol.names import is_topic
 from broker.protocol.properties import DLQ_PREFIX, dlq_topic, retry_topic
-from broker.service.base import DLEDGER_ERRORS, ServiceBase, ServiceError, translated
+from broker.service.base import (
+    DLEDGER_ERRORS,
+    ServiceBase,
+    ServiceError,
+    raise_if_refused,
+    refusal_error,
+    translated,
+)
 from broker.store.dedup import FirstSend, SendDeduper
 from broker.store.message import (
     InvalidInput,
@@ -41,7 +49,7 @@ from broker.store.retry import (
     resend_from_dlq,
     send_back,
 )
-from dledger.node import DLedgerError, NotLeaderError
+from dledger.node import DLedgerError, NotLeaderError, Refused
 
 MessageIn = Mapping[str, Any]
 """One message of a send as it travels (docs/API.md ``POST /v1/send``): ``body`` (bytes, required),
@@ -224,6 +232,10 @@ class SendOps(ServiceBase):
             first = firsts[0]
             assert first is not None
             qid, store_ts = first.queue_id, first.store_ts
+        refused = [i for i, loc in zip(fresh, locs, strict=True) if isinstance(loc.result, Refused)]
+        if refused:  # committed, refused by every replica's apply: stored nowhere a consumer reads
+            first = locs[fresh.index(refused[0])].result
+            raise refusal_error(first, "message" if len(msgs) == 1 else "batch", refused=refused)
         for i, loc in zip(fresh, locs, strict=True):
             # loc.result: the queue offset its apply assigned (results travel with the call)
             results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position,
@@ -253,6 +265,8 @@ class SendOps(ServiceBase):
 
     # -- retries and DLQs (broker/store/retry.py) -----------------------------------------------------------
     async def _ensure_topic(self, topic: str, perm: int) -> TopicConfig:
+        if not is_topic(topic):  # a derived name is validated like any other before it is appended
+            raise ServiceError(400, "INVALID_GROUP", f"the group's retry/DLQ topic {topic[:140]!r} is no valid topic")
         tc = self.s.store.topic(topic)
         if tc is None:
             await self.command(
@@ -274,6 +288,7 @@ class SendOps(ServiceBase):
 
     async def _append_one(self, m: StoredMessage) -> int:
         locs = await self.s.node.append([encode_message(m)], timeout_s=self.s.send_timeout_s)
+        raise_if_refused(locs[0].result, "message")
         self.s.counters["messages_sent"] += 1
         return locs[0].position
 
@@ -284,13 +299,29 @@ class SendOps(ServiceBase):
             raise ServiceError(400, "INVALID_MSG_ID", f"msg id of {name!r}, this is {self.s.cfg.broker_name!r}")
         return position
 
+    def group_consumes(self, group: str, topic: str) -> bool:
+        """Whether ``group`` consumes ``topic`` as far as this replica knows: it is the group's own
+        retry topic, the group committed offsets on it (replicated), or a member of the group
+        heartbeating here subscribes to it."""
+        s = self.s
+        if topic == retry_topic(group) or s.store.group_has_offsets(group, topic):
+            return True
+        return any(topic in m.topics for m in s.consumers.members(group, s.monotonic_ms()))
+
     @translated
     async def send_back(
-        self, group: str, position: int, *, max_reconsume_times: int | None = None, to_dlq: bool = False
+        self, group: str, position: int, *, max_reconsume_times: int | None = None, to_dlq: bool = False,
+        may_read: Callable[[str], None] | None = None,
     ) -> SendBackAnswer:
         """RocketMQ ``consumerSendMsgBack``: the message at ``position`` goes to ``%RETRY%group``
         (delayed by its reconsume level) or, past ``max_reconsume_times`` or with ``to_dlq``, to
-        ``%DLQ%group``. ``max_reconsume_times`` None: the group's ``retry_max_times``."""
+        ``%DLQ%group``. ``max_reconsume_times`` None: the group's ``retry_max_times``.
+
+        A send-back copies a message into a topic the group's consumers read, so it must name a
+        message they could read anyway (issue 23, finding 2), checked on the stored message before
+        anything is appended: ``may_read(topic)`` (the transport's ACL check of SUB on its topic)
+        must pass, and the group must consume that topic (``group_consumes``; ``NOT_SUBSCRIBED``
+        otherwise)."""
         s = self.s
         group = check_group(group)
         self.require_writable()
@@ -298,6 +329,14 @@ class SendOps(ServiceBase):
             gc = s.store.group(group)
             max_reconsume_times = gc.retry_max_times if gc is not None else DEFAULT_MAX_RECONSUME_TIMES
         m = self._read_for_retry(position)
+        if may_read is not None:
+            may_read(m.topic)
+        if not self.group_consumes(group, m.topic):
+            raise ServiceError(
+                403, "NOT_SUBSCRIBED",
+                f"group {group!r} does not consume topic {m.topic!r} (no member subscribes to it here, no offsets "
+                "committed on it): only a message the group consumed can be sent back",
+            )
         sb = send_back(
             m, make_msg_id(s.cfg.broker_name, position), group=group, max_reconsume_times=max_reconsume_times,
             to_dlq=to_dlq, store_ts=s.wall_ms(), levels=len(s.schedule.policy.levels_ms),

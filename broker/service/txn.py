@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from broker.protocol.properties import PROP_PGROUP, PROP_REAL_TOPIC
-from broker.service.base import ServiceError, translated, translated_sync
+from broker.service.base import ServiceError, raise_if_refused, translated, translated_sync
 from broker.service.send import MessageIn, SendAnswer, SendOps, SendResult
 from broker.store.dedup import half_key
 from broker.store.message import (
@@ -104,6 +104,7 @@ class TxnOps(SendOps):
             (loc,) = await self.dedup.appending(
                 key, [m.unique_id], lambda: s.node.append([record], timeout_s=s.send_timeout_s)
             )
+            raise_if_refused(loc.result, "half message")
             result = SendResult(make_msg_id(name, loc.position), m.unique_id, loc.result, loc.position)
             store_ts = m.store_ts
             s.counters["transaction_halves"] += 1
@@ -149,6 +150,7 @@ class TxnOps(SendOps):
         if resolution == ROLLBACK:
             cmd = {"op": "txn.end", "position": position, "state": ROLLBACK, "group": group}
             (loc,) = await s.node.append([encode_command(cmd)], timeout_s=s.send_timeout_s)
+            raise_if_refused(loc.result, "rollback")
             if isinstance(loc.result, dict) and loc.result.get("outcome") == ROLLBACK:
                 return EndAnswer("ROLLBACK_MESSAGE")
             return self._resolved(position, resolution) or _raise(_not_found(msg_id))
@@ -157,6 +159,7 @@ class TxnOps(SendOps):
             raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} of the transaction no longer exists")
         copy = committed_copy(m, position, s.wall_ms(), tc.write_queue_nums)
         (loc,) = await s.node.append([encode_message(copy)], timeout_s=s.send_timeout_s)
+        raise_if_refused(loc.result, "commit")
         if loc.result is not None:  # the first commit: visible now
             s.counters["messages_sent"] += 1
             return EndAnswer("COMMIT_MESSAGE", make_msg_id(s.cfg.broker_name, loc.position), copy.queue_id,

@@ -46,7 +46,7 @@ from typing import Any, Final
 import yaml
 
 from broker.protocol.auth import SECRET_CHARS_MIN, AuthError
-from broker.protocol.names import ACCESS_KEY_RULE, is_access_key, is_group, is_name, is_topic
+from broker.protocol.names import ACCESS_KEY_RULE, is_access_key, is_name, is_stored_group, is_topic
 
 log = logging.getLogger("broker.acl")
 
@@ -169,7 +169,8 @@ def _account(raw: Any, where: str) -> Account:
         default_topic_perm=_perm(raw.get("defaultTopicPerm", "DENY"), f"{where}.defaultTopicPerm"),
         default_group_perm=_perm(raw.get("defaultGroupPerm", "DENY"), f"{where}.defaultGroupPerm"),
         topic_perms=_perm_list(raw.get("topicPerms"), f"{where}.topicPerms", is_topic),
-        group_perms=_perm_list(raw.get("groupPerms"), f"{where}.groupPerms", is_group),
+        # the stored-group rule (up to 255 chars): ACL files written for older releases still load
+        group_perms=_perm_list(raw.get("groupPerms"), f"{where}.groupPerms", is_stored_group),
         broker_names=frozenset(brokers),
     )
 

@@ -3,17 +3,22 @@ bounded time to send a request, bounded body reads, JSON errors even from the HT
 
 What aiohttp alone leaves open (issue 10, findings 6 and 8), and what this module adds:
 
-- connections: at most ``connections_max`` at once; more are closed at once (``Limits``);
+- connections: at most ``connections_max`` at once; of them at most 3/4 *unproven* (no complete
+  request head yet): a new connection then closes the oldest unproven one, so half-open
+  connections (slowloris) churn among themselves and cannot lock out clients that send requests;
+  beyond ``connections_max`` of proven ones, new connections are closed at once (``Limits``);
 - a request must arrive in time: a new connection, or an idle keep-alive connection once the next
   request's first byte arrived, has ``header_timeout_s`` to deliver a complete request head
   (slowloris); an idle keep-alive connection is closed after ``idle_timeout_s``;
 - bodies: read only through ``read_body`` — refused with an encoding (no gzip bombs, no echoed
   zlib errors), read within ``body_timeout_s``, and all bodies in flight together reserve at most
   ``body_bytes_in_flight_max`` (503 BUSY beyond: no RSS blow-up from unfinished bodies);
-- the HTTP parser's own errors (a bad request line, an oversized header, garbage) answer JSON
+- the HTTP parser's own errors (a bad request line, an oversized header, garbage) and the errors
+  aiohttp raises before any middleware runs (an ``Expect`` it does not serve: 417) answer JSON
   ``{code, message}`` like every other error, and are logged at debug level (a client's mistake is
   not a traceback); ``CONNECT`` and ``Upgrade`` requests are refused and the connection closed,
   so nothing after them is parsed as another request;
+- every answer carries ``Guard.response_headers`` (the server's signing scope, broker/serving/security.py);
 - TLS: ``server_ssl_context`` (certificate chain + key) and ``client_ssl_context`` (a custom CA).
 
 Timers::
@@ -35,6 +40,7 @@ handler raises as ``{code, message, ...}`` (the server's ``classify`` maps its o
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -54,13 +60,17 @@ ErrorBody = Callable[[str, str], dict[str, Any]]
 
 
 class EdgeError(Exception):
-    """A request refused at the edge: HTTP ``status`` and ``code``."""
+    """A request refused at the edge: HTTP ``status`` and ``code``; ``close``: end the connection
+    after the answer (its body was never read, so nothing after it can be parsed); ``extra``: more
+    fields of the answer."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, *, close: bool = False, **extra: Any):
         super().__init__(f"{code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.close = close
+        self.extra = extra
 
 
 class ClientGone(Exception):
@@ -131,8 +141,7 @@ def error_middleware(
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            code = HTTP_ERROR_CODES.get(exc.status, exc.reason.upper().replace(" ", "_"))
-            return respond(request, ErrorAnswer(exc.status, code, exc.text or exc.reason))
+            return respond(request, http_error_answer(exc))
         except Exception as exc:
             answer = classify(exc) if classify is not None else None
             if answer is None:
@@ -197,6 +206,14 @@ class Guard:
         self.timed_out_connections = 0
         self.body_bytes_reserved = 0
         self.busy_refusals = 0
+        self.evicted_connections = 0
+        self.response_headers: dict[str, str] = {}  # on every answer (the signing scope)
+        # connections that have not delivered a complete request head yet, oldest first
+        self.unproven: collections.OrderedDict[Any, None] = collections.OrderedDict()
+
+    @property
+    def unproven_max(self) -> int:
+        return max(1, self.limits.connections_max * 3 // 4)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -205,15 +222,33 @@ class Guard:
             "timed_out_connections": self.timed_out_connections,
             "body_bytes_reserved": self.body_bytes_reserved,
             "busy_refusals": self.busy_refusals,
+            "unproven": len(self.unproven),
+            "evicted_connections": self.evicted_connections,
         }
 
-    def json_response(self, status: int, code: str, message: str, *, close: bool = False) -> web.Response:
+    def json_response(
+        self, status: int, code: str, message: str, *, close: bool = False, extra: Mapping[str, Any] | None = None
+    ) -> web.Response:
         resp = web.Response(
-            body=json.dumps(self.error_body(code, message)).encode(), status=status, content_type="application/json"
+            body=json.dumps({**self.error_body(code, message), **(extra or {})}).encode(), status=status,
+            content_type="application/json", headers=self.response_headers,
         )
         if close:
             resp.force_close()
         return resp
+
+    # -- body bytes in flight (shared with the binary port, broker/edge/binary.py) --------------------
+    def reserve(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of the bodies-in-flight budget (False: over it, refuse with BUSY)."""
+        if self.body_bytes_reserved + nbytes > self.limits.body_bytes_in_flight_max:
+            self.busy_refusals += 1
+            return False
+        self.body_bytes_reserved += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.body_bytes_reserved -= nbytes
+        assert self.body_bytes_reserved >= 0
 
     # -- bodies ----------------------------------------------------------------------------------
     async def read_body(self, request: web.Request) -> bytes:
@@ -233,10 +268,8 @@ class Guard:
         if length is not None and length > limit:
             raise EdgeError(413, "BODY_TOO_LARGE", f"a body of {length} bytes exceeds {limit}")
         reserve = limit if length is None else length
-        if self.body_bytes_reserved + reserve > self.limits.body_bytes_in_flight_max:
-            self.busy_refusals += 1
+        if not self.reserve(reserve):
             raise EdgeError(503, "BUSY", "too many request bodies in flight; retry shortly")
-        self.body_bytes_reserved += reserve
         request[_RESERVED_KEY] = reserve
         try:
             async with asyncio.timeout(self.limits.body_timeout_s):
@@ -257,7 +290,7 @@ class Guard:
     def _release(self, request: web.Request) -> None:
         reserved = request.get(_RESERVED_KEY)
         if reserved:
-            self.body_bytes_reserved -= reserved
+            self.release(reserved)
             request[_RESERVED_KEY] = 0
 
     # -- the outermost middleware -----------------------------------------------------------------
@@ -272,7 +305,8 @@ class Guard:
         try:
             return await handler(request)
         except EdgeError as exc:
-            return self.json_response(exc.status, exc.code, exc.message, close=exc.status in (408, 413))
+            return self.json_response(exc.status, exc.code, exc.message, close=exc.close or exc.status in (408, 413),
+                                      extra=exc.extra)
         except ClientGone as exc:
             log.debug("%s %s: the client left mid-request (%s)", request.method, request.path, exc)
             return self.json_response(400, "CLIENT_GONE", "the connection closed mid-request", close=True)
@@ -292,22 +326,42 @@ def guarded_app(guard: Guard, middlewares: list[Any]) -> web.Application:
     """An application whose first middleware is the guard's and whose bodies it bounds."""
     app = web.Application(client_max_size=guard.limits.client_max_size, middlewares=[guard.middleware, *middlewares])
     app[GUARD_KEY] = guard
+
+    async def headers(_request: web.Request, response: web.StreamResponse) -> None:
+        for name, value in guard.response_headers.items():
+            response.headers.setdefault(name, value)
+
+    app.on_response_prepare.append(headers)
     return app
+
+
+def http_error_answer(exc: web.HTTPException) -> ErrorAnswer:
+    """aiohttp's HTTP error as a coded answer (its status, a code from ``HTTP_ERROR_CODES`` or its
+    reason upper-cased: 417 -> ``EXPECTATION_FAILED``)."""
+    code = HTTP_ERROR_CODES.get(exc.status, exc.reason.upper().replace(" ", "_"))
+    return ErrorAnswer(exc.status, code, (exc.text or exc.reason)[:200])
 
 
 # -- the protocol: connection cap, request-receipt timers, JSON parser errors ------------------------
 class _GuardedHandler(RequestHandler):
-    __slots__ = ("_accepted", "_guard", "_idle", "_timer")
+    __slots__ = ("_accepted", "_evicted", "_guard", "_idle", "_timer")
 
     def __init__(self, manager: web.Server, *, guard: Guard, **kwargs: Any):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._accepted = False
+        self._evicted = False
         self._timer: asyncio.TimerHandle | None = None
         self._idle = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
+        while guard.unproven and (
+            guard.connections >= guard.limits.connections_max or len(guard.unproven) >= guard.unproven_max
+        ):
+            oldest = next(iter(guard.unproven))
+            assert isinstance(oldest, _GuardedHandler)
+            oldest._evict()
         if guard.connections >= guard.limits.connections_max:
             guard.refused_connections += 1
             if guard.refused_connections % 1000 == 1:
@@ -317,10 +371,28 @@ class _GuardedHandler(RequestHandler):
             return
         self._accepted = True
         guard.connections += 1
+        guard.unproven[self] = None
         super().connection_made(transport)
         self._arm(guard.limits.header_timeout_s, idle=False)
 
+    def _evict(self) -> None:
+        """Closed to make room: its slot is free now (connection_lost comes later)."""
+        guard = self._guard
+        guard.unproven.pop(self, None)
+        guard.evicted_connections += 1
+        if self._accepted:
+            self._accepted = False
+            self._evicted = True
+            guard.connections -= 1
+        self._disarm()
+        self.force_close()
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._guard.unproven.pop(self, None)
+        if self._evicted:
+            self._evicted = False
+            super().connection_lost(exc)
+            return
         if not self._accepted:
             return
         self._accepted = False
@@ -335,6 +407,7 @@ class _GuardedHandler(RequestHandler):
 
     def request_started(self) -> None:
         self._disarm()
+        self._guard.unproven.pop(self, None)  # a complete request head: a client, not a half-open flood
 
     async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> tuple[Any, bool]:
         result = await super().finish_response(request, resp, start_time)
@@ -384,7 +457,20 @@ class GuardedServer(web.Server):
                 protocol.request_started()
             return request_factory(message, payload, protocol, writer, task)
 
-        super().__init__(handler, request_factory=factory, handler_cancellation=handler_cancellation,
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            # What aiohttp raises before the app's middlewares run (its ``Expect`` handling: 417)
+            # would go out as plain text: answer it coded like every other error, and close (a body
+            # may follow that nothing read).
+            try:
+                return await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                a = http_error_answer(exc)
+                log.debug("HTTP %d before the middlewares: %s", a.status, a.message)
+                return guard.json_response(a.status, a.code, a.message, close=True)
+
+        super().__init__(handle, request_factory=factory, handler_cancellation=handler_cancellation,
                          **handler_args)
         self._edge_guard = guard
         self._edge_args = handler_args

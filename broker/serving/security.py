@@ -9,10 +9,20 @@ which topic and group the request touches. With ACL off every request is allowed
 Invariant: a handler that changes state or returns messages calls ``require`` (or ``require_broker``)
 before it acts; ``tests/broker/test_acl_api.py`` drives every route with an account that may do
 nothing and expects 401/403 everywhere but the anonymous routes.
+
+The signature is checked from the request head alone (``Verifier.verify_head``: the signature covers
+the body's declared hash) *before* the body is read: an unsigned or wrongly signed request never
+gets a byte of its body buffered, and its connection is closed instead of drained. Every answer
+names the server's scope (header ``Dledger-Scope``), so clients learn what to sign for.
+
+``SIGNED`` (a context variable) holds the verified signature of the request being handled, for the
+one consumer that needs it below the API: the broker's replicated replay guard (broker/store/replay.py),
+which carries the (access key, nonce, time) of a state-changing request into its Raft entry.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -21,19 +31,36 @@ from typing import Final
 from aiohttp import web
 
 from broker.protocol.auth import (
+    FUTURE_MS_DEFAULT,
     HEADER,
-    NONCES_MAX_DEFAULT,
+    NONCES_PER_KEY_MAX_DEFAULT,
     WINDOW_MS_DEFAULT,
     AuthError,
+    ExtraCheck,
     NonceWindow,
+    SignedHeader,
     Verifier,
+    check_body,
 )
 from broker.serving.acl import Account, AclWatcher, Perm, check, check_broker
-from broker.serving.http_edge import Guard
+from broker.serving.http_edge import EdgeError, Guard
 
 log = logging.getLogger("broker.security")
 
 Anonymous = Callable[[web.Request], bool]
+SCOPE_HEADER: Final = "Dledger-Scope"
+
+
+@dataclasses.dataclass(slots=True)
+class SignedRequest:
+    """The verified signature of the request being handled (``SIGNED``). ``carried``: its nonce went
+    into a Raft entry already (broker/store/replay.py: the first append of a request carries it)."""
+
+    header: SignedHeader
+    carried: bool = False
+
+
+SIGNED: Final[contextvars.ContextVar[SignedRequest | None]] = contextvars.ContextVar("dledger_signed", default=None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,16 +87,29 @@ class Security:
         wall_ms: Callable[[], int],
         guard: Guard,
         *,
+        scope: str,
         anonymous: Anonymous = lambda request: False,
         window_ms: int = WINDOW_MS_DEFAULT,
-        nonces_max: int = NONCES_MAX_DEFAULT,
+        nonces_per_key_max: int = NONCES_PER_KEY_MAX_DEFAULT,
+        future_ms: int = FUTURE_MS_DEFAULT,
+        extra_check: ExtraCheck | None = None,
     ):
+        """``scope``: this server's (``broker_scope`` / ``namesrv_scope``); ``extra_check``: refuses a
+        correctly signed request for reasons of the server's own (the broker's replicated nonces)."""
         self.watcher = AclWatcher(acl_file) if acl_file else None
         self._wall_ms = wall_ms
         self._guard = guard
         self._anonymous = anonymous
-        self.verifier = Verifier(self._secret_of, NonceWindow(window_ms, nonces_max))
+        self.scope = scope
+        self.verifier = Verifier(
+            self._secret_of, NonceWindow(window_ms, nonces_per_key_max, future_ms), scope=scope,
+            extra_check=extra_check,
+        )
         self.refused: dict[str, int] = {}
+        guard.response_headers[SCOPE_HEADER] = scope
+
+    def wall_ms(self) -> int:
+        return self._wall_ms()
 
     @property
     def enabled(self) -> bool:
@@ -91,14 +131,29 @@ class Security:
             return ALL
         if HEADER not in request.headers and self._anonymous(request):
             return NOBODY
-        body = await self._guard.read_body(request)
-        access_key = self.verifier.verify(
-            request.headers.get(HEADER), request.method, request.raw_path, body, self._wall_ms()
-        )
-        account = acl.accounts.get(access_key)
+        try:
+            signed = self.verifier.verify_head(
+                request.headers.get(HEADER), request.method, request.raw_path, self._wall_ms()
+            )
+        except AuthError as exc:
+            self._refused(exc)
+            if request.body_exists:  # never read (nor drained) for a request we refuse anyway
+                raise EdgeError(exc.status, exc.code, exc.message, close=True, **exc.extra) from None
+            raise
+        body = await self._guard.read_body(request)  # bounded by the guard; only now, once signed
+        try:
+            check_body(signed, body)
+        except AuthError as exc:
+            self._refused(exc)
+            raise
+        account = acl.accounts.get(signed.access_key)
         if account is None:  # removed by a reload between the two reads
             raise AuthError(401, "SIGNATURE_INVALID", "unknown access key or wrong signature")
+        SIGNED.set(SignedRequest(signed))
         return Principal(account)
+
+    def _refused(self, exc: AuthError) -> None:
+        self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
 
     @web.middleware
     async def middleware(
@@ -149,5 +204,5 @@ class Security:
         try:
             fn()
         except AuthError as exc:
-            self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
+            self._refused(exc)
             raise

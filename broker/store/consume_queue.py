@@ -61,6 +61,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.protocol.names import is_decimal, is_topic
 from dledger.durable import fsync_dir
@@ -186,6 +187,21 @@ def _last_nonzero_unit_end(fd: int, nbytes: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+class QueueReader(Protocol):
+    """The read side of a consume queue (``ConsumeQueue`` is one): what readers outside the store
+    may use. Any thread; a unit is visible once appended."""
+
+    @property
+    def min_offset(self) -> int: ...
+    @property
+    def max_offset(self) -> int: ...
+    def get(self, offset: int) -> Unit | None: ...
+    def read(self, offset: int, max_count: int) -> list[Unit]: ...
+    def last_unit(self) -> Unit | None: ...
+    def search_by_position(self, position: int) -> int | None: ...
+    def search_by_time(self, ts_ms: int) -> int: ...
 
 
 class ConsumeQueue:

@@ -41,12 +41,15 @@ from broker.protocol.limits import (
     TAGS_CHARS_MAX,
 )
 from broker.protocol.names import (
+    GROUP_CHARS_MAX,
     GROUP_RULE,
     PROPERTY_NAME_RULE,
+    TOPIC_CHARS_MAX,
     TOPIC_RULE,
     UNIQUE_ID_RULE,
     is_group,
     is_hex16,
+    is_name,
     is_property_name,
     is_topic,
     is_unique_id,
@@ -59,6 +62,7 @@ COMMAND_MAGIC = b"C"
 _CRC = struct.Struct("<I")
 _HLEN = struct.Struct("<I")
 
+POSITION_MAX = 2**63 - 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WS_RE = re.compile(r"\s")
 
@@ -212,12 +216,12 @@ def make_msg_id(broker_name: str, position: int) -> str:
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
     name, sep, hexpos = msg_id.rpartition(":")
-    if not sep or not is_group(name) or not is_hex16(hexpos):
+    if not sep or not is_name(name) or not is_hex16(hexpos):
         raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>")
-    try:
-        return name, int(hexpos, 16)
-    except ValueError:
-        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} has a bad position") from None
+    position = int(hexpos, 16)
+    if position > POSITION_MAX:  # log positions are signed 64-bit (the indexes bind them into sqlite)
+        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} has a position beyond {POSITION_MAX:X}")
+    return name, position
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -229,7 +233,12 @@ def check_topic(topic: Any) -> str:
 
 def check_group(group: Any) -> str:
     if not is_group(group):
-        raise InvalidInput("INVALID_GROUP", f"group {str(group)[:270]!r} must match {GROUP_RULE}")
+        raise InvalidInput(
+            "INVALID_GROUP",
+            f"group {str(group)[:270]!r} must match {GROUP_RULE}: at most {GROUP_CHARS_MAX} characters, so that "
+            f"its retry and dead-letter topics (%RETRY%<group>, %DLQ%<group>) fit the {TOPIC_CHARS_MAX}-character "
+            "topic limit",
+        )
     return group
 
 

@@ -2,12 +2,16 @@
 consume queues, a key index and replicated metadata.
 
 Threads
-- ``apply`` runs on the dledger tick thread, in log order, committed entries only (invariant 4:
-  consume queues hold exactly the committed messages of their queue, in log order).
-- Readers (HTTP handlers on the event loop) use ``read_message``, the consume queues and
-  ``metadata_view``; metadata is guarded by ``_md_lock``, consume queues guard themselves.
-- ``listener.on_applied(touched_queues, metadata_changed)`` is called on the tick thread after every
-  apply batch; the server hops to its loop from there (the one bridge).
+- ``apply`` runs on the replica's thread (the broker's event loop, which owns the dledger
+  replica), in log order, committed entries only (invariant 4: consume queues hold exactly the
+  committed messages of their queue, in log order).
+- Readers (the handlers on the same loop; tools on other threads) use ``read_message``, the
+  consume queues and ``metadata_view``; metadata is guarded by ``_md_lock``, consume queues guard
+  themselves.
+- ``listener.on_applied(touched_queues, metadata_changed)`` is called after every apply batch, on
+  the same thread: the server wakes its long polls directly.
+- The store-sync thread fsyncs what a snapshot covers (queues, index, the log itself) and writes
+  the snapshot record: the replica's thread never waits for a disk here.
 
 Durability (the store owns it; dledger only asks ``applied_index()`` at start)
 Every ``snapshot_interval_ms`` apply writes out and fsyncs the consume queues and the key index,
@@ -44,10 +48,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgpack
-
 from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
-from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, finish_flush
+from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, QueueReader, finish_flush
 from broker.store.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.store.key_index import KeyIndex
 from broker.store.message import (
@@ -55,18 +57,20 @@ from broker.store.message import (
     MESSAGE_MAGICS,
     CorruptRecordError,
     StoredMessage,
-    decode_command,
     decode_header,
     decode_message,
     record_size,
     tag_hash,
 )
 from broker.store.metadata import GroupConfig, Metadata, TopicConfig
+from broker.store.record_rules import RefusalLog, admit_command, admit_message, message_refusal, refused
+from broker.store.replay import NONCE_OP, NonceLog
 from broker.store.schedule import ScheduleIndex
 from broker.store.snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
 from broker.store.state_entries import StoreStateEntries
 from broker.store.transactions import TransactionIndex
 from dledger.clock import SYSTEM, Clock
+from dledger.records import Refused
 
 if TYPE_CHECKING:
     from dledger.log_store import LogReader
@@ -125,15 +129,20 @@ class MessageStore(StoreStateEntries):
         self._log_first_index = 0
         self.listener: ApplyListener | None = None
         self.counters = {
-            "messages": 0, "commands": 0, "skipped": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
-            "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0,
+            "messages": 0, "commands": 0, "snapshots": 0, "rebuilt_queues": 0, "state_loads": 0,
+            "schedule_duplicates": 0, "expired_queues_removed": 0, "transaction_second_copies": 0, "refused": 0,
+            "replay_skipped": 0,
         }
+        # Records refused at apply (broker/store/record_rules.py): the same on every replica, listed for operators.
+        self.refusals = RefusalLog()
         # Set after an install past ``_applied``: the anchor; cleared by the first usable state entry.
         self.needs_state_after: int | None = None
         # The idempotent-send window (broker/store/dedup.py): every applied message, by unique id.
         self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
+        # The nonces of state-changing requests (broker/store/replay.py): a replay is refused at apply.
+        self.nonces = NonceLog()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, log_store: LogReader) -> None:
@@ -149,11 +158,14 @@ class MessageStore(StoreStateEntries):
             self.metadata = Metadata.from_snapshot(snap["metadata"])
             expected = {(t, int(q)): int(m) for t, q, m in snap["queues"]}
             self.needs_state_after = snap.get("needs_state_after")
+            self.refusals.load(snap.get("refusals"))
         elif log_store.first_index > 1:
             log.warning(
                 "no store snapshot and the log starts at index %d: queue offsets restart at 0",
                 log_store.first_index,
             )
+        # first: rebuilding queues from the log skips what a refused replay skipped (broker/store/replay.py)
+        self._restore_nonces(snap.get("nonces") if snap is not None else None)
         for topic, qid, reason in list(self.cqs.damaged):
             log.warning("consume queue %s/%d is damaged (%s): rebuilding it from the log", topic, qid, reason)
         damaged = {(t, q) for t, q, _ in self.cqs.damaged}
@@ -209,8 +221,8 @@ class MessageStore(StoreStateEntries):
         return self._durable_applied
 
     def _owned(self) -> None:
-        """Applying and capturing state run on one thread (the replica's tick thread): the first
-        one to apply owns the store; any other raises instead of racing it."""
+        """Applying and capturing state run on one thread (the replica's: the broker's loop): the
+        first one to apply owns the store; any other raises instead of racing it."""
         me = threading.get_ident()
         if self._owner is None:
             self._owner = me
@@ -218,7 +230,7 @@ class MessageStore(StoreStateEntries):
             raise RuntimeError(f"MessageStore applied on thread {threading.current_thread().name!r}, not its owner's")
 
     def checkpoint(self) -> None:
-        """Snapshot an idle store whose last applies are not on disk yet (tick thread)."""
+        """Snapshot an idle store whose last applies are not on disk yet (the replica's thread)."""
         self._owned()
         if self._applied > self._durable_applied and (
             self._clock.monotonic() - self._last_snapshot >= self._snapshot_interval_s
@@ -256,7 +268,7 @@ class MessageStore(StoreStateEntries):
                         changed, result = self._command(position, body)
                         md_changed |= changed
                     else:
-                        self.counters["skipped"] += 1
+                        result = self._refuse(position, "record", refused(f"unknown record kind {kind!r}"))
                     produced.append(result)
                 out.append(produced if aligned else None)
                 self._applied = e.index
@@ -289,15 +301,26 @@ class MessageStore(StoreStateEntries):
             self.dedup.add_many(self._dedup_adds)
             self._dedup_adds.clear()
 
-    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None:
-        """Index one message record; its queue offset (None: undecodable, skipped)."""
-        try:
-            h, _start = decode_header(body)
-            topic, qid, tags, keys, store_ts, uid = h[0], int(h[1]), h[3], h[4], int(h[8]), h[9]
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
-            log.error("undecodable message record at position %d skipped: %s", position, exc)
-            self.counters["skipped"] += 1
+    def _refuse(self, position: int, kind: str, refusal: Refused) -> Refused:
+        """A record admission refused (broker/store/record_rules.py): nothing of it is applied, on any
+        replica; counted, logged, listed, and answered to the append's caller."""
+        self.counters["refused"] += 1
+        self.refusals.add(self._entry_index, position, kind, refusal)
+        log.error("refused the %s record at log position %d (entry %d), on every replica alike: %s",
+                  kind, position, self._entry_index, refusal.reason)
+        return refusal
+
+    def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | Refused | None:
+        """Index one message record; its queue offset (None: a second copy, skipped; ``Refused``:
+        a record admission refused)."""
+        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/store/replay.py)
+            self.counters["replay_skipped"] += 1
             return None
+        h, refusal = admit_message(body)
+        if h is None:
+            assert refusal is not None
+            return self._refuse(position, "message", refusal)
+        topic, qid, tags, keys, store_ts, uid = h[0], h[1], h[3], h[4], h[8], h[9]
         if not self.schedule.on_message(position, len(body), topic, h[5]):
             self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
             return None
@@ -323,16 +346,19 @@ class MessageStore(StoreStateEntries):
         self.counters["messages"] += 1
         return offset
 
-    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+    def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | Refused | None]:
         """Apply one command: (whether the NameServers must hear of it, its result)."""
-        try:
-            cmd = decode_command(body)
-        except (ValueError, msgpack.UnpackException) as exc:
-            log.error("undecodable command at position %d skipped: %s", position, exc)
-            self.counters["skipped"] += 1
+        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/store/replay.py)
+            self.counters["replay_skipped"] += 1
             return False, None
+        cmd, refusal = admit_command(body)
+        if cmd is None:
+            assert refusal is not None
+            return False, self._refuse(position, "command", refusal)
         if cmd.get("op") == "state":  # only a replica in needs-state mode uses it
             return False, None
+        if cmd.get("op") == NONCE_OP:
+            return False, self.nonces.apply(cmd, self._entry_index, position)
         if str(cmd.get("op", "")).startswith("schedule."):
             self.schedule.on_command(cmd)
             return False, {}
@@ -340,7 +366,10 @@ class MessageStore(StoreStateEntries):
             return False, self.txn.on_command(cmd)
         with self._md_lock:
             result = self.metadata.apply(cmd, position)
-        if cmd.get("op") == "topic.delete" and not result.get("error"):
+        if "error" in result:  # changed nothing, on every replica: answered BAD_COMMAND, listed here too
+            self._refuse(position, "command", Refused("BAD_COMMAND", str(result["error"])))
+            return False, result
+        if cmd.get("op") == "topic.delete":
             topic = str(cmd["topic"])
             for key in [k for k in self._queue_cache if k[0] == topic]:
                 del self._queue_cache[key]
@@ -354,22 +383,19 @@ class MessageStore(StoreStateEntries):
         return os.path.join(self.root, "snapshot")
 
     def snapshot(self, *, wait: bool = False) -> None:
-        """Make everything applied so far durable: queues and index first, then the record.
+        """Make everything applied so far durable: the log, queues and index first, then the record.
 
         The apply thread only writes out buffers and captures the record; the fsyncs run on the
         store's sync thread (they took 5-10 ms per second on the apply thread, straight into the
-        commit latency of whatever was in flight). A round still syncing makes this one wait for
-        the next interval, unless ``wait`` (close, install) forces a synchronous round."""
+        commit latency of whatever was in flight), the log's included (a flush on another thread
+        covers what was written before it). A round still syncing makes this one wait for the
+        next interval, unless ``wait`` (close, install) forces a synchronous round."""
         if self._sync_job is not None and not self._sync_job.done():
             if not wait:
                 return
             self._sync_job.result()
         self._last_snapshot = self._clock.monotonic()
         self._apply_retention()
-        # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH a
-        # crash that loses unflushed log writes would otherwise leave queues pointing at nothing.
-        if self._log is not None and self._log.dirty:
-            self._log.flush()
         pending = self.cqs.begin_flush_all()
         self.schedule.commit(self._applied)
         self.txn.commit(self._applied)
@@ -384,6 +410,8 @@ class MessageStore(StoreStateEntries):
             "queues": [[t, q, cq.max_offset] for t, q, cq in self.cqs.queues()],
             "needs_state_after": self.needs_state_after,
             "dedup": self.dedup.checkpoint(),
+            "refusals": self.refusals.view(),
+            "nonces": self.nonces.checkpoint(),
         }
         self._sync_job = self._syncer.submit(self._sync_and_record, pending, snap)
         if wait:
@@ -392,11 +420,16 @@ class MessageStore(StoreStateEntries):
     def _sync_and_record(self, pending: list[PendingSync], snap: dict[str, Any]) -> None:
         started = self._clock.monotonic()
         try:
+            # Never let the snapshot say more is applied than the log has on disk: with ASYNC_FLUSH
+            # a crash that loses unflushed log writes would otherwise leave queues pointing at
+            # nothing. Everything applied was written before this job was submitted.
+            if self._log is not None:
+                self._log.flush()
             for p in pending:
                 finish_flush(p)
             self.index.flush()
             write_snapshot(self._snapshot_path(), snap)
-            self._durable_applied = int(snap["applied_index"])  # one int store: read by the tick thread
+            self._durable_applied = int(snap["applied_index"])  # one int store: read by the replica
         except Exception:
             log.exception("store snapshot failed (recovery replays from the previous one)")
             raise
@@ -406,7 +439,7 @@ class MessageStore(StoreStateEntries):
         self.counters["snapshot_us_max"] = max(self.counters.get("snapshot_us_max", 0), took_us)
 
     def clean_expired_queues(self) -> list[tuple[str, int]]:
-        """RocketMQ's cleanExpiredCQ for this replica (tick thread): remove the consume queues of
+        """RocketMQ's cleanExpiredCQ for this replica (its thread): remove the consume queues of
         topics its replicated metadata no longer holds (left behind by a crash between a topic's
         deletion and the removal of its files), then snapshot so that recovery agrees. Queues of
         live topics and of the schedule topic are never touched; units below the log's retention
@@ -435,6 +468,7 @@ class MessageStore(StoreStateEntries):
         if log_store.first_index > log_store.last_index:
             return
         first_position = log_store.position_at(log_store.first_index)
+        self.nonces.forget_skipped_before(first_position)
         self.cqs.delete_before_position(first_position)
         self.index.delete_before_position(first_position)
         for h in self.txn.forget_before(first_position):  # the check service discards them
@@ -442,6 +476,19 @@ class MessageStore(StoreStateEntries):
                       h.position, h.group)
 
     # -- reads (any thread) -------------------------------------------------------------------------
+    def queue(self, topic: str, queue_id: int) -> QueueReader | None:
+        """The read side of a consume queue (None: nothing was ever applied to it here)."""
+        return self.cqs.get(topic, queue_id)
+
+    def queue_count(self) -> int:
+        return len(self.cqs.queues())
+
+    def positions_by_key(self, topic: str, key: str, max_count: int, begin_ts: int, end_ts: int) -> list[int]:
+        """Log positions of records of ``topic`` the key index holds under ``key`` (a key or a unique
+        id; a hash collision may add others) stored in [begin_ts, end_ts], newest first, at most
+        ``max_count``."""
+        return self.index.query(topic, key, max_count, begin_ts, end_ts)
+
     def metadata_view(self) -> Metadata:
         """A consistent copy (cheap: metadata is small)."""
         with self._md_lock:
@@ -459,6 +506,11 @@ class MessageStore(StoreStateEntries):
         with self._md_lock:
             return self.metadata.groups.get(name)
 
+    def group_has_offsets(self, group: str, topic: str) -> bool:
+        """Whether ``group`` committed offsets on ``topic`` (a send-back's "the group consumed it")."""
+        with self._md_lock:
+            return any(g == group and t == topic for g, t, _q in self.metadata.offsets)
+
     def read_message(self, position: int, size: int | None = None) -> StoredMessage:
         """The message record at ``position`` (committed and applied only)."""
         assert self._log is not None
@@ -474,6 +526,11 @@ class MessageStore(StoreStateEntries):
                     raise MessageNotFound(f"no message record at position {position}")
                 header, _ = decode_header(head + self._log.read_at_position(position + 5, hlen))
                 size = record_size(head[:1], hlen, int(header[10]))
+                # Read by position alone (a msg id): it may be a record applying refused, which no
+                # queue holds and nobody may read (queues and indexes point at admitted ones only).
+                refusal = message_refusal(header[0], header[1], header[8], header[5])
+                if refusal is not None:
+                    raise MessageNotFound(f"the record at position {position} was refused when applied: {refusal}")
             if position + size > self.applied_end_position:
                 raise MessageNotFound(f"no applied message at position {position}")
             return decode_message(self._log.read_at_position(position, size))

@@ -73,7 +73,7 @@ class Metadata:
             result = handler(self, cmd)
             if created:
                 self.topic_epochs[str(cmd["topic"])] = int(position)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # decided by the command alone
             return {"error": f"malformed command: {exc!r}"[:200]}
         if "refused" not in result:  # a refused commit changes nothing
             self.version += 1

@@ -3,7 +3,7 @@ missing consume queues (counted back from the snapshot's max offsets), the key i
 de-duplication window, and the scans of the log's message and command records they share.
 
 ``StoreRebuild`` is a base of ``MessageStore``: it runs while the store opens (before the node
-applies) or on the tick thread when a state entry is loaded (``broker/store/state_entries.py``)."""
+applies) or on the replica's thread when a state entry is loaded (``broker/store/state_entries.py``)."""
 
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from broker.protocol.properties import PROP_HALF_POS, PROP_SCHED_POS
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from broker.store.dedup import DedupWindow, sent_topic
 from broker.store.key_index import KeyIndex
-from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header, tag_hash
+from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_header, tag_hash
+from broker.store.record_rules import admit_command, admitted_header
+from broker.store.replay import NONCE_OP, NonceLog
 from dledger.log_store import StoreError
 from dledger.records import to_committed
 
@@ -33,6 +33,7 @@ class StoreRebuild:
     cqs: ConsumeQueueStore
     index: KeyIndex
     dedup: DedupWindow
+    nonces: NonceLog
     counters: dict[str, int]
     _log: LogReader | None
     _applied: int
@@ -64,9 +65,8 @@ class StoreRebuild:
                 for position, body in to_committed(entry, self._log).bodies:
                     if body[:1] not in MESSAGE_MAGICS or position < start_position:
                         continue
-                    try:
-                        h, _ = decode_header(body)
-                    except ValueError:
+                    h = admitted_header(body)
+                    if h is None:  # refused when applied: never in the window
                         continue
                     cq = self.cqs.get(h[0], int(h[1]))
                     offset = cq.search_by_position(position) if cq is not None else None
@@ -79,8 +79,36 @@ class StoreRebuild:
             log.warning("the de-duplication window could not be rebuilt exactly (log retention passed it)")
         log.info("de-duplication window restored: %d messages from log index %d", len(self.dedup), start_index)
 
+    def _restore_nonces(self, checkpoint: dict[str, Any] | None, until_index: int | None = None) -> None:
+        """Re-add the nonce records of the checkpoint's window (broker/store/replay.py) from its oldest
+        entry's log index up to ``until_index`` (the applied index): the replicated nonce set is what
+        it was when the checkpoint was taken."""
+        start = self.nonces.begin_restore(checkpoint)
+        if start is None or self._log is None:
+            return
+        start_index, start_position = start
+        if start_index < self._log.first_index:
+            log.warning("the replicated nonce window starts at log index %d, below the retained log (%d)",
+                        start_index, self._log.first_index)
+        index = max(start_index, self._log.first_index)
+        last = min(self._applied if until_index is None else until_index, self._log.last_index)
+        while index <= last:
+            raw = self._log.read_range(index, min(512, last - index + 1), 8 << 20)
+            if not raw:
+                break
+            for entry in raw:
+                for position, body in to_committed(entry, self._log).bodies:
+                    if body[:1] != COMMAND_MAGIC or position < start_position:
+                        continue
+                    cmd, _refusal = admit_command(body)
+                    if cmd is not None and cmd.get("op") == NONCE_OP:
+                        self.nonces.restore_add(cmd, entry.index, position)
+            index = raw[-1].index + 1
+        log.info("replicated nonce window restored: %d nonces from log index %d", len(self.nonces), start_index)
+
     def _scan_records(self, until_index: int) -> Iterable[tuple[int, bytes]]:
-        """Every (position, record) of messages and commands in the retained log up to ``until_index``."""
+        """Every (position, record) of messages and commands in the retained log up to ``until_index``
+        (bodies of a request refused as a replay at apply excluded, as apply skipped them)."""
         assert self._log is not None
         index = self._log.first_index
         last = min(until_index, self._log.last_index)
@@ -90,7 +118,9 @@ class StoreRebuild:
                 break
             for entry in raw:
                 for position, body in to_committed(entry, self._log).bodies:
-                    if body[:1] in MESSAGE_MAGICS or body[:1] == COMMAND_MAGIC:
+                    if (body[:1] in MESSAGE_MAGICS or body[:1] == COMMAND_MAGIC) and not self.nonces.is_skipped(
+                        position
+                    ):
                         yield position, body
             index = raw[-1].index + 1
 
@@ -106,9 +136,8 @@ class StoreRebuild:
         txn_ended_at: dict[str, int] = {}  # half position -> where a rollback or discard resolved it
         for position, body in self._scan_records(self._applied):
             if body[:1] == COMMAND_MAGIC:
-                try:
-                    cmd = decode_command(body)
-                except (ValueError, msgpack.UnpackException):
+                cmd, _refused = admit_command(body)
+                if cmd is None:  # refused when applied: it changed nothing
                     continue
                 if cmd.get("op") == "topic.delete":
                     deleted_at[str(cmd.get("topic"))] = position
@@ -118,9 +147,8 @@ class StoreRebuild:
                     txn_ended_at.setdefault(str(p), position)
         copies: set[str] = set()  # delayed messages delivered: only the first copy was dispatched
         for position, body in self._scan_messages(self._applied):
-            try:
-                h, _ = decode_header(body)
-            except ValueError:
+            h = admitted_header(body)
+            if h is None:  # refused when applied (broker/store/record_rules.py): in no queue
                 continue
             sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
             if sched_pos is not None:
@@ -154,7 +182,7 @@ class StoreRebuild:
                 cq.set_base(base)
             queues[key] = cq
         for key, position, body in self._queue_members(set(want_max)):
-            h, _ = decode_header(body)
+            h, _ = decode_header(body)  # admitted by _queue_members
             queues[key].append(position, len(body), tag_hash(h[3]), int(h[8]))
         for cq in queues.values():
             cq.flush()
@@ -165,7 +193,9 @@ class StoreRebuild:
         for position, body in self._scan_messages(self._applied):
             if position < from_position:
                 continue
-            h, _ = decode_header(body)
+            h = admitted_header(body)
+            if h is None:  # refused when applied: not indexed
+                continue
             for k in h[4]:
                 self.index.put(h[0], k, position, int(h[8]))
             if h[9]:

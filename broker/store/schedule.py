@@ -30,8 +30,9 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.protocol.names import is_decimal, is_topic
 from broker.protocol.properties import (
     BROKER_TOPICS,
     PROP_DELAY,
@@ -48,11 +49,12 @@ from broker.protocol.properties import (
     SCHEDULE_PROPS,
     SCHEDULE_TOPIC,
 )
+from broker.protocol.routes import TopicConfig
 from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.schedule")
 
@@ -143,9 +145,21 @@ class SchedulePolicy:
 
 def _int_prop(value: str, name: str, where: str) -> int:
     text = value.strip()
-    if not text.lstrip("-").isdigit() or len(text) > 19:
+    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses (a 500 once).
+    if not is_decimal(text.removeprefix("-")) or len(text) > 19:
         raise InvalidInput("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}")
     return int(text)
+
+
+def delivery_refusal(props: Mapping[str, str]) -> str | None:
+    """Why a schedule record's delivered copy could not be applied (None: it can): its real topic
+    and queue come from the record's properties."""
+    topic, qid = props.get(PROP_REAL_TOPIC), props.get(PROP_REAL_QID)
+    if not is_topic(topic):
+        return f"names no valid real topic ({str(topic)[:140]!r})"
+    if not isinstance(qid, str) or not is_decimal(qid):
+        return f"names no valid real queue ({str(qid)[:40]!r})"
+    return None
 
 
 def delivered_copy(m: StoredMessage, position: int, store_ts: int, queue_nums: int) -> StoredMessage:
@@ -233,20 +247,23 @@ class ScheduleIndex(SnapshotIndex):
 
     def rebuild(self, records: Iterable[tuple[int, bytes]], applied_index: int) -> None:
         """Derive the pending set from the log's records (position order)."""
-        from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header
+        from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS
+        from broker.store.record_rules import admit_command, admitted_header
 
         self.reset()
         n = 0
-        for position, body in records:
+        for position, body in records:  # what applying refused (broker/store/record_rules.py) is skipped
             kind = body[:1]
-            try:
-                if kind in MESSAGE_MAGICS:
-                    h, _ = decode_header(body)
-                    self.on_message(position, len(body), h[0], h[5])
-                elif kind == COMMAND_MAGIC:
-                    self.on_command(decode_command(body))
-            except Exception:  # undecodable: applying skipped it too
-                continue
+            if kind in MESSAGE_MAGICS:
+                h = admitted_header(body)
+                if h is None:
+                    continue
+                self.on_message(position, len(body), h[0], h[5])
+            elif kind == COMMAND_MAGIC:
+                cmd, _refused = admit_command(body)
+                if cmd is None:
+                    continue
+                self.on_command(cmd)
             n += 1
         self.commit(applied_index)
         log.info("schedule index rebuilt from %d log records: %d pending", n, sum(self.backlog().values()))
@@ -267,10 +284,35 @@ class ScheduleIndex(SnapshotIndex):
         self.commit(applied_index)
 
 
+class DeliveryStore(Protocol):
+    """What the delivery loop reads of the message store (``MessageStore`` is one)."""
+
+    @property
+    def schedule(self) -> ScheduleIndex: ...
+    def read_message(self, position: int, size: int | None = None) -> StoredMessage: ...
+    def topic(self, name: str) -> TopicConfig | None: ...
+
+
+class DeliveryHost(Protocol):
+    """What the delivery loop uses of the replica it runs on (``BrokerServer`` is one)."""
+
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> DeliveryStore: ...
+    @property
+    def send_timeout_s(self) -> float: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+    def wall_ms(self) -> int: ...
+
+
 class ScheduleService:
     """The ready leader's delivery loop (one per broker; idle on followers)."""
 
-    def __init__(self, server: BrokerServer, policy: SchedulePolicy):
+    def __init__(self, server: DeliveryHost, policy: SchedulePolicy):
         self.s = server
         self.policy = policy
         self.counters = {"delivered": 0, "rounds": 0, "lost": 0}
@@ -302,14 +344,18 @@ class ScheduleService:
         for position, size, _due_ms in due:
             try:
                 m = store.read_message(position, size)
+                undeliverable = delivery_refusal(m.properties)
             except Exception as exc:  # removed by retention, damaged: it can never be delivered
-                log.error("delayed message at position %d cannot be read (%s): dropped from the schedule",
-                          position, exc)
+                undeliverable = f"cannot be read ({exc})"
+            if undeliverable is not None:
+                # Checked before its copy is appended (docs/SECURITY.md): a copy the apply would refuse
+                # (a real topic an older release let in) would stay pending and be retried for ever.
+                log.error("delayed message at position %d %s: dropped from the schedule", position, undeliverable)
                 self.counters["lost"] += 1
                 drop = {"op": "schedule.drop", "positions": [position]}
                 await self.s.node.append([encode_command(drop)], timeout_s=self.s.send_timeout_s)
                 continue
-            topic = m.properties.get(PROP_REAL_TOPIC, "")
+            topic = m.properties[PROP_REAL_TOPIC]
             tc = store.topic(topic)
             queue_nums = tc.write_queue_nums if tc is not None else 1
             record = encode_message(delivered_copy(m, position, now, queue_nums))

@@ -1,6 +1,6 @@
 """State entries (``broker/store/message_store.py``: followers behind retention): the ``state`` command a leader
 captures, and, on a follower in needs-state mode, waiting for a usable one, loading it and re-applying
-the entries after its ``as_of`` from the follower's own log. Runs on the tick thread.
+the entries after its ``as_of`` from the follower's own log. Runs on the replica's thread (the broker's loop).
 
 ``StoreStateEntries`` is a base of ``MessageStore`` (over ``StoreRebuild``, whose queue rebuild it uses)."""
 
@@ -11,12 +11,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from broker.store.consume_queue import ConsumeQueue
-from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command
+from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS
 from broker.store.metadata import Metadata
 from broker.store.rebuild import StoreRebuild
+from broker.store.record_rules import admit_command
 from broker.store.schedule import ScheduleIndex
 from broker.store.transactions import TransactionIndex
 from dledger.records import to_committed
@@ -42,14 +41,14 @@ class StoreStateEntries(StoreRebuild):
 
         def _owned(self) -> None: ...
 
-        def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | None: ...
+        def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> Any: ...
 
-        def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | None]: ...
+        def _command(self, position: int, body: bytes) -> tuple[bool, Any]: ...
 
         def _flush_dedup_adds(self) -> None: ...
 
     def capture_state(self) -> dict[str, Any]:
-        """The ``state`` command for this replica's state now (call on the tick thread)."""
+        """The ``state`` command for this replica's state now (call on the replica's thread)."""
         self._owned()
         with self._md_lock:
             md = self.metadata.to_snapshot()
@@ -61,6 +60,7 @@ class StoreStateEntries(StoreRebuild):
             # the pending delayed messages, so the follower skips the same second copies
             "schedule": self.schedule.rows(),
             "transactions": self.txn.rows(),  # pending halves and resolutions (broker/store/transactions.py)
+            "nonces": self.nonces.checkpoint(),  # the replicated nonce window (broker/store/replay.py)
         }
 
     def _await_state(self, e: CommittedEntry, touched: set[tuple[str, int]]) -> list[tuple[int, bytes]]:
@@ -74,11 +74,11 @@ class StoreStateEntries(StoreRebuild):
         for k, (_position, body) in enumerate(e.bodies):
             if body[:1] != COMMAND_MAGIC:
                 continue
-            try:
-                cmd = decode_command(body)
-            except (ValueError, msgpack.UnpackException):
+            cmd, _refused = admit_command(body)
+            if cmd is None or cmd.get("op") != "state":
                 continue
-            if cmd.get("op") != "state" or not anchor <= int(cmd.get("as_of", -1)) < e.index:
+            as_of = cmd.get("as_of", -1)
+            if isinstance(as_of, bool) or not isinstance(as_of, int) or not anchor <= as_of < e.index:
                 continue
             self._load_state(cmd, e.index, touched)
             # The rest of this entry (sends grouped with the state) comes after the state's as_of.
@@ -95,6 +95,7 @@ class StoreStateEntries(StoreRebuild):
         self._flush_dedup_adds()  # nothing dispatched before the state may land after it
         self.dedup.begin_restore(None)  # starts again from the entries re-applied below
         self._applied = as_of
+        self._restore_nonces(cmd.get("nonces"), as_of)  # before the queues: skipped bodies stay skipped
         self._rebuild_queues({(str(t), int(q)): int(m) for t, q, m in cmd["queues"]})
         self.schedule.load_rows(cmd.get("schedule") or [], as_of)
         self.txn.load_rows(cmd.get("transactions") or {}, as_of)

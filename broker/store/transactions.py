@@ -44,8 +44,9 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.protocol.names import is_decimal
 from broker.protocol.properties import (
     HALF_TOPIC,
     PROP_CHECK_IMMUNITY,
@@ -60,7 +61,8 @@ from broker.store.message import InvalidInput, StoredMessage
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
-    from broker.server.broker_server import BrokerServer
+    from dledger.clock import Clock
+    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.transactions")
 
@@ -84,7 +86,7 @@ def immunity_ms(props: Mapping[str, str], where: str) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    if not text.isdigit() or not 0 <= int(text) <= IMMUNITY_MAX_S:
+    if not is_decimal(text) or not 0 <= int(text) <= IMMUNITY_MAX_S:  # ASCII digits ('²'.isdigit() holds)
         raise InvalidInput(
             "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}"
         )
@@ -322,20 +324,19 @@ class TransactionIndex(SnapshotIndex):
 
     def rebuild(self, records: Iterable[tuple[int, bytes]], applied_index: int) -> None:
         """Derive the index from the log's records (position order)."""
-        from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS, decode_command, decode_header
+        from broker.store.message import COMMAND_MAGIC, MESSAGE_MAGICS
+        from broker.store.record_rules import admit_command, admitted_header
 
         self.reset()
-        for position, body in records:
-            try:
-                if body[:1] in MESSAGE_MAGICS:
-                    h, _ = decode_header(body)
-                    self.on_message(position, len(body), h[0], h[5], int(h[8]))
-                elif body[:1] == COMMAND_MAGIC:
-                    cmd = decode_command(body)
-                    if str(cmd.get("op", "")).startswith("txn."):
-                        self.on_command(cmd)
-            except Exception:  # undecodable: applying skipped it too
-                continue
+        for position, body in records:  # what applying refused (broker/store/record_rules.py) is skipped
+            if body[:1] in MESSAGE_MAGICS:
+                h = admitted_header(body)
+                if h is not None:
+                    self.on_message(position, len(body), h[0], h[5], h[8])
+            elif body[:1] == COMMAND_MAGIC:
+                cmd, _refused = admit_command(body)
+                if cmd is not None and str(cmd.get("op", "")).startswith("txn."):
+                    self.on_command(cmd)
         self.commit(applied_index)
         log.info("transaction index rebuilt from the log: %d halves pending", self.pending_count())
 
@@ -466,10 +467,43 @@ class TransactionPolicy:
     check_max: int = DEFAULT_CHECK_MAX
 
 
+class CheckStore(Protocol):
+    """What the check-back service reads of the message store (``MessageStore`` is one)."""
+
+    @property
+    def txn(self) -> TransactionIndex: ...
+    def read_message(self, position: int, size: int | None = None) -> StoredMessage: ...
+
+
+class NamedBroker(Protocol):
+    @property
+    def broker_name(self) -> str: ...
+
+
+class CheckHost(Protocol):
+    """What the check-back service uses of the replica it runs on (``BrokerServer`` is one)."""
+
+    @property
+    def node(self) -> DLedgerNode: ...
+    @property
+    def store(self) -> CheckStore: ...
+    @property
+    def cfg(self) -> NamedBroker: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def send_timeout_s(self) -> float: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
+    def wall_ms(self) -> int: ...
+
+
 class TransactionService:
     """One per broker: scans and hands out check-backs while this replica is the ready leader."""
 
-    def __init__(self, server: BrokerServer, policy: TransactionPolicy):
+    def __init__(self, server: CheckHost, policy: TransactionPolicy):
         self.s = server
         self.policy = policy
         self.scheduler = CheckScheduler(policy.check_interval_ms)
@@ -561,7 +595,7 @@ class TransactionService:
         from broker.store.message import encode_command
 
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
-        result = locs[0].result
+        result = locs[0].result  # a refusal (logged and listed by the store) counts as nothing done
         return result if isinstance(result, dict) else {}
 
     def status(self) -> dict[str, Any]:

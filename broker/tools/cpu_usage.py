@@ -1,9 +1,11 @@
-"""CPU time of other processes (Linux ``/proc``), for ``mq-bench produce --cpu``: how many CPU
-seconds each broker process spent during a run, and per message.
+"""CPU time of processes (Linux ``/proc``), for ``mq-bench produce/consume``: how many CPU seconds
+each process of a run spent during it (the brokers, the NameServers and the client itself), and
+per message.
 
 ``cpu_seconds(pid)`` reads utime + stime from ``/proc/PID/stat`` (user + system time of every thread
 of the process, in clock ticks); ``CpuSampler`` takes it before and after a run. Processes come
-from a ``dledger-cluster`` directory (its ``cluster.json``) or from ``name=pid`` pairs.
+from a ``dledger-cluster`` directory (its ``cluster.json``), from ``name=pid`` pairs, and the
+client is always this process (``CLIENT``).
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def cluster_processes(root: str) -> dict[str, int]:
-    """``name -> pid`` of the broker processes ``dledger-cluster up --dir ROOT`` recorded."""
+CLIENT = "client"  # the name this process (the load generator) is reported under
+
+
+def cluster_processes(root: str, kinds: tuple[str, ...] = ("broker",)) -> dict[str, int]:
+    """``name -> pid`` of the processes of these kinds (``broker``, ``namesrv``, ``node``) that
+    ``dledger-cluster up --dir ROOT`` recorded."""
     with open(os.path.join(root, "cluster.json")) as f:
         procs: list[dict[str, Any]] = json.load(f)["processes"]
-    return {str(p["name"]): int(p["pid"]) for p in procs if p.get("kind") == "broker"}
+    return {str(p["name"]): int(p["pid"]) for p in procs if p.get("kind") in kinds}
 
 
 def parse_pids(spec: str) -> dict[str, int]:

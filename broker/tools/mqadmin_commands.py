@@ -300,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _either_target(p)
     p = cmd(
+        "refusedRecords",
+        "Committed records the replicas refused to apply (the same on every replica)",
+        "mqadmin_ops:run_refused_records",
+    )
+    _either_target(p)
+    p = cmd(
         "statsAll",
         "Per topic and consumer group: lag and in/out TPS (last 10 s)",
         "mqadmin_stats:run_stats_all",

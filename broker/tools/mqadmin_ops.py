@@ -17,6 +17,7 @@ from broker.client.admin_checks import (
     check_addr,
     check_group,
     check_name,
+    check_stored_group,
     check_topic,
     path_part,
 )
@@ -43,7 +44,7 @@ PRINT_MSG_MAX = 100_000
 # -- subscription groups and consumers --------------------------------------------------------------
 @answers_checked
 async def run_delete_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
-    group = check_group(args.group)
+    group = check_stored_group(args.group)  # an older release's 121..255-char group can be removed
     path = f"/v1/groups/{path_part(group)}"
     if (args.cluster is None) == (args.broker_addr is None):
         raise InvalidArgument("BAD_REQUEST", "give exactly one of a cluster (-c) or a broker address (-b)")
@@ -322,6 +323,29 @@ async def run_clean_expired_cq(admin: Admin, args: argparse.Namespace) -> Output
     if not all(o.ok for o in outcomes):
         raise FanOutError(outcomes)
     text = render_outcomes(outcomes, (("Removed", "count"), ("Queues", "queues")))
+    return Output({"results": to_jsonable(outcomes)}, text)
+
+
+async def run_refused_records(admin: Admin, args: argparse.Namespace) -> Output:
+    """The committed records each replica refused to apply (issue 23; docs/OPERATIONS.md): every
+    replica of a group lists the same ones (up to its applied index)."""
+    addrs = await _replica_addrs(admin, args)
+    outcomes, rows = [], []
+    for addr in addrs:
+        try:
+            ans = await admin.transport.call(addr, "GET", "/v1/admin/refused")
+        except ClientError as exc:
+            outcomes.append(Outcome("broker", addr, exc.addr or addr, False, exc.code, exc.message, exc.status))
+            continue
+        outcomes.append(Outcome("broker", addr, addr, True, "OK", answer=ans))
+        for r in ans.get("recent") or []:
+            rows.append((addr, r.get("index"), r.get("position"), r.get("kind"), r.get("code"),
+                         str(r.get("reason"))[:100]))
+    if not all(o.ok for o in outcomes):
+        raise FanOutError(outcomes)
+    text = render_outcomes(outcomes, (("Refused", "total"), ("Applied", "applied_index")))
+    if rows:
+        text += "\n" + format_table(["Replica", "Index", "Position", "Kind", "Code", "Reason"], rows)
     return Output({"results": to_jsonable(outcomes)}, text)
 
 

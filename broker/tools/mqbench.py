@@ -26,6 +26,7 @@ import asyncio
 import datetime
 import itertools
 import json
+import os
 import signal
 import sys
 import threading
@@ -41,7 +42,7 @@ from broker.client.transport import ClientError, add_security_arguments, parse_a
 from broker.protocol.auth import CredentialsError
 from broker.protocol.limits import MESSAGE_BYTES_MAX
 from broker.tools.cli import add_namesrv_argument
-from broker.tools.cpu_usage import CpuSampler, cluster_processes, parse_pids
+from broker.tools.cpu_usage import CLIENT, CpuSampler, cluster_processes, parse_pids
 from broker.tools.progress import StatusLine, progress_text
 from dledger.apps.stats import LatencyHistogram
 
@@ -188,7 +189,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         s2c = summary["s2c_ms"]
         lines.append(f"S2C RT(ms): avg {s2c['avg']:.3f} | p99 {s2c['p99']:.3f} | max {s2c['max']:.3f}")
-    for name, cpu in sorted(summary.get("broker_cpu", {}).items()):
+    for name, cpu in sorted(summary.get("cpu", {}).items()):
         spent = "?" if cpu["cpu_s"] is None else f"{cpu['cpu_s']:.2f} s"
         per = "?" if cpu["cpu_us_per_msg"] is None else f"{cpu['cpu_us_per_msg']:.1f} µs/msg"
         lines.append(f"CPU {name} (pid {cpu['pid']}): {spent}, {per}")
@@ -378,24 +379,39 @@ async def run_produce(
         "transport": args.transport,
         "batch_delay_ms": args.batch_delay_ms,
     }
-    if cpu is not None:
-        summary["broker_cpu"] = cpu.stop(stats.msgs)
+    _add_cpu(summary, cpu, stats.msgs)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 1 if stats.msgs == 0 and stats.errors else 0
 
 
-def _cpu_sampler(args: argparse.Namespace) -> CpuSampler | None:
-    """CPU time of the broker processes (``--cpu-dir`` / ``--cpu-pids``), started now."""
-    procs: dict[str, int] = {}
+def _cpu_sampler(args: argparse.Namespace) -> tuple[CpuSampler, set[str]]:
+    """CPU time of every process of the run, started now: this client always, and the processes
+    of ``--cpu-dir`` (brokers and NameServers) and ``--cpu-pids``. Also returns the names that are
+    brokers (reported again under ``broker_cpu``)."""
+    procs: dict[str, int] = {CLIENT: os.getpid()}
+    brokers: set[str] = set()
     if getattr(args, "cpu_dir", None):
-        procs.update(cluster_processes(args.cpu_dir))
+        found = cluster_processes(args.cpu_dir, kinds=("broker", "node"))
+        brokers.update(found)
+        procs.update(found)
+        procs.update(cluster_processes(args.cpu_dir, kinds=("namesrv",)))
     if getattr(args, "cpu_pids", None):
-        procs.update(parse_pids(args.cpu_pids))
-    if not procs:
-        return None
+        pids = parse_pids(args.cpu_pids)
+        brokers.update(pids)
+        procs.update(pids)
     sampler = CpuSampler(procs)
     sampler.start()
-    return sampler
+    return sampler, brokers
+
+
+def _add_cpu(summary: dict[str, Any], sampled: tuple[CpuSampler, set[str]], messages: int) -> None:
+    """``cpu``: every process (the client included), µs per message; ``broker_cpu``: the brokers
+    (``--cpu-dir``, ``--cpu-pids``) of it, as before."""
+    sampler, brokers = sampled
+    cpu = sampler.stop(messages)
+    summary["cpu"] = cpu
+    if brokers:
+        summary["broker_cpu"] = {name: c for name, c in cpu.items() if name in brokers}
 
 
 async def run_consume(
@@ -426,6 +442,7 @@ async def run_consume(
         return "CONSUME_SUCCESS"
 
     security = await checked_security(args, err)
+    cpu = _cpu_sampler(args)
     consumer = sdk.PushConsumer(
         args.group,
         args.namesrv,
@@ -477,6 +494,7 @@ async def run_consume(
     if active_s > 0:  # from the first listener call to the latest: the rate while messages flowed
         summary["active_s"] = round(active_s, 3)
         summary["active_tps"] = round((stats.msgs - span["first_msgs"]) / active_s, 1)
+    _add_cpu(summary, cpu, stats.msgs)
     print(json.dumps(summary) if args.json else format_summary(summary), file=out, flush=True)
     return 0
 
@@ -518,6 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="seconds between report lines (default 5)",
         )
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout; reports on stderr")
+        p.add_argument("--cpu-dir", dest="cpu_dir", metavar="DIR", default=None,
+                       help="also report the CPU of every process of the dledger-cluster in DIR (brokers, "
+                            "NameServers; its cluster.json); this client's own CPU is always reported")
+        p.add_argument("--cpu-pids", dest="cpu_pids", metavar="NAME=PID,...", default=None,
+                       help="also report the CPU of these (broker) processes")
         add_security_arguments(p)
 
     p = sub.add_parser("produce", help="send messages as fast as allowed; report TPS and RT")
@@ -543,10 +566,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "http: HTTP only")
     p.add_argument("--batch-delay-ms", dest="batch_delay_ms", type=float, default=1.0,
                    help="the producer's auto-batching linger (default 1; 0 = off)")
-    p.add_argument("--cpu-dir", dest="cpu_dir", metavar="DIR", default=None,
-                   help="report CPU seconds per broker process of the dledger-cluster in DIR (its cluster.json)")
-    p.add_argument("--cpu-pids", dest="cpu_pids", metavar="NAME=PID,...", default=None,
-                   help="report CPU seconds of these processes")
     p = sub.add_parser("consume", help="consume with a push consumer; report TPS and end-to-end latency")
     common(p)
     p.add_argument("-g", "--group", default="benchmark_consumer")
@@ -620,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             security_kwargs(args)
         except CredentialsError as exc:
             raise InvalidArgument("BAD_CREDENTIALS", str(exc)) from None
-        if args.command == "produce":
+        if args.command in ("produce", "consume"):
             try:
                 _cpu_sampler(args)
             except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -19,8 +19,9 @@ consumer           push consumer drains the topic   pull consumer drains the str
 =================  ===============================  ===========================================
 
 Ours also get a ``mixed`` case (sends paced at ``--mixed-rate``, 1,000 msgs/s, while a consumer
-reads at the same rate: the send p99 is the figure), the CPU time per message of every broker
-process in each send case (``mq-bench produce --cpu-dir``), the leader elections during the whole
+reads at the same rate: the send p99 is the figure), the CPU time per message of every process in
+every case — each broker, the NameServer and the client (``mq-bench produce/consume --cpu-dir``;
+the mixed case has two clients, the producer and the consumer) —, the leader elections during the whole
 run (the largest term change of any replica) and every broker's RSS at the start and after each
 case, split into anonymous memory (heap) and file-backed pages (mmapped log and queue files).
 
@@ -82,22 +83,31 @@ def _mq_bench(args: argparse.Namespace, *argv: str) -> dict[str, Any]:
 
 def _mixed(args: argparse.Namespace) -> dict[str, Any]:
     """Sends paced at ``--mixed-rate`` while a push consumer reads the same topic from its end."""
-    cmd, env = _mq_bench_cmd(args, "consume", "-g", "VersusMixed", "--from", "LAST")
+    cmd, env = _mq_bench_cmd(args, "consume", "-g", "VersusMixed", "--from", "LAST")  # its own client CPU
     consumer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        sent = _mq_bench(args, "produce", "-w", "32", "-s", "1024", "--rate", str(args.mixed_rate))
+        sent = _mq_bench(args, "produce", "-w", "32", "-s", "1024", "--rate", str(args.mixed_rate), "--cpu-dir",
+                         args.dir)
         out, err = consumer.communicate(timeout=args.duration + 120)
     finally:
         if consumer.poll() is None:
             consumer.kill()
             consumer.wait(10)
     read = _answer("consume", consumer.returncode, out, err)
+    cpu = _cpu_per_msg(sent)
+    cpu["consumer client"] = (read.get("cpu") or {}).get("client", {}).get("cpu_us_per_msg")
     return {
         "msgs_per_s": sent["tps"],
         "p99_ms": (sent.get("rt_ms") or {}).get("p99"),
         "consumed_per_s": read["tps"],
+        "cpu_us_per_msg": cpu,
         "raw": {"produce": sent, "consume": read},
     }
+
+
+def _cpu_per_msg(r: dict[str, Any]) -> dict[str, Any]:
+    """µs of CPU per message of every process of one mq-bench run (brokers, NameServers, client)."""
+    return {name: c.get("cpu_us_per_msg") for name, c in (r.get("cpu") or r.get("broker_cpu") or {}).items()}
 
 
 def _brokers(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -158,12 +168,11 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         terms_before = _terms(args)
         for case, (argv, _theirs) in _PRODUCE_CASES.items():
             r = _mq_bench(args, "produce", *argv, "-s", "1024", "--cpu-dir", args.dir)
-            cpu = {name: c.get("cpu_us_per_msg") for name, c in (r.get("broker_cpu") or {}).items()}
-            out[case] = {"msgs_per_s": r["tps"], "p99_ms": (r.get("rt_ms") or {}).get("p99"), "cpu_us_per_msg": cpu,
-                         "raw": r}  # fmt: skip
+            out[case] = {"msgs_per_s": r["tps"], "p99_ms": (r.get("rt_ms") or {}).get("p99"),
+                         "cpu_us_per_msg": _cpu_per_msg(r), "raw": r}  # fmt: skip
             sample_rss(case)
-        r = _mq_bench(args, "consume", "-g", "VersusDrain", "--from", "FIRST")
-        out["consumer"] = {"msgs_per_s": r.get("active_tps", r["tps"]), "raw": r}
+        r = _mq_bench(args, "consume", "-g", "VersusDrain", "--from", "FIRST", "--cpu-dir", args.dir)
+        out["consumer"] = {"msgs_per_s": r.get("active_tps", r["tps"]), "cpu_us_per_msg": _cpu_per_msg(r), "raw": r}
         sample_rss("consumer")
         out["mixed"] = _mixed(args)
         sample_rss("mixed")
@@ -235,7 +244,7 @@ def run_versus(args: argparse.Namespace) -> int:
         mixed = ours["mixed"]
         print(f"mixed      sends at {mixed['msgs_per_s']:,.0f} msgs/s (p99 {mixed['p99_ms']} ms) while a consumer "
               f"reads {mixed['consumed_per_s']:,.0f} msgs/s")
-        for case in _PRODUCE_CASES:
+        for case in (*_PRODUCE_CASES, "consumer", "mixed"):
             per = sorted(ours[case]["cpu_us_per_msg"].items())
             print(f"CPU {case:<17} " + ", ".join(f"{n} {v} µs/msg" for n, v in per))
         print(f"elections during our run: {ours['elections']}")

@@ -12,6 +12,13 @@ Endpoints (msgpack where bodies are binary, JSON for admin; errors are ``{code, 
 
 The broker (issue "namesrv/, broker/ and the client SDK") replaces this API with RocketMQ's; this
 process stays as the log's own admin/test surface.
+
+**No authentication.** Anyone who reaches this port can append, read every entry and move
+leadership. So the node binds its HTTP API to a loopback address only (``brokerIP1`` 127.x.x.x,
+``::1`` or ``localhost``; anything else stops the start with exit code 2), and says at every
+start, at WARNING, that every local user of the host can use it. A network-facing group is a
+broker group (``dledger-broker``: ACL, signed requests, TLS; docs/SECURITY.md). The peer port is
+authenticated either way (``dLegerPeerPassword``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -58,6 +66,17 @@ _STATUS_BY_ERROR: dict[type[DLedgerError], int] = {
     NotCommittedError: 404,
     EntryRemovedError: 410,
 }
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a port on this machine (no name resolution: ``localhost`` is
+    the one name taken as loopback)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _classify(exc: Exception) -> ErrorAnswer | None:
@@ -159,7 +178,7 @@ class HttpApi:
         return web.json_response({"ok": True})
 
     async def retention(self, request: web.Request) -> web.Response:
-        await self.node.run_on_tick_thread(self.node.run_retention_now, 5.0)
+        await self.node.run_on_replica_thread(self.node.run_retention_now, 5.0)
         return web.json_response(await self.node.status())
 
 
@@ -174,6 +193,11 @@ async def serve(cfg: DLedgerConfig, stop: asyncio.Event) -> None:
     await site.start()
     log.info(
         "dledger node %s of %s serving HTTP on %s:%d", cfg.self_id, cfg.group, cfg.http_host, cfg.listen_port
+    )
+    log.warning(
+        "the HTTP API on %s:%d has NO AUTHENTICATION: every local user of this host can append, read every "
+        "entry and transfer leadership (it never binds beyond loopback; serve a network with dledger-broker)",
+        cfg.http_host, cfg.listen_port,
     )
     try:
         while not stop.is_set() and node.fatal is None:  # fail-stop: a dead tick thread ends the process
@@ -198,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_dledger_config(args.config)
     except (ConfigError, OSError) as exc:
         print(f"dledger-node: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(cfg.http_host):
+        print(f"dledger-node: {args.config}: brokerIP1={cfg.http_host} is not a loopback address: the node's HTTP "
+              "API (append, read, transfer) has no authentication, so it binds to 127.0.0.1, ::1 or localhost "
+              "only; a network-facing group is a broker group (dledger-broker, with ACL)", file=sys.stderr)
         return 2
 
     run_until_signalled(lambda stop: serve(cfg, stop))

@@ -9,6 +9,8 @@
 - State machine safety: every replica applies the committed entries in order, each once (across
   restarts too), so all apply the same sequence.
 - Acknowledged appends are committed (with the term they were written in) when acknowledged.
+- Applying never stops a replica, and every replica reaches the same outcome for every committed
+  entry (each body's result, a refusal included: a poison body is refused by all, applied by none).
 
 A broken property raises ``Violation`` with the step and the detail; the simulator prints the seed.
 """
@@ -16,6 +18,9 @@ A broken property raises ``Violation`` with the step and the detail; the simulat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from dledger.records import Refused
 
 
 class Violation(AssertionError):
@@ -31,6 +36,8 @@ class Checker:
     voted_term: dict[str, int] = field(default_factory=dict)  # node -> highest term it voted in
     step: int = 0
     checks: int = 0
+    outcomes: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # index -> every body's result
+    refused: int = 0  # committed bodies refused (counted once, by the first replica to apply them)
 
     def fail(self, what: str) -> None:
         raise Violation(f"step {self.step}: {what}")
@@ -86,6 +93,17 @@ class Checker:
             self.fail(f"{node} applied index {index} before it was known committed")
         elif c[1] != chain:
             self.fail(f"{node} applied index {index} with chain {chain:#x}, committed {c[1]:#x}")
+
+    def on_outcome(self, node: str, index: int, results: tuple[Any, ...]) -> None:
+        """What applying ``index`` produced on ``node``: the same on every replica, every time."""
+        known = self.outcomes.setdefault(index, results)
+        if known is results:
+            self.refused += sum(1 for r in results if isinstance(r, Refused))
+        elif known != results:
+            self.fail(f"{node} applied index {index} to {results!r:.200}, another replica to {known!r:.200}")
+
+    def on_apply_failed(self, node: str, exc: BaseException) -> None:
+        self.fail(f"{node} stopped: applying raised instead of refusing ({exc!r:.300})")
 
     def on_vote_sent(self, node: str, term: int) -> None:
         self.voted_term[node] = max(term, self.voted_term.get(node, 0))

@@ -45,7 +45,6 @@ class SimNetwork:
         self.sent = 0
         self.dropped = 0
         self.duplicated = 0
-        self.send_delay_s: dict[str, float] = {}  # extra delay for a sender (a slow fsync stalls it)
 
     # -- topology ---------------------------------------------------------------------------------
     def _connected(self, a: str, b: str) -> bool:
@@ -97,9 +96,8 @@ class SimNetwork:
             return True  # the sender cannot tell
         copies = 2 if rng.random() < m.duplicate else 1
         self.duplicated += copies - 1
-        base = self.send_delay_s.get(src, 0.0)
         for _ in range(copies):
-            delay = base + rng.uniform(m.delay_min_s, m.delay_max_s)
+            delay = rng.uniform(m.delay_min_s, m.delay_max_s)
             if rng.random() < m.spike:
                 delay += rng.uniform(0, m.spike_max_s)
             self._schedule(delay, lambda: self._arrive(src, dst, frame))

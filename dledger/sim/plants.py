@@ -8,9 +8,15 @@ out again; the simulator runs in one thread, so the patch affects only the run i
   AppendEntries arrives (stock pysyncobj), instead of only at the first conflict.
 - ``ack-before-fsync``: the leader counts its own entries toward a majority before they are
   durable, and does not fsync them itself.
+- ``follower-ack-before-fsync``: a follower answers success for entries it has not made durable
+  (and does not fsync them itself).
 - ``commit-old-term``: the leader advances the commit index on an entry of an older term by
   counting replicas (Raft §5.4.2 forbids it; Figure 8 shows the loss).
 - ``vote-not-durable``: a vote reaches memory only; a crash forgets it (and the term).
+- ``apply-raises``: the state machine raises on a poison body instead of refusing it (the broker
+  before issue 23: every replica stopped at the same committed entry).
+- ``refuse-on-local-state``: the refusal of a poison body depends on the replica's own history
+  (every other poison body it judged), not on the body alone: replicas reach different outcomes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 
 from dledger import syncobj_patch
 from dledger.meta_store import MemoryMetaStore
+from dledger.records import Refused
 from dledger.replica import ReplicaCore
+from dledger.sim import replica as sim_replica
 from dledger.sim.world import SimOptions, SimResult, run_seed
 
 
@@ -56,15 +64,33 @@ def _ack_before_fsync() -> Iterator[None]:
     def self_match_index(core: ReplicaCore) -> int:
         return int(core.store.last_index)
 
-    original_flush = ReplicaCore._flush_per_policy
+    original_flush = ReplicaCore._maybe_flush
 
-    def flush_per_policy(core: ReplicaCore) -> None:
+    def maybe_flush(core: ReplicaCore) -> None:
         if core.role != "LEADER":
             original_flush(core)
 
     with (
         _patched(ReplicaCore, "self_match_index", self_match_index),
-        _patched(ReplicaCore, "_flush_per_policy", flush_per_policy),
+        _patched(ReplicaCore, "_maybe_flush", maybe_flush),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _follower_ack_before_fsync() -> Iterator[None]:
+    def ack_ready(core: ReplicaCore, node: Any, next_index: int) -> bool:
+        return True
+
+    original_flush = ReplicaCore._maybe_flush
+
+    def maybe_flush(core: ReplicaCore) -> None:
+        if core.role == "LEADER":
+            original_flush(core)
+
+    with (
+        _patched(ReplicaCore, "ack_ready", ack_ready),
+        _patched(ReplicaCore, "_maybe_flush", maybe_flush),
     ):
         yield
 
@@ -78,11 +104,34 @@ def _vote_not_durable() -> Iterator[None]:
         yield
 
 
+def _apply_raises(body: bytes) -> Refused | None:
+    if body.startswith(sim_replica.POISON):
+        raise ValueError("poison body: no queue can hold it")  # what an unchecked effect does
+    return None
+
+
+@contextlib.contextmanager
+def _refuse_on_local_state() -> Iterator[None]:
+    judged = [0]  # state of this process, not of the log: differs between replicas
+
+    def refusal_of(body: bytes) -> Refused | None:
+        if not body.startswith(sim_replica.POISON):
+            return None
+        judged[0] += 1
+        return Refused("POISON", "poison") if judged[0] % 2 else None
+
+    with _patched(sim_replica, "refusal_of", refusal_of):
+        yield
+
+
 PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "truncate-non-conflicting": lambda: _patched(syncobj_patch, "align_append_entries", _stock_align),
     "ack-before-fsync": _ack_before_fsync,
+    "follower-ack-before-fsync": _follower_ack_before_fsync,
     "commit-old-term": lambda: _patched(syncobj_patch, "quorum_commit_index", _commit_any_term),
     "vote-not-durable": _vote_not_durable,
+    "apply-raises": lambda: _patched(sim_replica, "refusal_of", _apply_raises),
+    "refuse-on-local-state": _refuse_on_local_state,
 }
 
 

@@ -6,16 +6,20 @@ import dataclasses
 import random
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
+from dledger import clock as dl_clock
 from dledger.clock import Clock
+from dledger.flusher import Done
 from dledger.inproc import InProcTransport
 from dledger.memory_store import MemoryLogStore
 from dledger.meta_store import MemoryMetaStore
-from dledger.records import CommittedEntry, RaftSettings, RoleChange
+from dledger.records import CommittedEntry, RaftSettings, Refused, RoleChange
 from dledger.replica import ReplicaCore
 from dledger.sim.checker import Checker
 from dledger.sim.network import SimNetwork
+
+FSYNC_DELAY_S = 0.0002  # a flush job, unless the nemesis slows the node's disk down
 
 
 class SimClock:
@@ -34,8 +38,22 @@ class SimClock:
         return self._wall_base_s + self.monotonic()
 
 
+POISON: Final = b"\xffPOISON"  # a body the state machine cannot apply (the client plants some)
+
+
+def refusal_of(body: bytes) -> Refused | None:
+    """The simulated state machine's admission (as ``broker/store/record_rules.py`` is the broker's): a
+    decision from the body alone. A poison body stands for a record whose effects would raise (a name
+    no consume queue can have): it is refused, on every replica alike."""
+    if body.startswith(POISON):
+        return Refused("POISON", f"poison body of {len(body)} bytes")
+    return None
+
+
 class SimStateMachine:
-    """Applies entries in order; its durable checkpoint (every few entries) is what a crash keeps."""
+    """Applies entries in order; its durable checkpoint (every few entries) is what a crash keeps.
+    Every body's outcome (its CRC, or its refusal) goes to the checker, which requires every replica
+    to reach the same outcome for every committed entry."""
 
     def __init__(self, node: str, checker: Checker, checkpoint_every: int, commit_index: Callable[[], int]):
         self.node = node
@@ -63,9 +81,14 @@ class SimStateMachine:
                 self.checker.fail(f"{self.node} applied index {e.index} beyond its commit index {commit}")
             self.checker.on_commit(self.node, e.index, e.term, e.chain_crc)
             self.checker.on_apply(self.node, e.index, self.applied + 1, e.chain_crc)
+            results: list[Any] = []
+            for _position, body in e.bodies:
+                refusal = refusal_of(body)
+                results.append(zlib.crc32(body) if refusal is None else refusal)
+            self.checker.on_outcome(self.node, e.index, tuple(results))
             self.applied = e.index
             self.count += 1
-            out.append([zlib.crc32(b) for _, b in e.bodies] or None)
+            out.append(results or None)
             if self.count % self.checkpoint_every == 0:
                 self.durable_applied = self.applied
         return out
@@ -91,6 +114,7 @@ class SimReplica:
         rng: random.Random,
         poke: Callable[[str], None],
         segment_bytes: int,
+        after: Callable[[float, Callable[[], None]], None],
     ):
         self.id = node_id
         self.address = settings.peers[node_id]
@@ -100,6 +124,8 @@ class SimReplica:
         self.clock: Clock = clock
         self.rng = rng
         self._poke = poke
+        self.after = after  # the world's event queue: (delay from now, action)
+        self.fsync_delay_s = FSYNC_DELAY_S  # how long a flush job takes (the nemesis slows it down)
         self.store = MemoryLogStore(segment_bytes, clock, name=node_id)
         self.meta = MemoryMetaStore()
         self.sm = SimStateMachine(node_id, checker, rng.randint(1, 20), self._commit_index)
@@ -119,6 +145,9 @@ class SimReplica:
     @property
     def alive(self) -> bool:
         return self.core is not None
+
+    def poke(self) -> None:
+        self._poke(self.id)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,8 +169,7 @@ class SimReplica:
             disk_used_ratio=lambda _p: 0.1,
         )
         self.core = core
-        sync = core.open()
-        sync._poller = _SimPoller(self)
+        sync = core.open(poller=_SimPoller(self), flusher=_SimFlusher(self))
         core.journal.on_truncate = self._on_truncate
         self.checker.on_restart(self.id, sync.raftCurrentTerm)
         self.verified_upto = min(self.verified_upto, self.store.anchor[0])
@@ -164,9 +192,6 @@ class SimReplica:
 
     # -- CoreEvents -----------------------------------------------------------------------------------
     def role_changed(self, change: RoleChange) -> None:
-        pass
-
-    def tick_done(self) -> None:
         pass
 
     # -- checks after each step ---------------------------------------------------------------------
@@ -228,9 +253,39 @@ class _SimPoller:
         pass
 
     def poll(self, timeout: float) -> None:
+        self.read_pending()
+
+    def read_pending(self) -> None:
+        """Before campaigning, and at the end of every tick: what already arrived."""
         transport = self._replica.transport
         if transport is not None:
             transport.drain()
+
+
+class _SimFlusher:
+    """The flusher in simulated time: a job completes ``fsync_delay_s`` after it was submitted
+    (the nemesis makes that slow), on the world's one thread; a crash meanwhile loses it (and
+    whatever it would have made durable, as the memory store's crash model decides)."""
+
+    def __init__(self, replica: SimReplica):
+        self._replica = replica
+
+    def submit(self, job: Callable[[], None], done: Done) -> None:
+        r = self._replica
+        core = r.core
+
+        def complete() -> None:
+            if r.core is not core:
+                return  # crashed (and maybe restarted) meanwhile: the job died with the process
+            dl_clock.use(r.clock)
+            job()
+            done(None)
+            r.poke()
+
+        r.after(r.fsync_delay_s, complete)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclasses.dataclass

@@ -14,6 +14,11 @@ A run::
          every replica reaches the same commit index with the same chain CRC
       -> every acknowledged request is in the committed log
 
+The client plants poison bodies (``poison_share`` of its requests, from their own random stream):
+bodies the state machine cannot apply. They commit like any other and every replica must refuse
+them alike and keep going (docs/DLEDGER.md, "Refused records"); a replica whose apply raises, or
+two replicas with different outcomes for one entry, is a violation.
+
 The checker (``checker.py``) runs after every event; a broken property raises ``Violation``.
 """
 
@@ -29,11 +34,19 @@ from typing import Any
 
 from dledger import clock as dl_clock
 from dledger import peer_codec
-from dledger.records import AppendFailedError, AppendTimeoutError, BodyLocation, NotLeaderError, RaftSettings
+from dledger.records import (
+    AppendFailedError,
+    AppendTimeoutError,
+    BodyLocation,
+    NotLeaderError,
+    RaftSettings,
+    Refused,
+    StateMachineError,
+)
 from dledger.replica import Request
 from dledger.sim.checker import Checker, Violation
 from dledger.sim.network import LinkModel, SimNetwork
-from dledger.sim.replica import ClientOp, SimClock, SimReplica
+from dledger.sim.replica import FSYNC_DELAY_S, POISON, ClientOp, SimClock, SimReplica
 
 TICK_S = 0.010
 RAFT_LEADER = 2
@@ -48,6 +61,7 @@ class SimOptions:
     client_interval_s: float = 0.02
     crash_after_vote: float = 0.05  # chance that a node crashes right after it sends a vote
     crash_after_ack: float = 0.002  # ... right after a follower acknowledges entries
+    poison_share: float = 0.03  # client requests whose body the state machine refuses (sim/replica.py)
 
 
 @dataclasses.dataclass
@@ -63,11 +77,13 @@ class SimResult:
     messages: int
     trace_crc: int
     leader_terms: int
+    refused: int = 0  # poison bodies committed and refused by every replica
 
     def line(self) -> str:
         status = "ok" if self.ok else f"FAIL: {self.error}"
         return (
             f"seed {self.seed}: {status} | steps {self.steps}, sim {self.sim_time_s:.1f} s, acked {self.acked}, "
+            f"refused {self.refused}, "
             f"leader terms {self.leader_terms}, crashes {self.crashes}, messages {self.messages}, "
             f"trace {self.trace_crc:08x}"
         )
@@ -78,6 +94,7 @@ class World:
         self.seed = seed
         self.opts = options
         self.rng = random.Random(seed)
+        self.poison_rng = random.Random(seed ^ 0x9015)  # its own stream: the rest of a run draws as before
         self.now = 0.0
         self._queue: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -86,6 +103,7 @@ class World:
         self.network.model = LinkModel()
         self.trace_crc = 0
         self._next_tick: dict[str, float] = {}
+        self._light_pending: set[str] = set()
         self.ops: list[ClientOp] = []
         self.events = 0
         self._faults_on = False
@@ -126,6 +144,7 @@ class World:
                 random.Random(self.rng.getrandbits(64)),
                 self.poke,
                 segment_bytes,
+                self.after,
             )
         self._install_targeted_crashes()
 
@@ -149,8 +168,46 @@ class World:
 
     # -- replicas -----------------------------------------------------------------------------------
     def poke(self, node: str) -> None:
-        """A message reached ``node``: it ticks soon (its poll returns on input)."""
-        self._schedule_tick(node, 0.0005)
+        """Input reached ``node`` (a message, or its flush job returned): as its event loop would,
+        it hands the input over and runs a light tick soon (``ReplicaCore.after_input``); the
+        timers wait for its full ticks (every TICK_S)."""
+        if node in self._light_pending:
+            return
+        self._light_pending.add(node)
+        self.after(0.0005, lambda: self._light_tick(node))
+
+    def _light_tick(self, node: str) -> None:
+        self._light_pending.discard(node)
+        r = self.replicas[node]
+        if r.core is None:
+            return
+        if self.now < r.paused_until:
+            self.after(r.paused_until - self.now, lambda: self.poke(node))
+            return
+        dl_clock.use(r.clock)
+        if r.transport is not None:
+            r.transport.drain()
+        if r.core is None:  # crashed while handling the input (a targeted crash)
+            return
+        self._drive(node, r.core.after_input)
+        r.observe()
+        sync = r.core.sync if r.core is not None else None
+        if sync is not None:
+            self._trace(
+                "l", node, round(self.now, 6), sync.dl_state, sync.raftCurrentTerm, r.store.last_index
+            )
+
+    def _drive(self, node: str, step: Callable[[], None]) -> None:
+        """Run one step of ``node``'s core: its full tick or its light tick (either applies
+        committed entries). A ``StateMachineError`` out of it is the replica stopping (in
+        production its process exits 70): a violation, as is the checker's own, raised inside
+        ``apply`` and wrapped by the core."""
+        try:
+            step()
+        except StateMachineError as exc:
+            if isinstance(exc.__cause__, Violation):
+                raise exc.__cause__ from None
+            self.checker.on_apply_failed(node, exc)
 
     def _schedule_tick(self, node: str, delay_s: float) -> None:
         at = self.now + delay_s
@@ -170,7 +227,8 @@ class World:
             self._schedule_tick(node, r.paused_until - self.now)
             return
         dl_clock.use(r.clock)
-        r.core.tick(0)
+        core = r.core
+        self._drive(node, lambda: core.tick(0))
         r.observe()
         sync = r.core.sync if r.core is not None else None
         if sync is not None:
@@ -228,6 +286,8 @@ class World:
             self.ops.append(op)
             size = self.rng.choice([16, 100, 1000, 5000])
             bodies = [struct.pack("<Q", op.op_id) + bytes(size)]
+            if self.poison_rng.random() < self.opts.poison_share:
+                bodies = [POISON + bodies[0]]  # committed like any other; refused when applied
             assert r.core is not None
             r.core.submit(Request(bodies, size + 16, self._done_for(op), r.clock.monotonic()))
             self.poke(r.id)
@@ -239,8 +299,9 @@ class World:
 
     def _done(self, op: ClientOp, result: list[BodyLocation] | None, exc: BaseException | None) -> None:
         if result is not None:
-            op.outcome, op.index, op.term = "ok", result[0].index, result[0].term
-            self.checker.on_ack(op.index, op.term)
+            refused = isinstance(result[0].result, Refused)
+            op.outcome, op.index, op.term = "refused" if refused else "ok", result[0].index, result[0].term
+            self.checker.on_ack(op.index, op.term)  # committed either way (a refusal is an outcome)
         elif isinstance(exc, (NotLeaderError, AppendFailedError)):
             op.outcome = "failed"
         elif isinstance(exc, AppendTimeoutError):
@@ -306,19 +367,23 @@ class World:
             )
             self.after(duration, self._clean_network)
         elif kind == "slow_fsync":
-            node = rng.choice(ids)
-            self.network.send_delay_s[self.replicas[node].address] = rng.uniform(0.005, 0.2)
-            self.after(duration, lambda: self.network.send_delay_s.clear())
+            slow = self.replicas[rng.choice(ids)]
+            slow.fsync_delay_s = rng.uniform(0.005, 0.2)
+            self.after(duration, self._fast_fsync)
         self.after(rng.uniform(0.1, 1.0), self._nemesis)
 
     def _clean_network(self) -> None:
         self.network.model = LinkModel()
 
+    def _fast_fsync(self) -> None:
+        for r in self.replicas.values():
+            r.fsync_delay_s = FSYNC_DELAY_S
+
     def _heal(self) -> None:
         self._faults_on = False
         self.network.heal_all()
         self._clean_network()
-        self.network.send_delay_s.clear()
+        self._fast_fsync()
         for node, r in self.replicas.items():
             r.paused_until = 0.0
             if r.core is None:
@@ -346,6 +411,7 @@ class World:
             messages=self.network.sent,
             trace_crc=self.trace_crc,
             leader_terms=len(self.checker.leaders),
+            refused=self.checker.refused,
         )
 
     def _run_phases(self) -> None:
@@ -395,7 +461,7 @@ class World:
 
     def _final_checks(self) -> None:
         for op in self.ops:
-            if op.outcome == "ok":
+            if op.outcome in ("ok", "refused"):
                 committed = self.checker.committed.get(op.index)
                 if committed is None or committed[0] != op.term:
                     raise Violation(

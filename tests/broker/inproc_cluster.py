@@ -46,7 +46,7 @@ from aiohttp import web
 from broker.client.transport import Transport
 from broker.edge.http_api import BrokerApi
 from broker.edge.http_codec import answer, error
-from broker.protocol.auth import Credentials
+from broker.protocol.auth import AuthError, Credentials, parse_authorization
 from broker.server.broker_server import BrokerServer
 from broker.server.config import BrokerConfig, parse_broker_config
 from broker.serving.http_edge import request_body
@@ -71,6 +71,10 @@ class Seen:
     method: str
     path: str
     body: dict[str, Any]  # the decoded body of a request that has one, else the query
+    # what a capture of the request on the wire holds (a test replays it: tests/broker/client/test_replays.py)
+    target: str = ""
+    authorization: str | None = None
+    raw: bytes = b""
 
 
 @dataclasses.dataclass
@@ -105,6 +109,7 @@ class Tap:
         self._faults: list[_Fault] = []
         self._observers: list[Callable[[Seen], None]] = []
         self._released = asyncio.Event()
+        self.scope: str | None = None  # the server's signing scope (set with the server)
 
     # -- scripting ------------------------------------------------------------------------------
     def fail(
@@ -155,7 +160,12 @@ class Tap:
     # -- the middleware -------------------------------------------------------------------------
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        seen = Seen(self.name, request.method, request.path, await _decoded(request))
+        if self._signed_for_another_scope(request):
+            # the client's first request to this server, signed before it knew the scope: refused
+            # from its head, signed again and resent; not what a test counts or faults
+            return await handler(request)
+        seen = Seen(self.name, request.method, request.path, await _decoded(request), request.raw_path,
+                    request.headers.get("Authorization"), await request_body(request) if request.body_exists else b"")
         self.requests.append(seen)
         self._journal.append(seen)
         for fn in self._observers:
@@ -163,16 +173,27 @@ class Tap:
         fault = next((f for f in self._faults if f.matches(seen)), None)
         if fault is None:
             return await handler(request)
+        if fault.lose:  # only an answer the server gave for real is lost (not a refusal, e.g. WRONG_SCOPE)
+            real = await handler(request)
+            if real.status >= 400:
+                return real
+            fault.times -= 1
+            return error(request, fault.status, fault.code, f"answer lost, injected by the test ({self.name})")
         fault.times -= 1
         if fault.hang:
             await self._released.wait()
             return error(request, 503, "SHUTTING_DOWN", "released at teardown")
         if fault.garbage:
             return answer(request, ["not", "a", "map"])
-        if fault.lose:
-            await handler(request)
-            return error(request, fault.status, fault.code, f"answer lost, injected by the test ({self.name})")
         return error(request, fault.status, fault.code, f"injected by the test ({self.name})", **fault.extra)
+
+
+    def _signed_for_another_scope(self, request: web.Request) -> bool:
+        try:
+            signed = parse_authorization(request.headers.get("Authorization"))
+        except AuthError:
+            return False
+        return self.scope is not None and signed.scope != self.scope
 
 
 async def _decoded(request: web.Request) -> dict[str, Any]:
@@ -193,6 +214,7 @@ class _TappedBrokerApi(BrokerApi):
     def __init__(self, server: BrokerServer, tap: Tap):
         super().__init__(server, server.service)
         self.tap = tap
+        tap.scope = server.security.scope
 
     def app(self) -> web.Application:
         app = super().app()
@@ -204,6 +226,7 @@ class _TappedNamesrv(NamesrvService):
     def __init__(self, cfg: NamesrvConfig, tap: Tap):
         super().__init__(cfg)
         self.tap = tap
+        tap.scope = self.security.scope
 
     def app(self) -> web.Application:
         app = super().app()
@@ -213,9 +236,9 @@ class _TappedNamesrv(NamesrvService):
 
 # -- the parts ----------------------------------------------------------------------------------------
 class NameServer:
-    def __init__(self, index: int, acl_file: str, journal: list[Seen]):
+    def __init__(self, index: int, acl_file: str, journal: list[Seen], **cfg: Any):
         self.tap = Tap(f"namesrv{index}", journal)
-        self.service = _TappedNamesrv(NamesrvConfig(listen_port=0, acl_file=acl_file), self.tap)
+        self.service = _TappedNamesrv(NamesrvConfig(listen_port=0, acl_file=acl_file, **cfg), self.tap)
         self.runner: web.AppRunner | None = None
         self.addr = ""
 
@@ -498,6 +521,7 @@ class InProcBrokerCluster:
         groups: Sequence[str] = ("RaftNode00",),
         namesrvs: int = 1,
         broker_props: dict[str, str] | None = None,
+        namesrv_cfg: dict[str, Any] | None = None,
     ):
         self.root = root
         self.journal: list[Seen] = []
@@ -505,7 +529,7 @@ class InProcBrokerCluster:
         self.acl_file = write_acl(os.path.join(root, "plain_acl.yml"))
         self.credentials: Credentials = ADMIN
         self.broker_props = dict(broker_props or {})
-        self.namesrvs = [NameServer(i, self.acl_file, self.journal) for i in range(namesrvs)]
+        self.namesrvs = [NameServer(i, self.acl_file, self.journal, **(namesrv_cfg or {})) for i in range(namesrvs)]
         ports = free_ports(3 * len(groups))
         self.groups = [Group(self, name, i, ports[3 * i : 3 * i + 3]) for i, name in enumerate(groups)]
         self.transport = Transport(timeout_s=10.0, credentials=ADMIN)
@@ -543,14 +567,19 @@ class InProcBrokerCluster:
             return cluster
         raise AssertionError("unreachable")
 
-    async def stop(self) -> None:
+    async def stop(self, *, replicas_may_fail: bool = False) -> None:
         """Stop everything; a part whose stop fails does not keep the others running (the first
-        failure is raised once all were stopped)."""
+        failure is raised once all were stopped). A replica that failed during the test (its tick,
+        a peer handler or a flush raised: ``DLedgerNode.fatal``) fails the stop too, unless
+        ``replicas_may_fail`` (the failure is what the test is about)."""
         for tap in [r.tap for g in self.groups for r in g.replicas] + [ns.tap for ns in self.namesrvs]:
             tap.release()
         failures: list[BaseException] = []
         for g in self.groups:
             for r in g.replicas:
+                fatal = r.server.node.fatal if r.server is not None else None
+                if fatal is not None and not replicas_may_fail:
+                    failures.append(AssertionError(f"replica {g.name}/{r.nid} failed: {fatal!r}"))
                 if r.alive:
                     try:
                         await g.kill(r.nid)  # the NameServers stop too: nobody to unregister from
@@ -572,8 +601,8 @@ class InProcBrokerCluster:
 
     @staticmethod
     async def assert_nothing_left(baseline: tuple[set[asyncio.Task[Any]], set[threading.Thread]]) -> None:
-        """After ``stop()`` (and the SDK clients' shutdown): no thread (tick threads, store syncers,
-        the SDK's loop threads) and no task started since ``baseline`` is left. The loop's own
+        """After ``stop()`` (and the SDK clients' shutdown): no thread (replicas' flushers, store
+        syncers, the SDK's loop threads) and no task started since ``baseline`` is left. The loop's own
         executor threads (``asyncio_N``) end with the loop."""
         baseline_tasks, baseline_threads = baseline
         threads = [
@@ -659,8 +688,9 @@ class InProcBrokerCluster:
 
 
 def fail_on_thread_exceptions(items: list[pytest.Item], under: Path) -> None:
-    """For conftests: a tick thread (or any thread) dying in a test under ``under`` fails the test,
-    instead of only warning."""
+    """For conftests: a thread dying in a test under ``under`` (a replica's flusher, a store's
+    syncer, the SDK's loop thread) fails the test, instead of only warning. A replica that fails on
+    its loop is caught by ``InProcBrokerCluster.stop``."""
     for item in items:
         if under in item.path.parents:
             item.add_marker(pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"))

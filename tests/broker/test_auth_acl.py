@@ -16,14 +16,16 @@ from tests.acl_fixtures import write_acl
 
 CREDS = Credentials("alice", "alice-secret-1")
 NOW = 1_700_000_000_000
+SCOPE = auth.broker_scope("DefaultCluster", "RaftNode00", "n0")
 
 
-def verifier(window_ms: int = 1000, nonces_max: int = 100) -> Verifier:
-    return Verifier({"alice": "alice-secret-1"}.get, NonceWindow(window_ms, nonces_max))
+def verifier(window_ms: int = 1000, nonces_max: int = 100, future_ms: int = 1000) -> Verifier:
+    return Verifier({"alice": "alice-secret-1"}.get, NonceWindow(window_ms, nonces_max, future_ms), scope=SCOPE)
 
 
-def header(ts: int = NOW, nonce: str | None = None, body: bytes = b"{}", target: str = "/v1/send") -> str:
-    return auth.authorization(CREDS, "POST", target, body, ts, nonce)
+def header(ts: int = NOW, nonce: str | None = None, body: bytes = b"{}", target: str = "/v1/send",
+           scope: str = SCOPE) -> str:
+    return auth.authorization(CREDS, "POST", target, body, ts, nonce, scope=scope)
 
 
 def code(fn: Any) -> str:
@@ -36,25 +38,54 @@ def test_signature_binds_method_target_body_and_key() -> None:
     v = verifier()
     assert v.verify(header(), "POST", "/v1/send", b"{}", NOW) == "alice"
     h = header()
-    assert code(lambda: v.verify(h, "POST", "/v1/send", b"{ }", NOW)) == "SIGNATURE_INVALID"
+    assert code(lambda: v.verify(h, "POST", "/v1/send", b"{ }", NOW)) == "BODY_DIGEST_MISMATCH"
     assert code(lambda: v.verify(h, "GET", "/v1/send", b"{}", NOW)) == "SIGNATURE_INVALID"
     assert code(lambda: v.verify(h, "POST", "/v1/send?x=1", b"{}", NOW)) == "SIGNATURE_INVALID"
-    wrong = auth.authorization(Credentials("alice", "not-her-secret"), "POST", "/v1/send", b"{}", NOW)
+    wrong = auth.authorization(Credentials("alice", "not-her-secret"), "POST", "/v1/send", b"{}", NOW, scope=SCOPE)
     assert code(lambda: v.verify(wrong, "POST", "/v1/send", b"{}", NOW)) == "SIGNATURE_INVALID"
-    other = auth.authorization(Credentials("mallory", "alice-secret-1"), "POST", "/v1/send", b"{}", NOW)
+    other = auth.authorization(Credentials("mallory", "alice-secret-1"), "POST", "/v1/send", b"{}", NOW, scope=SCOPE)
     assert code(lambda: v.verify(other, "POST", "/v1/send", b"{}", NOW)) == "SIGNATURE_INVALID"
     for bad in (None, "", "Basic YWxpY2U6eA==", header() + "\n", header().replace("Nonce=", "Nonce=zz"), "x" * 5000):
         assert code(lambda bad=bad: v.verify(bad, "POST", "/v1/send", b"{}", NOW)) in (
             "NO_CREDENTIALS", "BAD_AUTHORIZATION")
 
 
+def test_a_signature_names_its_server_and_is_checked_from_the_head() -> None:
+    """Finding 3 of issue 23: a request signed for one replica is refused by every other one (and
+    the refusal names the server's scope, so a client signs again for it); the body's hash is
+    declared in the head, so the signature is verified before a byte of the body is read."""
+    v = verifier()
+    for_n1 = header(scope=auth.broker_scope("DefaultCluster", "RaftNode00", "n1"))
+    with pytest.raises(AuthError) as e:
+        v.verify(for_n1, "POST", "/v1/send", b"{}", NOW)
+    assert (e.value.code, e.value.extra) == ("WRONG_SCOPE", {"scope": SCOPE})
+    assert code(lambda: v.verify(header(scope=auth.namesrv_scope("abc")), "POST", "/v1/send", b"{}", NOW)) == (
+        "WRONG_SCOPE")
+    signed = v.verify_head(header(body=b"big body"), "POST", "/v1/send", NOW)  # no body needed yet
+    auth.check_body(signed, b"big body")
+    assert code(lambda: auth.check_body(signed, b"big bodY")) == "BODY_DIGEST_MISMATCH"
+    # format 1 (no Scope, no body hash) is refused with its reason
+    msg = "\n".join(("DLEDGER-HMAC-SHA256", "alice", str(NOW), "0" * 32, "POST", "/v1/send", auth.body_digest(b"{}")))
+    v1 = (f"DLEDGER-HMAC-SHA256 AccessKey=alice, Timestamp={NOW}, Nonce={'0' * 32}, "
+          f"Signature={auth.signature('alice-secret-1', msg.encode())}")
+    with pytest.raises(AuthError) as e:
+        v.verify(v1, "POST", "/v1/send", b"{}", NOW)
+    assert e.value.code == "BAD_AUTHORIZATION" and "Scope" in e.value.message
+    with pytest.raises(ValueError):
+        header(scope="a, b")  # a scope never holds the header's separator
+
+
 def test_timestamp_window_and_replays() -> None:
-    v = verifier(window_ms=1000)
+    v = verifier(window_ms=1000, future_ms=200)
     h = header(ts=NOW)
     assert v.verify(h, "POST", "/v1/send", b"{}", NOW + 1000) == "alice"
     assert code(lambda: v.verify(h, "POST", "/v1/send", b"{}", NOW + 1000)) == "REPLAYED_REQUEST"
     assert code(lambda: v.verify(header(ts=NOW), "POST", "/v1/send", b"{}", NOW + 1001)) == "TIMESTAMP_OUT_OF_WINDOW"
-    assert code(lambda: v.verify(header(ts=NOW + 1001), "POST", "/v1/send", b"{}", NOW)) == "TIMESTAMP_OUT_OF_WINDOW"
+    assert code(lambda: v.verify(header(ts=NOW + 201), "POST", "/v1/send", b"{}", NOW)) == "TIMESTAMP_OUT_OF_WINDOW"
+    assert v.verify(header(ts=NOW + 200), "POST", "/v1/send", b"{}", NOW) == "alice"  # the future bound
+    with pytest.raises(AuthError) as e:
+        v.verify(header(ts=NOW + 5000), "POST", "/v1/send", b"{}", NOW)
+    assert e.value.extra == {"server_time_ms": NOW}  # so that a client corrects its clock
     # an expired nonce is forgotten; the request itself is refused by its timestamp anyway
     assert code(lambda: v.verify(h, "POST", "/v1/send", b"{}", NOW + 5000)) == "TIMESTAMP_OUT_OF_WINDOW"
     assert v.verify(header(ts=NOW + 5000), "POST", "/v1/send", b"{}", NOW + 5000) == "alice"
@@ -62,11 +93,11 @@ def test_timestamp_window_and_replays() -> None:
 
 
 def test_a_full_nonce_window_refuses_what_it_may_have_forgotten() -> None:
-    w = NonceWindow(window_ms=10_000, entries_max=3)
+    w = NonceWindow(10_000, 3)
     for i in range(3):
         w.admit("a", f"n{i}", NOW + i, NOW)
-    w.admit("a", "n3", NOW + 3, NOW)  # evicts n0 (ts NOW): floor = NOW
-    assert len(w) == 3 and w.floor_ms == NOW and w.evicted == 1
+    w.admit("a", "n3", NOW + 3, NOW)  # evicts n0 (ts NOW): a's floor = NOW
+    assert len(w) == 3 and w.floor_of("a") == NOW and w.evicted == 1
     with pytest.raises(AuthError) as e:
         w.admit("a", "n0", NOW, NOW)  # the evicted one replayed: refused by the floor
     assert e.value.code == "REQUEST_TOO_OLD"
@@ -74,6 +105,32 @@ def test_a_full_nonce_window_refuses_what_it_may_have_forgotten() -> None:
         w.admit("a", "n2", NOW + 2, NOW)  # still remembered
     w.admit("a", "n9", NOW + 9, NOW)
     assert len(w) <= 3
+
+
+def test_one_accounts_clock_never_moves_another_accounts_window() -> None:
+    """Finding 4 of issue 23: a SUB account sending pings stamped +290 s (accepted by a ±300 s window
+    then) filled the shared window, whose floor then refused every other account REQUEST_TOO_OLD for
+    minutes. Now stamps more than 10 s ahead are refused, and the window is per access key: whatever
+    one key sends, another key's fresh requests pass. (Positional arguments: the same call on the
+    code before the fix, whose window was shared, fails at the first other-account request.)"""
+    w = NonceWindow(300_000, 50)
+    for i in range(200):  # far more than the window holds
+        for ahead_ms in (290_000, 9_000):
+            try:
+                w.admit("consumer", f"p{ahead_ms}-{i}", NOW + ahead_ms, NOW)
+            except AuthError as exc:
+                assert exc.code in ("TIMESTAMP_OUT_OF_WINDOW", "REQUEST_TOO_OLD")
+    for k, account in enumerate(("admin", "producer", "orders-app")):
+        for i in range(100):
+            w.admit(account, f"{account}-{i}", NOW + k + i, NOW)  # none refused
+    # the consumer moved its own key's floor (at most 10 s ahead), nobody else's
+    assert w.floor_of("consumer") == NOW + 9_000 and w.floor_of("admin") < NOW + 100
+
+
+def test_auth_future_bound_is_tight() -> None:
+    assert auth.FUTURE_MS_DEFAULT <= 10_000 < auth.WINDOW_MS_DEFAULT
+    w = NonceWindow()
+    assert code(lambda: w.admit("consumer", "x" * 32, NOW + 290_000, NOW)) == "TIMESTAMP_OUT_OF_WINDOW"
 
 
 def test_secret_is_never_printed() -> None:

@@ -75,3 +75,27 @@ def test_broker_namesrv_and_sdk_agree(tail: str, tmp_path: Any) -> None:
     queues = ConsumeQueueStore(str(tmp_path))
     with pytest.raises(ValueError):
         queues.get_or_create(bad, 0)
+
+
+def test_a_group_is_at_most_120_characters_so_its_retry_topic_is_a_topic() -> None:
+    """Issue 23: groups of 121..255 characters were allowed, and ``%RETRY%``/``%DLQ%`` + group made a
+    topic no replica could apply. RocketMQ limits groups to 120 for the same reason."""
+    assert names.GROUP_CHARS_MAX == 120 and names.is_group("g" * 120) and names.is_topic("%RETRY%" + "g" * 120)
+    assert not names.is_topic("%RETRY%" + "g" * 121)
+    for bad in ("g" * 121, "g" * 255):
+        assert not names.is_group(bad)
+        with pytest.raises(InvalidInput, match="at most 120 characters"):
+            broker_check_group(bad)
+        with pytest.raises(ClientError):
+            check_group(bad)  # the SDK refuses it before any request
+    # what older releases stored: read or removed, never created
+    assert names.is_stored_group("g" * 255) and not names.is_stored_group("g" * 256)
+    assert names.is_stored_topic("%DLQ%" + "g" * 255) and names.is_stored_topic("%RETRY%" + "g" * 255)
+    assert not names.is_stored_topic("%RETRY%" + "g" * 256) and not names.is_stored_topic("a/b")
+
+
+def test_a_msg_id_names_a_broker_and_a_64_bit_position() -> None:
+    assert parse_msg_id("RaftNode00:7FFFFFFFFFFFFFFF") == ("RaftNode00", 2**63 - 1)
+    for bad in ("RaftNode00:8000000000000000", "RaftNode00:FFFFFFFFFFFFFFFF", "%RETRY%g:0000000000000001"):
+        with pytest.raises(InvalidInput, match="msg id"):
+            parse_msg_id(bad)

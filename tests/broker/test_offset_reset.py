@@ -420,7 +420,7 @@ async def test_raw_api_refuses_a_stale_commit_with_409(cluster: BrokerCluster) -
 async def _log_commits(c: BrokerCluster, group: str, topic: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Every offset command of ``group``/``topic`` in the leader's log, with what applying it decided."""
     leader = await c.wait_writable()
-    records = await leader.node.run_on_tick_thread(
+    records = await leader.node.run_on_replica_thread(
         lambda: list(leader.store._scan_records(leader.node.applied_index)), 5.0
     )
     md = Metadata()

@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from broker.edge.http_api import BrokerApi
 from broker.protocol.routes import BrokerRegistration
 from broker.server.registration import Registrar
+from broker.service.broker_service import BrokerService
 from broker.service.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
 from broker.serving.http_edge import Guard, Limits
 from broker.serving.security import Security
@@ -33,7 +34,7 @@ from dledger import command_codec
 from dledger.clock import SYSTEM
 from dledger.entry_store import EntryStore
 from dledger.node import CommittedEntry
-from dledger.records import to_committed
+from dledger.records import Refused, to_committed
 from tests.dledger.harness import wait_until
 
 MSGPACK = "application/x-msgpack"
@@ -83,7 +84,7 @@ def _fake_server(ms: MessageStore) -> Any:
     return types.SimpleNamespace(
         store=ms,
         guard=guard,
-        security=Security(None, lambda: 0, guard),  # ACL off
+        security=Security(None, lambda: 0, guard, scope="broker:C/RaftNode00/n0"),  # ACL off
         counters=collections.Counter(),
         applied_seq=0,
         clock=SYSTEM,
@@ -98,8 +99,9 @@ def _fake_server(ms: MessageStore) -> Any:
 @pytest.fixture
 async def api_client(store: tuple[MessageStore, _Log]) -> AsyncIterator[TestClient[Any, Any]]:
     ms, _ = store
+    fake = _fake_server(ms)
     client: TestClient[Any, Any] = TestClient(
-        TestServer(BrokerApi(_fake_server(ms)).app(), host="127.0.0.1")
+        TestServer(BrokerApi(fake, BrokerService(fake)).app(), host="127.0.0.1")
     )
     await client.start_server()
     try:
@@ -326,10 +328,11 @@ def test_msg_id_position_must_be_16_hex_digits(hexpos: str) -> None:
 
 def test_apply_answers_each_body_of_each_entry_in_slot_order(store: tuple[MessageStore, _Log]) -> None:
     """The results travel with the call (issue 11): ``apply`` returns, per entry, what each body
-    produced in slot order — a message's queue offset, a command's result, None for a record it
-    skipped — which the node hands to the append's caller as ``BodyLocation.result``. (They used to
-    go through a shared ``store.results`` dict that the send path popped by position; a missing
-    entry read as ``{}``, i.e. success.)"""
+    produced in slot order — a message's queue offset, a command's result, a ``Refused`` for a record
+    it refused (issue 23: it was None, which the send path answered as a success) — which the node
+    hands to the append's caller as ``BodyLocation.result``. (They used to go through a shared
+    ``store.results`` dict that the send path popped by position; a missing entry read as ``{}``,
+    i.e. success.)"""
     ms, log = store
     topic_put = encode_command({"op": "topic.put", "topic": "T", "read_queue_nums": 1, "write_queue_nums": 1,
                                 "perm": 6})
@@ -341,7 +344,7 @@ def test_apply_answers_each_body_of_each_entry_in_slot_order(store: tuple[Messag
     assert len(out) == 3 and all(r is not None for r in out)
     assert isinstance(out[0][0], dict) and "error" not in out[0][0]  # type: ignore[index]
     r2 = out[1]
-    assert r2 is not None and r2[0] == 0 and r2[1] is None and r2[2] == 1
+    assert r2 is not None and r2[0] == 0 and isinstance(r2[1], Refused) and r2[2] == 1
     assert isinstance(r2[3], dict) and "error" in r2[3]
     assert out[2] == [2]
 

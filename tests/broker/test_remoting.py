@@ -4,6 +4,7 @@ in-process with a stand-in dispatcher (the broker's own ops are driven in tests/
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import os
 import struct
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.client.remoting import RemotingConnection
+from broker.client.signer import Signer
 from broker.client.transport import ClientError
 from broker.edge.binary import Call, CallError, RemotingLimits, RemotingServer
 from broker.protocol import auth
@@ -33,7 +35,7 @@ from broker.protocol.frames import (
 )
 from broker.serving.http_edge import Guard, Limits
 from broker.serving.security import Security
-from tests.acl_fixtures import ADMIN, PRODUCER, STRANGER, write_acl
+from tests.acl_fixtures import ADMIN, CONSUMER, PRODUCER, STRANGER, write_acl
 from tests.dledger.harness import wait_until
 
 HOST = "127.0.0.1"
@@ -148,8 +150,11 @@ async def serve() -> Any:
         await s.stop()
 
 
-def client(addr: str, **kwargs: Any) -> RemotingConnection:
-    return RemotingConnection(addr, error=ClientError, **kwargs)
+SCOPE = auth.broker_scope("C", "G", "n0")  # the listener's under test (its Security's)
+
+
+def client(addr: str, credentials: auth.Credentials | None = None, **kwargs: Any) -> RemotingConnection:
+    return RemotingConnection(addr, error=ClientError, signer=Signer(credentials), **kwargs)
 
 
 async def test_many_requests_on_one_connection_answered_out_of_order(serve: Serve) -> None:
@@ -340,7 +345,7 @@ async def test_connect_failure_is_connect_failed() -> None:
 def security(tmp_path: Any) -> Security:
     acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
     guard = Guard(Limits(), lambda code, message: {"code": code, "message": message})
-    return Security(acl, lambda: int(time.time() * 1000), guard)
+    return Security(acl, lambda: int(time.time() * 1000), guard, scope=SCOPE)
 
 
 async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Serve, security: Security) -> None:
@@ -359,14 +364,15 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
             assert (e.value.code, e.value.status) == (code, 401)
         # A signature over another body, or another op, does not verify.
         body = pack_body({"n": 3})
-        sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
+        sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000), scope=SCOPE)
         tampered = encode(Op.SEND, 1, pack_body({"n": 4}), auth=sig)
         other_op = encode(Op.PULL, 2, body, auth=sig)
         # The same signed frame twice: the second is a replay.
-        sig2 = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000))
+        sig2 = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000), scope=SCOPE)
         first = encode(Op.SEND, 3, body, auth=sig2)
         replay = encode(Op.SEND, 4, body, auth=sig2)
-        stale_sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000) - 600_000)
+        stale_sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000) - 600_000,
+                                       scope=SCOPE)
         stale = encode(Op.SEND, 5, body, auth=stale_sig)  # signed 10 minutes ago: outside the ±5 min window
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(tampered + other_op + first + replay + stale)
@@ -379,10 +385,11 @@ async def test_acl_refuses_unsigned_wrongly_signed_and_replayed_frames(serve: Se
                     got[f.request_id] = f
         await close_writer(writer)
         codes = {rid: msgpack.unpackb(f.body).get("code") if f.is_error else "OK" for rid, f in got.items()}
-        assert codes == {1: "SIGNATURE_INVALID", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST",
+        assert codes == {1: "BODY_DIGEST_MISMATCH", 2: "SIGNATURE_INVALID", 3: "OK", 4: "REPLAYED_REQUEST",
                          5: "TIMESTAMP_OUT_OF_WINDOW"}
         assert gate.entered == [1, 3]  # refused frames never reached the dispatcher
-        assert server.stats.auth_refused == 6
+        # the two signing clients' first frames were refused WRONG_SCOPE (then signed for SCOPE)
+        assert server.stats.auth_refused == 8
     finally:
         for c in (signed, unsigned, stranger):
             await c.close()
@@ -527,3 +534,161 @@ def test_listener_and_client_under_uvloop() -> None:
             await server.stop()
 
     uvloop.run(run())
+
+
+# -- issue 23, finding 5: what an unauthenticated (or any) client can make the listener hold ---------------
+async def open_raw(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, _, port = addr.rpartition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+def partial_frame(body_bytes: int, sent_bytes: int, auth_value: str = "") -> bytes:
+    """A SEND frame's head claiming ``body_bytes`` of body, and the first ``sent_bytes`` of it."""
+    raw_auth = auth_value.encode()
+    head = HEADER.pack(10 + len(raw_auth) + body_bytes, 1, 0, int(Op.SEND), 1, len(raw_auth)) + raw_auth
+    return head + b"\0" * sent_bytes
+
+
+def held(server: RemotingServer) -> int:
+    """Bytes the listener's connections hold in their decoders now."""
+    return sum(c.decoder.buffered for c in server.connections)
+
+
+async def test_unsigned_partial_frames_hold_nothing_of_their_bodies(serve: Serve, security: Security) -> None:
+    """The attack of the finding: 30 connections each send a frame head claiming 11 MiB and 1 MiB of
+    it, unsigned. Before, every byte was buffered until the frame was complete (30 MiB here, 11 GiB
+    with 1,024 connections of 11 MiB); now each head is refused when it is complete and its body
+    is discarded as it arrives."""
+    server, addr = await serve(Gate(), security=security, frame_bytes_max=12 << 20)
+    conns = [await open_raw(addr) for _ in range(30)]
+    try:
+        for _r, w in conns:
+            w.write(partial_frame(11 << 20, 1 << 20))
+        for _r, w in conns:
+            await w.drain()
+        await wait_until(lambda: server.stats.skipped_body_bytes >= 30 << 20 or server.stats.auth_refused >= 30,
+                         10.0, "every head refused")
+        await wait_until(lambda: server.stats.skipped_body_bytes == 30 * (11 << 20), 10.0, "the bodies skipped")
+        assert held(server) < 30 * 1024, held(server)  # nothing of the 30 MiB sent is held
+        assert server.stats.unauthenticated_bytes <= server.limits.unauthenticated_bytes_max
+        assert server.body_bytes_reserved == 0
+        for r, _w in conns[:1]:  # each was answered NO_CREDENTIALS from its head alone
+            dec = FrameDecoder()
+            while (f := dec.next()) is None:
+                dec.feed(await r.read(65536))
+            assert f.is_error and msgpack.unpackb(f.body)["code"] == "NO_CREDENTIALS"
+    finally:
+        for _r, w in conns:
+            await close_writer(w)
+
+
+async def test_unauthenticated_heads_are_bounded_per_connection_and_in_total(
+    serve: Serve, security: Security
+) -> None:
+    server, addr = await serve(Gate(), security=security, unauthenticated_bytes_max=4096,
+                               handshake_timeout_s=30.0)
+    conns = [await open_raw(addr) for _ in range(10)]
+    try:
+        for _r, w in conns:  # each: 600 bytes of a head whose signature (1,000 bytes) never completes
+            w.write(HEADER.pack(5000, 1, 0, int(Op.SEND), 1, 1000) + b"D" * 586)
+            await w.drain()
+        await wait_until(lambda: server.stats.over_budget_connections >= 4, 10.0, "connections over the budget closed")
+        assert server.stats.unauthenticated_bytes <= 4096 and server.stats.unauthenticated_bytes_peak <= 4096
+        assert held(server) <= 4096
+    finally:
+        for _r, w in conns:
+            await close_writer(w)
+
+
+async def test_signed_partial_frames_are_bounded_by_the_bodies_in_flight_budget(serve: Serve, tmp_path: Any) -> None:
+    """An account may start frames too; their bodies reserve the broker's budget of bodies in flight
+    (shared with HTTP) when their head verifies, and a frame over it is refused BUSY, unread."""
+    acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
+    guard = Guard(Limits(body_bytes_in_flight_max=8 << 20), lambda code, message: {"code": code, "message": message})
+    sec = Security(acl, lambda: int(time.time() * 1000), guard, scope=SCOPE)
+    server = RemotingServer(Gate(), security=sec, limits=RemotingLimits(frame_bytes_max=12 << 20), guard=guard)
+    port = await server.start(HOST, 0)
+    addr = f"{HOST}:{port}"
+    conns = [await open_raw(addr) for _ in range(5)]
+    try:
+        for _r, w in conns:
+            body = b"\0" * (3 << 20)  # each signs 3 MiB and sends only 1 MiB of it
+            sig = auth.authorization(ADMIN, "REMOTING", "SEND", body, int(time.time() * 1000), scope=SCOPE)
+            w.write(partial_frame(3 << 20, 1 << 20, sig))
+            await w.drain()
+        await wait_until(lambda: server.stats.busy_refused + len([c for c in server.connections if c.pending]) == 5,
+                         10.0, "every head verified or refused")
+        assert guard.body_bytes_reserved <= 8 << 20 and server.stats.busy_refused == 3  # 2 x 3 MiB fit in 8 MiB
+        assert held(server) <= 2 * (1 << 20) + 4 * 65536
+    finally:
+        for _r, w in conns:
+            await close_writer(w)
+        await server.stop()
+    await wait_until(lambda: guard.body_bytes_reserved == 0, 10.0, "the reservations released")
+
+
+async def test_a_signed_client_connects_while_half_open_connections_hold_the_unauthenticated_slots(
+    serve: Serve, security: Security
+) -> None:
+    """Half-open connections (connected, silent) may hold the unauthenticated slots only: a new
+    connection closes the oldest of them, and the slots beyond stay for signed clients. Before,
+    ten such connections held all ten slots and a signed client could not connect."""
+    server, addr = await serve(Gate(), security=security, connections_max=10, unauthenticated_connections_max=6,
+                               handshake_timeout_s=60.0)
+    idle = [await open_raw(addr) for _ in range(10)]
+    try:
+        await wait_until(lambda: server.stats.evicted_connections >= 4, 10.0, "the oldest half-open ones closed")
+        assert server.stats.unauthenticated <= 6
+        signed = client(addr, credentials=PRODUCER)
+        try:
+            assert (await signed.call(Op.SEND, {"n": 1}, 10.0))["n"] == 1
+            more = [await open_raw(addr) for _ in range(10)]  # the flood goes on: the signed client stays
+            idle += more
+            await wait_until(lambda: server.stats.evicted_connections >= 14, 10.0, "more half-open ones closed")
+            assert (await signed.call(Op.SEND, {"n": 2}, 10.0))["n"] == 2
+            assert signed.connects == 1
+        finally:
+            await signed.close()
+    finally:
+        for _r, w in idle:
+            await close_writer(w)
+
+
+async def test_a_sub_accounts_future_stamped_pings_fail_alone(serve: Serve, tmp_path: Any) -> None:
+    """Issue 23, finding 4, over the wire: a SUB account floods PINGs stamped +290 s (refused: more
+    than 10 s ahead) and +9 s (accepted, filling its own key's window far past its cap); the other
+    accounts' requests, signed now, all pass. Before, the window and its floor were shared: once full
+    of the +290 s pings every other account got REQUEST_TOO_OLD for about five minutes."""
+    acl = write_acl(os.path.join(str(tmp_path), "plain_acl.yml"))
+    guard = Guard(Limits(), lambda code, message: {"code": code, "message": message})
+    sec = Security(acl, lambda: int(time.time() * 1000), guard, scope=SCOPE, nonces_per_key_max=50)
+    gate = Gate()
+    _server, addr = await serve(gate, security=sec)
+    reader, writer = await open_raw(addr)
+    try:
+        frames = []
+        for i in range(300):
+            ahead_ms = 290_000 if i % 2 else 9_000
+            sig = auth.authorization(CONSUMER, "REMOTING", "PING", b"", int(time.time() * 1000) + ahead_ms, scope=SCOPE)
+            frames.append(encode(Op.PING, i + 1, b"", auth=sig))
+        writer.write(b"".join(frames))
+        await writer.drain()
+        dec = FrameDecoder()
+        got: dict[int, Frame] = {}
+        async with asyncio.timeout(10.0):
+            while len(got) < 300:
+                dec.feed(await reader.read(65536))
+                while (f := dec.next()) is not None:
+                    got[f.request_id] = f
+        codes = collections.Counter(msgpack.unpackb(f.body)["code"] if f.is_error else "OK" for f in got.values())
+        assert codes["TIMESTAMP_OUT_OF_WINDOW"] == 150 and codes["OK"] >= 50, codes  # its own floor refuses the rest
+    finally:
+        await close_writer(writer)
+    assert sec.verifier.nonces.floor_of(CONSUMER.access_key) > int(time.time() * 1000)  # its floor, in the future
+    for creds in (ADMIN, PRODUCER):
+        conn = client(addr, credentials=creds)
+        try:
+            for n in range(20):
+                assert (await conn.call(Op.SEND, {"n": n}, 5.0))["n"] == n
+        finally:
+            await conn.close()

@@ -213,7 +213,7 @@ async def test_a_second_copy_of_a_delivered_message_is_skipped_on_every_replica(
     # a queue rebuilt from the log (damaged, or a follower loading a state entry) keeps the first copy only
     f = g.replica("n2").broker
     want = {("T", q): (f.store.cqs.get("T", q) or cq).max_offset for q in range(2) if f.store.cqs.get("T", q)}
-    await f.node.run_on_tick_thread(lambda: f.store._rebuild_queues(want), 5.0)
+    await f.node.run_on_replica_thread(lambda: f.store._rebuild_queues(want), 5.0)
     assert _real_queue_uids(cluster, "n2")[sent.unique_id] == 1
     assert {k: f.store.cqs.get(*k).max_offset for k in want} == want  # type: ignore[union-attr]
 

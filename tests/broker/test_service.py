@@ -137,19 +137,20 @@ async def test_a_held_pull_is_woken_by_a_send(cluster: BrokerCluster) -> None:
 
 async def test_an_apply_nobody_waits_for_does_not_wake_the_serving_loop(cluster: BrokerCluster) -> None:
     """Issue 13: the tick thread woke each replica's event loop once per applied entry, though on a
-    follower nobody reads from no long poll waits. Now only a waited queue (or metadata) wakes it."""
+    follower nobody reads from no long poll waits. Now only a waited queue (or metadata) wakes a
+    waiter (issue 26: apply runs on the loop itself; an apply nobody waits for wakes nothing)."""
     leader = _leader(cluster)
     await leader.service.put_topic("S6", read_queue_nums=1, write_queue_nums=1)
     follower = _follower(cluster)
     await wait_until(lambda: follower.store.topic("S6") is not None, 10, "the follower applied the topic")
     woken: list[object] = []
-    original = follower._on_applied_loop
+    original = follower._wake_waiters
 
     def counting(touched: Any, metadata_changed: bool) -> None:
         woken.append(touched)
         original(touched, metadata_changed)
 
-    follower._on_applied_loop = counting  # type: ignore[method-assign]
+    follower._wake_waiters = counting  # type: ignore[method-assign]
     seq = follower.applied_seq
     for i in range(5):
         await leader.service.send("S6", 0, [{"body": b"m%d" % i}])
@@ -175,7 +176,7 @@ async def test_a_poll_that_looked_just_before_an_apply_does_not_wait_out_its_hol
     await leader.service.send("S7", 0, [{"body": b"x"}])
     await wait_until(lambda: follower.applied_seq > seen, 10, "the follower applied the send")  # ... the apply ...
     await asyncio.wait_for(follower.wait_for_queue("S7", 0, 30.0, since=seen), 2.0)  # ... returns at once
-    assert ("S7", 0) not in follower._waiters and ("S7", 0) not in follower._waited
+    assert ("S7", 0) not in follower._waiters
 
 
 async def test_admin_offsets_and_retries(cluster: BrokerCluster) -> None:

@@ -22,6 +22,7 @@ from chaos import plants
 from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.entry_store import EntryStore
+from dledger.flusher import SyncFlusher
 from dledger.journal import RaftJournal
 from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import to_committed
@@ -29,27 +30,13 @@ from dledger.replica import ReplicaCore
 from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
 from tests.acl_fixtures import PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
-from tests.dledger.harness import PASSWORD, free_ports
+from tests.dledger.harness import PASSWORD, StubHooks, free_ports
 
 
 @pytest.fixture(autouse=True)
 def _unplant() -> Iterator[None]:
     yield
     plants.unplant_all()
-
-
-class Hooks:
-    def before_ack(self) -> None: ...
-
-    def on_install_anchor(self, anchor_index: int) -> None: ...
-
-    def retention_floor(self) -> int:
-        return 0
-
-    def on_leader_floor(self, floor: int) -> None: ...
-
-    def self_match_index(self) -> int:
-        return 10**18
 
 
 @pytest.fixture
@@ -62,7 +49,7 @@ def make_syncobj(tmp_path: Any) -> Iterator[Any]:
         journal = RaftJournal(store, str(tmp_path / f"meta{len(made)}"))
         conf = SyncObjConf(appendEntriesPeriod=0.05)
         sync = DLedgerSyncObj(
-            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, Hooks(),
+            f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], conf, journal, StubHooks(),
             transport_factory=lambda so, sn, on: TcpPeerTransport(so, sn, on, password=PASSWORD, group="G"),
         )
         made.append(sync)
@@ -91,7 +78,7 @@ def append_message(sync: DLedgerSyncObj, prev: int, upto: int, commit: int) -> d
 def test_registry_names_every_plant_and_builds_the_broker_environment() -> None:
     assert set(plants.PLANTS) == {
         "ack-before-majority", "fdatasync-noop", "follower-ack-before-fsync", "cq-drops-last-unit",
-        "stock-truncation", "offset-regress", "sdk-definite-on-lost-connection",
+        "stock-truncation", "offset-regress", "sendback-unchecked", "apply-raises", "sdk-definite-on-lost-connection",
     }
     chosen = plants.lookup(["stock-truncation", "sdk-definite-on-lost-connection"])
     assert plants.broker_env(chosen) == {PLANT_ENV: "chaos.plants:stock_truncation"}
@@ -157,17 +144,27 @@ def test_fdatasync_noop_never_syncs_the_log(tmp_path: Any, monkeypatch: pytest.M
 
 
 class SyncingHooks(ReplicaCore):
-    """The replica's own ``before_ack`` (fdatasync under the sync policy) and nothing else of it."""
+    """The replica's own ``ack_ready`` (a success answer waits until what it covers is durable,
+    under the sync policy) and its flush (``tick``: the end of the replica's tick, with the flush
+    run at once), and nothing else of it."""
 
     def __init__(self, store: EntryStore):  # deliberately not ReplicaCore.__init__: hooks only
-        self.settings = types.SimpleNamespace(flush_policy="sync")  # type: ignore[assignment]
+        self.settings = types.SimpleNamespace(flush_policy="sync", flush_interval_ms=0)  # type: ignore[assignment]
         self.store = store
         self._clock = dl_clock.ManualClock()
         self.counters = collections.Counter()
         self.observe = lambda _name, _value: None
         self._durable_index = store.last_index
         self._own_floor = 0
+        self._held_acks = {}
+        self._log_epoch = 0
+        self._flusher = SyncFlusher()
+        self._flush_in_flight = False
+        self._last_flush = 0.0
         self.sync = None
+
+    def tick(self, wait_s: float = 0.0) -> None:
+        self._maybe_flush()
 
     def on_install_anchor(self, anchor_index: int) -> None: ...
 
@@ -196,10 +193,11 @@ def test_follower_ack_before_fsync_answers_a_multi_entry_append_from_the_page_ca
     follower.dl_transport.send = send
     node = next(iter(follower.otherNodes))
     try:
-        follower._SyncObj__onMessageReceived(node, append_message(leader_log, 1, 4, commit=0))  # sound
-        plants.follower_ack_before_fsync()
-        follower._SyncObj__onMessageReceived(node, append_message(leader_log, 4, 5, commit=0))  # one entry
-        follower._SyncObj__onMessageReceived(node, append_message(leader_log, 5, 8, commit=0))  # three
+        for first, end in ((1, 4), (4, 5), (5, 8)):  # sound, then planted: one entry, three entries
+            if first == 4:
+                plants.follower_ack_before_fsync()
+            follower._SyncObj__onMessageReceived(node, append_message(leader_log, first, end, commit=0))
+            hooks.tick()
         # fdatasync before the answer, except for the planted multi-entry case: from the page cache
         assert acks == [(4, False), (5, False), (8, True)]
     finally:
@@ -246,6 +244,38 @@ def test_offset_regress_applies_a_lower_commit() -> None:
     plants.offset_regress()
     md.apply({**commit, "offsets": {"0": 2}})
     assert md.group_offsets("g", "T") == {0: 2}
+
+
+def test_apply_raises_stops_applying_at_a_record_the_store_refuses(tmp_path: Any) -> None:
+    log = EntryStore(str(tmp_path / "log"), segment_bytes=1 << 20)
+    ms = MessageStore(str(tmp_path / "broker"), "G", snapshot_interval_ms=600_000)
+    ms.open(log)
+    try:
+        poison = encode_message(StoredMessage(topic="%DLQ%" + "g" * 200, queue_id=0, flag=0, tags="", keys=(),
+                                              properties={}, born_ts=1, born_host="h", store_ts=1, unique_id="U",
+                                              body=b"x"))
+        log.append(1, 1, command_codec.encode_batch([poison]))
+        (refused,) = ms.apply([to_committed(log.read(1), log)])
+        assert refused is not None and refused[0].code == "RECORD_REFUSED"
+        plants.apply_raises()
+        log.append(2, 1, command_codec.encode_batch([poison]))
+        with pytest.raises(ValueError, match="cannot apply the message record"):
+            ms.apply([to_committed(log.read(2), log)])
+    finally:
+        ms.close()
+        log.close()
+
+
+def test_sendback_unchecked_lets_any_group_through() -> None:
+    from broker.edge import http_retry as retry_api
+    from broker.service import send as service_send
+
+    long_group = "g" * 200
+    with pytest.raises(Exception, match="at most 120 characters"):
+        service_send.check_group(long_group)
+    plants.sendback_unchecked()
+    assert service_send.check_group(long_group) == retry_api.check_group(long_group) == long_group
+    assert service_send.is_topic("%DLQ%" + long_group) and service_send.SendOps.group_consumes(None, "g", "T")
 
 
 async def test_sdk_plant_calls_a_maybe_stored_send_failed(tmp_path: Any) -> None:

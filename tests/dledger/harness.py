@@ -36,6 +36,26 @@ PASSWORD = "test-password-123"
 PORT_RANGES = ((10000, 20000), (28000, 32768))
 
 
+class StubHooks:
+    """``NodeHooks`` (dledger/syncobj_patch.py) for a DLedgerSyncObj driven by hand, without a
+    ReplicaCore: every answer leaves at once, the node counts its whole log, no retention floor."""
+
+    def ack_ready(self, node: Any, next_index: int) -> bool:
+        return True
+
+    def self_match_index(self) -> int:
+        return 10**18
+
+    def on_install_anchor(self, anchor_index: int) -> None:
+        pass
+
+    def retention_floor(self) -> int:
+        return 0
+
+    def on_leader_floor(self, floor: int) -> None:
+        pass
+
+
 def free_ports(n: int, host: str = HOST) -> list[int]:
     rng = random.Random()
     socks: list[socket.socket] = []

@@ -47,6 +47,28 @@ def test_node_with_bad_config_names_the_key(tmp_path: Any, line: str, key: str) 
     assert key in r.stderr and str(conf) in r.stderr
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "node1.example"])
+def test_node_refuses_to_serve_its_unauthenticated_api_beyond_loopback(tmp_path: Any, host: str) -> None:
+    """Issue 23, finding 7: a bare dledger-node accepted append, read and leadership transfer from
+    anyone who reached its port. Its API has no authentication, so it binds to loopback only: any
+    other ``brokerIP1`` stops the start (before: it served on 0.0.0.0)."""
+    from dledger.apps.node_server import is_loopback
+
+    conf = tmp_path / "open.conf"
+    p = free_ports(4)
+    conf.write_text(
+        "dLegerGroup=G\n"
+        f"dLegerPeers=n0-127.0.0.1:{p[0]};n1-127.0.0.1:{p[1]};n2-127.0.0.1:{p[2]}\n"
+        f"dLegerSelfId=n0\nstorePathRootDir={tmp_path}\ndLegerPeerPassword=secret-password\n"
+        f"listenPort={p[3]}\nbrokerIP1={host}\n"
+    )
+    r = run("dledger.apps.node_server", "-c", str(conf), timeout_s=30)
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+    assert "loopback" in r.stderr and "no authentication" in r.stderr
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost", "LOCALHOST"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "10.1.2.3", "::", "node1.example", "127.0.0.1.evil"))
+
+
 def test_cluster_usage_errors_exit_2(tmp_path: Any) -> None:
     assert run("dledger.apps.cluster", "up", "--dir", str(tmp_path), "--groups", "0").returncode == 2
     r = run("dledger.apps.cluster", "status", "--dir", str(tmp_path / "none"))

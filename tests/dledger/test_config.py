@@ -279,6 +279,8 @@ INVALID = [
     ("unknown-key-spelling", {"dLedgerSelfId": "n1"}, "dLedgerSelfId", "did you mean 'dLegerSelfId'"),
     ("unknown-key-case", {"listenport": "1"}, "listenport", "did you mean 'listenPort'"),
     ("unknown-key-no-hint", {"brokerClusterName": "x"}, "brokerClusterName", "unknown key"),
+    # issue 26's io_uring flusher was removed, and its key with it: fdatasync runs on the flusher thread
+    ("flusher-removed", {"dLegerFlusher": "thread"}, "dLegerFlusher", "unknown key"),
 ]
 
 

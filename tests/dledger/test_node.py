@@ -1,4 +1,4 @@
-"""DLedgerNode groups inside this process: real sockets and tick threads, no sleeps to synchronise."""
+"""DLedgerNode groups inside this process, on this test's event loop: real sockets, no sleeps to synchronise."""
 
 from __future__ import annotations
 
@@ -308,11 +308,32 @@ async def test_async_flush_policy_replicates(tmp_path: Any) -> None:
         await c.stop()
 
 
-async def test_the_replica_core_refuses_calls_off_its_tick_thread(cluster: InProcCluster) -> None:
-    """Thread ownership is enforced (issue 11): the event loop calling the core directly raises;
-    the same call through ``run_on_tick_thread`` answers."""
+async def test_the_replica_is_owned_by_its_loop_and_refuses_other_threads(cluster: InProcCluster) -> None:
+    """Thread ownership is enforced (issues 11, 26): the replica belongs to the event loop that
+    started it. Its thread calls the core directly; another thread calling the core or the node
+    raises; the same call through ``run_on_replica_thread`` from another thread is handed to the
+    loop and answers."""
     node = await cluster.leader()
-    with pytest.raises(RuntimeError, match="not the thread that owns it"):
-        node.core.status()
-    st = await node.run_on_tick_thread(node.core.status, 5)
+    assert node.core.status()["role"] == "LEADER"  # the loop's thread owns it: a direct call
+    loop = asyncio.get_running_loop()
+
+    def off_thread(call: Any) -> BaseException | None:
+        try:
+            call()
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    refused = await loop.run_in_executor(None, off_thread, node.core.status)
+    assert refused is not None and "not the thread that owns it" in str(refused)
+    refused = await loop.run_in_executor(None, off_thread, lambda: asyncio.run(node.append([b"x"])))
+    assert refused is not None and "not on its event loop's thread" in str(refused)
+
+    def from_another_thread() -> Any:
+        async def ask() -> Any:
+            return await node.run_on_replica_thread(node.core.status, 5)
+
+        return asyncio.run(ask())
+
+    st = await loop.run_in_executor(None, from_another_thread)
     assert st["role"] == "LEADER"

@@ -171,10 +171,14 @@ async def test_idle_and_half_open_connections_are_capped_and_timed_out(group: In
     transport = leader._sync.dl_transport
     transport.handshake_timeout_s = 1.0
     host, _, port = _raft_address(leader).rpartition(":")
-    socks = []
-    try:
+    socks: list[socket.socket] = []
+
+    def connect_many() -> None:  # off the loop: the loop owns the replica and must accept them
         for _ in range(300):
             socks.append(socket.create_connection((host, int(port)), timeout=3))
+
+    try:
+        await _in_thread(connect_many)
         await wait_until(lambda: transport.counters["refused_cap"] > 0, 5, "the connection cap")
         # Everything that never finished a handshake is closed within the handshake timeout.
         await wait_until(
@@ -397,11 +401,11 @@ async def test_a_replica_without_the_password_never_joins(tmp_path: Path) -> Non
         await cluster.stop()
 
 
-async def test_a_peer_name_that_does_not_resolve_never_stops_the_tick_thread(group: InProcCluster) -> None:
+async def test_a_peer_name_that_does_not_resolve_never_stops_the_replica(group: InProcCluster) -> None:
     """Found by the compose drill: after ``docker kill`` of a replica its container name stops
     resolving, and the replicas that dial it died with ``socket.gaierror: Name or service not
     known`` raised on their tick thread (the group lost its quorum: no leader for 30 s). Lookups now
-    run off the tick thread and a failed one is retried."""
+    run off the replica's thread and a failed one is retried."""
     leader, _term = await _steady(group)
     followers = sorted((n for n in group.nodes.values() if n is not leader), key=_raft_address)
     dead, alive = followers  # the lower address: the other follower (higher) dials it
@@ -411,13 +415,13 @@ async def test_a_peer_name_that_does_not_resolve_never_stops_the_tick_thread(gro
         def route_to_a_dead_name(n: Any = n) -> None:
             n._sync.dl_transport.connect_via[dead_addr] = "dead-replica.invalid:" + dead_addr.rpartition(":")[2]
 
-        await n.run_on_tick_thread(route_to_a_dead_name, 5)
+        await n.run_on_replica_thread(route_to_a_dead_name, 5)
     await wait_until(  # the name looked up, failed, and looked up again (a retry), on the replica dialing it
         lambda: any(n._sync.dl_transport.resolver.failed_lookups >= 2 for n in (leader, alive)),
         10, "two failed lookups of the dead name",
     )
     for n in (leader, alive):
-        assert n._thread.is_alive(), "the tick thread died"
+        assert n.fatal is None, "the replica failed"
     leader = await group.leader()
     await leader.append([b"two of three, one name gone"])
     resolver = leader._sync.dl_transport.resolver

@@ -21,28 +21,22 @@ from dledger.syncobj_patch import (
     DLedgerSyncObj,
     align_append_entries,
 )
-from tests.dledger.harness import PASSWORD, free_ports
+from tests.dledger.harness import PASSWORD, StubHooks, free_ports
 
 
-class Hooks:
+class Hooks(StubHooks):
+    """Counts the success answers asked for and keeps the leader's floor."""
+
     def __init__(self) -> None:
         self.acks = 0
         self.floor = 0
 
-    def before_ack(self) -> None:
+    def ack_ready(self, node: Any, next_index: int) -> bool:
         self.acks += 1
-
-    def on_install_anchor(self, anchor_index: int) -> None:
-        pass
-
-    def retention_floor(self) -> int:
-        return 0
+        return True
 
     def on_leader_floor(self, floor: int) -> None:
         self.floor = floor
-
-    def self_match_index(self) -> int:
-        return 10**18
 
 
 @pytest.fixture

@@ -142,9 +142,10 @@ async def raw(addr: str, data: bytes) -> tuple[int, bytes]:
         writer.close()
 
 
-def signed_request(addr: str, creds: Credentials, body: bytes, ts_ms: int, nonce: str | None = None) -> bytes:
+def signed_request(addr: str, creds: Credentials, body: bytes, ts_ms: int, nonce: str | None = None, *,
+                   scope: str) -> bytes:
     target = "/v1/brokers/register"
-    auth = authorization(creds, "POST", target, body, ts_ms, nonce)
+    auth = authorization(creds, "POST", target, body, ts_ms, nonce, scope=scope)
     return (f"POST {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nAuthorization: {auth}\r\n\r\n").encode() + body
 
@@ -153,19 +154,24 @@ async def test_replay_stale_timestamp_and_tampered_body_are_refused(ns: Ns) -> N
     import json
 
     body = json.dumps(reg(REAL, "LEADER", 3)).encode()
-    request = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000))
+    scope = ns.service.security.scope
+    request = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000), scope=scope)
     status, _ = await raw(ns.addr, request)
     assert status == 200
     status, answer = await raw(ns.addr, request)  # the same bytes again: a captured request replayed
     assert status == 401 and b"REPLAYED_REQUEST" in answer
-    stale = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000) - 3_600_000)
+    stale = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000) - 3_600_000, scope=scope)
     status, answer = await raw(ns.addr, stale)
     assert status == 401 and b"TIMESTAMP_OUT_OF_WINDOW" in answer
-    # the signature covers the body: a term changed in flight no longer verifies
-    tampered = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000)).replace(
+    # the signature covers the body: a term changed in flight no longer matches the signed hash
+    tampered = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000), scope=scope).replace(
         b'"term": 3', b'"term": 9')
     status, answer = await raw(ns.addr, tampered)
-    assert status == 401 and b"SIGNATURE_INVALID" in answer
+    assert status == 401 and b"BODY_DIGEST_MISMATCH" in answer
+    # signed for another NameServer (or this one's previous process): refused, naming this one
+    other = signed_request(ns.addr, BROKER_G0, body, int(time.time() * 1000), scope="namesrv:0123456789abcdef")
+    status, answer = await raw(ns.addr, other)
+    assert status == 401 and b"WRONG_SCOPE" in answer and scope.encode() in answer
 
 
 async def test_acl_file_reloads_when_it_changes(ns: Ns) -> None:

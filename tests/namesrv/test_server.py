@@ -412,6 +412,9 @@ def _run_module(*args: str, timeout_s: float = 30) -> subprocess.CompletedProces
         ("scanNotActiveBrokerInterval=1e4", "scanNotActiveBrokerInterval"),
         ("brokerChannelMaxIdleTime=-1", "brokerChannelMaxIdleTime"),
         ("bindAddress=not an address", "bindAddress"),
+        ("tlsMode=disabled", "tlsMode"),
+        ("remotingAclV1=maybe", "remotingAclV1"),
+        ("orderMessageEnable=yes", "orderMessageEnable"),
     ],
 )
 def test_bad_config_exits_2_naming_the_key_and_file(tmp_path: Any, line: str, key: str) -> None:

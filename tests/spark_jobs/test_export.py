@@ -88,3 +88,27 @@ def test_from_cluster_usage_errors_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert audit.main([str(tmp_path), "--from-cluster", f"127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err
     assert f"--from-cluster 127.0.0.1:{port}:" in err and "CONNECT" in err.upper(), err
+
+
+@pytest.mark.parametrize("link", ["broker/consumequeue/T", "broker/consumequeue", "broker", "store", "store/log"])
+def test_a_symlink_on_any_component_is_refused(tmp_path: Path, link: str) -> None:
+    """Issue 23, finding 7: a symlinked *directory* inside the node directory was followed (only the
+    file itself was opened O_NOFOLLOW): the export served whatever the link pointed at. Every
+    component is now opened without following links, and listing never descends into one."""
+    node = tmp_path / "dledger-n0"
+    outside = tmp_path / "outside"
+    wanted = {"broker/consumequeue/T/0/00000000000000000000": b"secret-cq",
+              "store/log/00000000000000000000": b"secret-log"}
+    for rel, data in wanted.items():  # the real files live outside the node directory
+        p = outside / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    (node / link).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(outside / link, node / link)
+    for rel in wanted:
+        if rel.startswith(link + "/"):
+            with pytest.raises(ApiError) as e:
+                read_part(str(node), rel, 0, 100)
+            assert (e.value.status, e.value.code) == (404, "FILE_GONE"), rel
+    listed, _more = list_files(str(node), "", 100)
+    assert listed == []

@@ -18,3 +18,18 @@ def test_importing_the_sdk_loads_no_server_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"the SDK imports server modules: {out}"
+
+
+def test_the_rocketmq_wire_loads_only_the_wire_contract() -> None:
+    """``broker.protocol.rocketmq`` is a pure codec: importing it loads no msgpack and no module of
+    the broker outside ``broker.protocol``."""
+    code = (
+        "import sys, broker.protocol.rocketmq as r\n"
+        "from broker.protocol.rocketmq import acl, bodies, codes, command, fastjson, headers, jsonbean, message\n"
+        "from broker.protocol.rocketmq import properties\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('msgpack', 'namesrv', 'dledger', 'chaos',"
+        " 'spark_jobs') or (m.startswith('broker.') and not m.startswith('broker.protocol')))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"broker.protocol.rocketmq imports: {out}"

@@ -120,3 +120,32 @@ async def test_an_unreachable_binary_port_falls_back_to_http(make_cluster: Clust
         assert len(cluster.all_requests("/v1/send")) == 1
     finally:
         await t.close()
+
+
+async def test_a_pull_at_a_replica_whose_log_is_closing_is_a_coded_retryable_error(
+    make_cluster: ClusterFactory,
+) -> None:
+    """Issue 23, finding 7: a binary PULL at a replica whose log closed under it (the replica is
+    stopping) answered 500 INTERNAL (``StoreClosedError`` was not mapped): now 503
+    ``SERVICE_UNAVAILABLE``, which the SDK retries (elsewhere)."""
+    from broker.client.remoting import RemotingConnection
+    from broker.client.signer import Signer
+    from broker.protocol.frames import Op
+
+    cluster = await make_cluster(n_groups=1, topics={"T": 1}, broker_props=BINARY)
+    g = cluster.group("RaftNode00")
+    await cluster.group("RaftNode00").put("T", 0, 3)
+    await g.wait_replicated()
+    leader = await g.wait_leader()
+    f = next(r for r in g.replicas if r is not leader)
+    server = f.broker
+    assert server.remoting_address is not None
+    await server.node.stop()  # the log closes; the listener still answers (as during a stop)
+    conn = RemotingConnection(server.remoting_address, error=ClientError, signer=Signer(CONSUMER))
+    try:
+        with pytest.raises(ClientError) as e:
+            await conn.call(Op.PULL, {"topic": "T", "queue_id": 0, "offset": 0, "max_count": 8}, 10.0)
+        assert (e.value.code, e.value.status) == ("SERVICE_UNAVAILABLE", 503), e.value
+    finally:
+        await conn.close()
+        server.store.close()  # what the node's stop would have run on its way out

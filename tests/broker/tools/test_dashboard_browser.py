@@ -21,6 +21,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from broker.client.admin import Admin
 from broker.tools.dashboard.server import start
+from tests.acl_fixtures import ADMIN
 from tests.broker.inproc_cluster import InProcBrokerCluster
 from tests.broker.tools.conftest import Mqadmin
 from tests.broker.tools.test_mqadmin import seed
@@ -98,8 +99,20 @@ async def test_dashboard_in_chromium(
     await seed(cluster)
     await cluster.group("RaftNode00").commit_offsets("G1", "T1", {0: 1, 1: 2})
 
-    # the cluster page: one row per replica, roles as mqadmin clusterList reports them
+    # every page needs a login (issue 23, finding 6): the browser is sent to the form, then back
     await in_browser(lambda: browser.get(f"{dashboard}/"))
+    await wait_in_browser(browser, lambda d: "/login" in d.current_url, "the login page")
+
+    def sign_in() -> None:
+        browser.find_element(By.NAME, "access_key").send_keys(ADMIN.access_key)
+        browser.find_element(By.NAME, "secret_key").send_keys(ADMIN.secret_key)
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+
+    await in_browser(sign_in)
+    await wait_in_browser(browser, lambda d: d.current_url.rstrip("/") == dashboard, "back on the cluster page")
+    assert await in_browser(lambda: browser.find_element(By.ID, "account").text) == ADMIN.access_key
+
+    # the cluster page: one row per replica, roles as mqadmin clusterList reports them
     await wait_in_browser(browser, lambda d: len(table_rows(d, "members")) == 6, "six replica rows")
     await wait_in_browser(browser, lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-polls")
                                                   or 0) >= 1, "the page's first live poll")

@@ -439,7 +439,7 @@ async def test_clean_expired_cq(mqadmin: Mqadmin, cluster: InProcBrokerCluster) 
         def orphan(store: Any = store) -> None:
             store.cqs.get_or_create("Ghost", 0).append(0, 10, 0, 0)
 
-        await rep.broker.node.run_on_tick_thread(orphan, 5)
+        await rep.broker.node.run_on_replica_thread(orphan, 5)
     assert all(rep.broker.store.cqs.get("Ghost", 0) is not None for rep in g0.replicas)
     r = await mqadmin("cleanExpiredCQ", "-c", "DefaultCluster")
     assert r.rc == 0, r.err
@@ -458,3 +458,22 @@ async def test_clean_expired_cq(mqadmin: Mqadmin, cluster: InProcBrokerCluster) 
     pulled = await cluster.call(leader.addr, "POST", "/v1/pull", {"topic": "T1", "queue_id": 0, "offset": 0})
     assert pulled["messages"]  # the live topic still serves its messages
     assert (await mqadmin("cleanExpiredCQ")).rc == 2  # neither -c nor -b
+
+
+async def test_refused_records_lists_what_every_replica_refused(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    """Issue 23: a committed record no replica can apply is refused alike by all; the operator lists it."""
+    g0 = cluster.group("RaftNode00")
+    leader = g0.leader()
+    assert leader is not None
+    (loc,) = await leader.broker.node.append([b"?junk an older release left"], timeout_s=10.0)
+    await g0.wait_replicated()
+    data = _data(await mqadmin("refusedRecords", "-c", "DefaultCluster", "--json"))
+    answers = {x["addr"]: x["answer"] for x in data["results"]}
+    assert len(answers) == 6
+    for rep in g0.replicas:
+        (listed,) = answers[rep.addr]["recent"]
+        assert (listed["index"], listed["position"], listed["code"]) == (loc.index, loc.position, "RECORD_REFUSED")
+    for rep in cluster.group("RaftNode01").replicas:
+        assert answers[rep.addr]["total"] == 0
+    r = await mqadmin("refusedRecords", "-b", g0.replicas[1].addr)
+    assert r.rc == 0 and "unknown record kind" in r.out and str(loc.index) in r.out, r.out
