@@ -90,13 +90,21 @@ def fdatasync_noop() -> None:
 
 def follower_ack_before_fsync() -> None:
     """A follower acknowledges an AppendEntries that carried more than one entry before it
-    fdatasyncs them: ``ReplicaCore.ack_ready`` (may a success answer leave, i.e. is what it covers
-    durable?) says yes while such a message is being handled, so the answer leaves from the page
-    cache instead of being held until the flush that covers it returns (the flush still starts at the
-    end of the tick). Single-entry appends stay correct. The leader may count the answer toward a
-    majority, commit and acknowledge, while the follower's copy is not on its disk yet. Patches
-    ``DLedgerSyncObj._dl_on_append_entries`` (to note the message's entry count) and
-    ``ReplicaCore.ack_ready``; logs how many answers went out early."""
+    fdatasyncs them, and syncs them on the asynchronous policy's schedule: ``ReplicaCore.ack_ready``
+    (may a success answer leave, i.e. is what it covers durable?) says yes while such a message is
+    being handled, so the answer leaves from the page cache instead of being held until the flush
+    that covers it returns; the follower's next flush then waits until ``flushIntervalCommitLog``
+    after its last one, as under ``ASYNC_FLUSH``. Single-entry appends stay correct. The leader
+    may count the answer toward a majority, commit and acknowledge, while the follower's copy is not
+    on its disk yet.
+
+    Why the lazy flush too: since issue 26 the flush starts at the end of the very tick that sent
+    the answer, on the flusher thread, and a leader that counts itself only once its own fdatasync
+    returned rarely commits before both followers' fdatasyncs (started as it started its own) are
+    back: a gated crash saw no majority without the newest acknowledged message in 774 frozen
+    checks (seed 648627619). Patches ``DLedgerSyncObj._dl_on_append_entries`` (to note the
+    message's entry count), ``ReplicaCore.ack_ready`` and ``ReplicaCore._maybe_flush``; logs how
+    many answers went out early."""
     from dledger.replica import ReplicaCore
     from dledger.syncobj_patch import DLedgerSyncObj
 
@@ -119,6 +127,7 @@ def follower_ack_before_fsync() -> None:
         if getattr(self.sync, "dl_plant_entries", 0) > 1 and held is not None and held[0] == next_index:
             # ack_ready held it: send it now instead, and forget it (the flush would send it again)
             del self._held_acks[node]
+            self.dl_plant_lazy = True
             early[0] += 1
             if early[0] in (1, 10, 100) or early[0] % 1000 == 0:
                 logging.getLogger("dledger.plant").warning(
@@ -126,8 +135,18 @@ def follower_ack_before_fsync() -> None:
             return True
         return False
 
+    maybe_flush = ReplicaCore._maybe_flush
+
+    def _maybe_flush(self: Any) -> None:
+        if getattr(self, "dl_plant_lazy", False):
+            if self._clock.monotonic() - self._last_flush < self.settings.flush_interval_ms / 1000:
+                return  # the answer left already: sync later, as the asynchronous policy would
+            self.dl_plant_lazy = False
+        maybe_flush(self)
+
     _patch(DLedgerSyncObj, "_dl_on_append_entries", _dl_on_append_entries)
     _patch(ReplicaCore, "ack_ready", ack_ready_)
+    _patch(ReplicaCore, "_maybe_flush", _maybe_flush)
 
 
 def cq_drops_last_unit() -> None:

@@ -149,7 +149,7 @@ class SyncingHooks(ReplicaCore):
     run at once), and nothing else of it."""
 
     def __init__(self, store: EntryStore):  # deliberately not ReplicaCore.__init__: hooks only
-        self.settings = types.SimpleNamespace(flush_policy="sync", flush_interval_ms=0)  # type: ignore[assignment]
+        self.settings = types.SimpleNamespace(flush_policy="sync", flush_interval_ms=500)  # type: ignore[assignment]
         self.store = store
         self._clock = dl_clock.ManualClock()
         self.counters = collections.Counter()
@@ -200,6 +200,11 @@ def test_follower_ack_before_fsync_answers_a_multi_entry_append_from_the_page_ca
             hooks.tick()
         # fdatasync before the answer, except for the planted multi-entry case: from the page cache
         assert acks == [(4, False), (5, False), (8, True)]
+        # and its fdatasync waits for the flush interval, as under the asynchronous policy
+        assert store.dirty
+        hooks._clock.advance(0.5)
+        hooks.tick()
+        assert not store.dirty
     finally:
         follower._doDestroy()
 
