@@ -11,7 +11,7 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     ack-before-majority       broker  the leader counts its own log end as committed
     fdatasync-noop            broker  fdatasync is a no-op under SYNC_FLUSH (the log never syncs)
     follower-ack-before-fsync broker  a follower answers an AppendEntries of several entries before
-                                      it fdatasyncs them (the fdatasync follows in the same tick)
+                                      it fdatasyncs them, and syncs every flushIntervalCommitLog
     cq-drops-last-unit        broker  recovery drops each consume queue's last unit
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
