@@ -138,7 +138,7 @@ def flip_a_message_bit(store_dir: str, rng: random.Random, group: str) -> dict[s
     at = r.position - e.position - HEADER_SIZE  # the record inside the entry's body
     record = e.body[at : at + r.size]
     h, body_start = decode_header(record)
-    body = record[body_start : body_start + int(h[10])]
+    body = record[body_start : body_start + int(h.body_len)]
     if not body:
         return {"kind": "bitflip", "skipped": f"message {r.unique_id} has an empty body"}
     body_at = r.position + body_start  # global log position of the body's first byte

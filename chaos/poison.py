@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from broker.client.transport import FROM_ENV, ClientError, Transport
+from broker.protocol.frames import Op
 from chaos.history import now_us
 from chaos.target import Member, Target, find_leader, groups_of, wait_for
 
@@ -70,8 +71,8 @@ class PoisonFault:
         leader = next(m for m in members if m.name == leader_name)
         await t.call(leader.control_addr, "POST", "/v1/topics",
                      {"topic": POISON_TOPIC, "read_queue_nums": 1, "write_queue_nums": 1, "perm": 6})
-        sent = await t.call(leader.control_addr, "POST", "/v1/send",
-                            {"topic": POISON_TOPIC, "queue_id": 0, "messages": [{"body": b"poison"}]})
+        sent = await t.operation(leader.control_addr, Op.SEND,
+                                 {"topic": POISON_TOPIC, "queue_id": 0, "messages": [{"body": b"poison"}]})
         msg_id = sent["results"][0]["msg_id"]
         answers = []
         for name in poison_groups():

@@ -86,6 +86,7 @@ from broker.client import (
     UniqueIdGenerator,
 )
 from broker.client.transport import FROM_ENV, NamesrvClient, Transport
+from broker.protocol.frames import Op
 from broker.protocol.properties import dlq_topic
 from broker.store.schedule import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from chaos.history import JsonlWriter, OffsetRecord, Outcome, SendRecord, now_us, receipt_from_message
@@ -740,11 +741,11 @@ async def drain_dlq(target: Target, group: str, out: JsonlWriter, timeout_s: flo
 
 async def read_queue(t: Transport, addr: str, topic: str, qid: int) -> AsyncIterator[list[dict[str, Any]]]:
     """The messages of one queue at ``addr``, from its min to its max offset (as of the first call)."""
-    first = await t.call(addr, "POST", "/v1/pull", {"topic": topic, "queue_id": qid, "offset": 0, "max_count": 1})
+    first = await t.operation(addr, Op.PULL, {"topic": topic, "queue_id": qid, "offset": 0, "max_count": 1})
     offset, end = int(first["min_offset"]), int(first["max_offset"])
     while offset < end:
-        r = await t.call(addr, "POST", "/v1/pull",
-                         {"topic": topic, "queue_id": qid, "offset": offset, "max_count": PULL_BATCH})
+        r = await t.operation(addr, Op.PULL,
+                              {"topic": topic, "queue_id": qid, "offset": offset, "max_count": PULL_BATCH})
         if int(r["next_offset"]) <= offset:
             raise RuntimeError(f"read of {topic}:{qid} at {addr} stuck at {offset} ({r['status']}) before {end}")
         yield list(r["messages"])

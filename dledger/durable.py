@@ -51,3 +51,36 @@ def atomic_write(path: str, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def replace_reserving(path: str, data: bytes, mode: int = FILE_MODE) -> None:
+    """``atomic_write`` for a small file rewritten often (a term/vote record, an anchor) that must
+    stay writable on a full file system: the temporary file is written in place, not truncated
+    (it is the spare left by the previous call, whose blocks are reused), synced and renamed over
+    ``path``; then a new spare is made from the blocks the old ``path`` just freed. Once a spare
+    exists, a rewrite of at most one block needs no free space (on file systems that overwrite
+    in place: ext4, xfs, tmpfs; not copy-on-write ones). A spare that cannot be made (no room) is
+    skipped: the next call creates its temporary file as ``atomic_write`` does."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, mode)
+    try:
+        view = memoryview(data)
+        offset = 0
+        while offset < len(view):
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.ftruncate(fd, len(data))  # a longer spare's tail goes (shrinking needs no room)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, data, 0)  # content does not matter: a spare is never read
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

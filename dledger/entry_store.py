@@ -62,7 +62,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from dledger.clock import SYSTEM, Clock
 from dledger.durable import fsync_dir
@@ -82,6 +82,7 @@ from dledger.entry_codec import (
     pack_index_record,
 )
 from dledger.log_store import (
+    FULL_ERRNOS,
     CorruptStoreError,
     Entry,
     EntryTooLargeError,
@@ -90,6 +91,9 @@ from dledger.log_store import (
     SegmentInfo,
     StaleReadError,
     StoreClosedError,
+    StoreFailedError,
+    StoreFullError,
+    describe_os_error,
 )
 from dledger.segment_files import Segment, SegmentFile, file_name, numbered, pwrite_all
 from dledger.store_recovery import RANGE_CHUNK_RECORDS, StoreRecovery
@@ -106,6 +110,8 @@ __all__ = [
     "StaleReadError",
     "StoreClosedError",
     "StoreError",
+    "StoreFailedError",
+    "StoreFullError",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,6 +150,9 @@ class EntryStore(StoreRecovery):
         self._flush_lock = threading.RLock()
         self._generation = 0
         self._closed = False
+        # Set by the first write/sync failure that leaves the disk's state unknown (fsyncgate):
+        # every later write and flush raises it, none is retried.
+        self._failed: StoreFailedError | None = None
         self._segments: list[Segment] = []
         self._starts: list[int] = []  # segment start positions, for bisect
         self._index_files: dict[int, SegmentFile] = {}
@@ -238,6 +247,35 @@ class EntryStore(StoreRecovery):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"entry store {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise self._failed
+
+    @property
+    def failed(self) -> StoreFailedError | None:
+        """Why this store takes no more writes (a write or sync whose outcome is unknown), or None."""
+        return self._failed
+
+    def _fail(self, what: str, exc: OSError) -> StoreFailedError:
+        """The store stops taking writes and flushes for good; returns the error to raise."""
+        if self._failed is None:
+            self._failed = StoreFailedError(
+                f"{what} failed: {describe_os_error(exc)}; what reached the disk is unknown, so the log "
+                "takes no more writes and never retries the sync (restart the replica: it recovers "
+                "from what is on disk)"
+            )
+            log.critical("%s", self._failed)
+        return self._failed
+
+    def _full_or_fail(self, what: str, exc: OSError, needed: int) -> NoReturn:
+        """After an undone write: no room (StoreFullError, the store stays usable) or a failure."""
+        if exc.errno in FULL_ERRNOS:
+            raise StoreFullError(
+                f"{what}: {describe_os_error(exc)}; nothing of it was kept", needed, exc.errno or 0
+            ) from exc
+        raise self._fail(what, exc) from exc
 
     def _index_base(self, index: int) -> int:
         return index - index % self.index_records_per_file
@@ -479,8 +517,9 @@ class EntryStore(StoreRecovery):
 
     # -- appends (writer thread) ------------------------------------------------------------------
     def append(self, index: int, term: int, body: bytes) -> int:
-        """Append entry ``index`` (must be last_index + 1); returns its header's global position."""
-        self._check_open()
+        """Append entry ``index`` (must be last_index + 1); returns its header's global position.
+        StoreFullError when the file system has no room: nothing of the entry is kept."""
+        self._check_writable()
         entry = ((index, term, body),)
         self._check_appendable(entry)
         seg = self._segments[-1] if self._segments else None
@@ -489,8 +528,9 @@ class EntryStore(StoreRecovery):
         return self._write_run(seg, entry)[0]
 
     def append_many(self, entries: Sequence[tuple[int, int, bytes]]) -> list[int]:
-        """Append consecutive entries with one write per segment and index file touched."""
-        self._check_open()
+        """Append consecutive entries with one write per segment and index file touched. Each
+        segment's run is all or nothing: on StoreFullError the runs before it are kept."""
+        self._check_writable()
         self._check_appendable(entries)
         positions: list[int] = []
         seg = self._segments[-1] if self._segments else None
@@ -541,8 +581,15 @@ class EntryStore(StoreRecovery):
             prev_chain = head.chain_crc
             position += head.total_size
         assert head is not None and position - seg.start <= self.segment_bytes
-        pwrite_all(seg.file.fd, parts, seg.size, position - seg.start - seg.size)
-        self._write_records(run[0][0], records)
+        needed = position - seg.start - seg.size
+        where = seg.file.path
+        try:
+            pwrite_all(seg.file.fd, parts, seg.size, needed)
+            where = f"the index file of {seg.file.path}"
+            self._write_records(run[0][0], records)
+        except OSError as exc:
+            self._undo_write(seg, run[0][0], head.index)
+            self._full_or_fail(f"writing {needed} bytes of entries {run[0][0]}..{head.index} to {where}", exc, needed)
         with self._lock:
             if seg.size == 0:
                 seg.first_index = run[0][0]
@@ -552,6 +599,20 @@ class EntryStore(StoreRecovery):
             self._dirty_files.add(seg.file)
             self._remember(written)
         return positions
+
+    def _undo_write(self, seg: Segment, first: int, last: int) -> None:
+        """A write of entries ``first..last`` failed part-way: cut the segment back to its published
+        bytes and the index files back to ``first`` (shrinking needs no free space), so neither a
+        partial entry nor a stale index record stays behind for recovery or the next write."""
+        try:
+            os.ftruncate(seg.file.fd, seg.size)
+            first_base = self._index_base(first)
+            for base in range(first_base, self._index_base(last) + 1, self.index_records_per_file):
+                f = self._index_files.get(base)
+                if f is not None:
+                    os.ftruncate(f.fd, self._index_slot(first) if base == first_base else 0)
+        except OSError as exc:
+            raise self._fail(f"undoing a failed write to {seg.file.path}", exc) from exc
 
     def _remember(self, written: list[Entry]) -> None:
         """Caller holds the lock; ``written`` follow the recent entries (or start them)."""
@@ -605,7 +666,11 @@ class EntryStore(StoreRecovery):
             if not seg.sealed:
                 size = seg.size
                 if self.segment_bytes - size >= BLANK_SIZE:
-                    os.pwrite(seg.file.fd, BLANK_BYTES, size)
+                    try:
+                        os.pwrite(seg.file.fd, BLANK_BYTES, size)
+                    except OSError as exc:
+                        self._undo_write(seg, self._last[0] + 1, self._last[0] + 1)
+                        self._full_or_fail(f"sealing {seg.file.path}", exc, BLANK_SIZE)
                     size += BLANK_SIZE
                 with self._lock:
                     seg.size, seg.sealed = size, True
@@ -617,7 +682,11 @@ class EntryStore(StoreRecovery):
             # segment gets a byte, so after a crash only the last segment can be torn.
             self.flush_all()
         path = os.path.join(self._log_dir, file_name(start))
-        new = Segment(start, self._open_file(path, os.O_CREAT | os.O_TRUNC), 0, 0)
+        try:
+            opened = self._open_file(path, os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            self._full_or_fail(f"creating the segment {path}", exc, 0)
+        new = Segment(start, opened, 0, 0)
         new.first_index = self._last[0] + 1
         new.last_index = self._last[0]
         with self._lock:
@@ -631,18 +700,24 @@ class EntryStore(StoreRecovery):
         files. Index files wait for ``flush_all`` (recovery rebuilds what they lack). Any thread:
         what was written before the call is durable when it returns."""
         with self._flush_lock:
+            if self._failed is not None:
+                raise self._failed  # never retried: it could "succeed" without the lost pages
             self._sync_files(self._dirty_files, self._dirty_dirs)
 
     def flush_all(self) -> None:
         """``flush``, and the index files too."""
         with self._flush_lock:
+            if self._failed is not None:
+                raise self._failed
             self._sync_files(self._lazy_files, set())
             self.flush()
 
     def _sync_files(self, files_set: set[SegmentFile], dirs_set: set[str]) -> None:
         """Caller holds _flush_lock. Takes the files out of ``files_set`` (pinned, so that a
         truncation or retention retiring one meanwhile cannot close it under the fdatasync),
-        syncs them and the directories; on failure they are dirty again."""
+        syncs them and the directories. An OSError fails the store for good (``_fail``): the files
+        are not put back to be synced again (fsyncgate: a retried fsync may succeed although the
+        kernel dropped the pages the failed one did not write)."""
         with self._lock:
             if not files_set and not dirs_set:
                 return
@@ -651,12 +726,17 @@ class EntryStore(StoreRecovery):
             dirs_set.clear()
             for f in files:
                 f.pins += 1
+        doing = ""
         try:
             for f in files:
                 if not f.retired:
+                    doing = f"fdatasync of {f.path}"
                     os.fdatasync(f.fd)
             for d in dirs:
+                doing = f"fsync of the directory {d}"
                 fsync_dir(d)
+        except OSError as exc:
+            raise self._fail(doing, exc) from exc
         except BaseException:
             with self._lock:
                 files_set.update(f for f in files if not f.retired)
@@ -669,8 +749,12 @@ class EntryStore(StoreRecovery):
     # -- truncation, reset, retention (writer thread; durable on return) ----------------------------
     def truncate_suffix(self, from_index: int) -> None:
         """Drop entries ``>= from_index``; anchor_index < from_index <= last_index + 1."""
+        self._check_writable()
         with self._flush_lock:  # no flush on another thread runs while the tail is cut
-            self._truncate_suffix(from_index)
+            try:
+                self._truncate_suffix(from_index)
+            except OSError as exc:
+                raise self._fail(f"truncating {self.path} from entry {from_index}", exc) from exc
 
     def _truncate_suffix(self, from_index: int) -> None:
         self._check_open()
@@ -722,14 +806,15 @@ class EntryStore(StoreRecovery):
 
     def reset(self, anchor_index: int, anchor_term: int, anchor_chain_crc: int) -> None:
         """Drop every entry; the log continues after this anchor (a follower installed from a
-        leader whose older entries are gone). Positions continue at the next segment boundary."""
-        self._check_open()
+        leader whose older entries are gone). Positions continue at the next segment boundary.
+        StoreFullError (nothing changed) when the new anchor finds no room."""
+        self._check_writable()
         if anchor_index < 0 or anchor_term < 0 or not 0 <= anchor_chain_crc <= 0xFFFFFFFF:
             raise ValueError(f"bad anchor {(anchor_index, anchor_term, anchor_chain_crc)}")
         with self._lock:
             floor = self._next_segment_start(self._segments[-1]) if self._segments else self._floor_position
         # The anchor file is the commit point: on open, segments below its floor are deleted.
-        self._write_anchor(anchor_index, anchor_term, anchor_chain_crc, floor)
+        self._write_anchor_or_refuse(anchor_index, anchor_term, anchor_chain_crc, floor)
         with self._lock:
             doomed_files = [s.file for s in self._segments] + list(self._index_files.values())
             self._segments.clear()
@@ -766,8 +851,9 @@ class EntryStore(StoreRecovery):
 
     def delete_segments_before(self, index_floor: int) -> int:
         """Remove whole segments whose last index < ``index_floor``, never the one holding
-        last_index; the anchor moves to the last removed entry. Returns segments removed."""
-        self._check_open()
+        last_index; the anchor moves to the last removed entry. Returns segments removed.
+        StoreFullError (nothing removed) when the new anchor finds no room."""
+        self._check_writable()
         doomed: list[Segment] = []
         for seg in self._segments[:-1]:
             if seg.size == 0 or seg.last_index >= index_floor or seg.last_index >= self._last[0]:
@@ -780,7 +866,7 @@ class EntryStore(StoreRecovery):
         floor = self._segments[len(doomed)].start
         # Persist the anchor first: a crash before the unlinks leaves files below the floor,
         # which recovery deletes; never entries the anchor does not account for.
-        self._write_anchor(anchor_index, rec.term, rec.chain_crc, floor)
+        self._write_anchor_or_refuse(anchor_index, rec.term, rec.chain_crc, floor)
         last_base = self._index_base(anchor_index + 1)
         with self._lock:
             del self._segments[: len(doomed)], self._starts[: len(doomed)]
@@ -797,13 +883,23 @@ class EntryStore(StoreRecovery):
         fsync_dir(self._index_dir)
         return len(doomed)
 
+    def _write_anchor_or_refuse(self, index: int, term: int, chain: int, floor: int) -> None:
+        """The anchor file is replaced first (the commit point): if there is no room for the new
+        one, nothing changed (StoreFullError); any other failure fails the store."""
+        try:
+            self._write_anchor(index, term, chain, floor)
+        except OSError as exc:
+            self._full_or_fail(f"writing the anchor of {self.path}", exc, 0)
+
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush and close; idempotent. Readers still inside a pread finish first."""
+        """Flush and close; idempotent. Readers still inside a pread finish first. A failed store
+        (``failed``) is closed without a flush: its failure was raised where it happened."""
         if self._closed:
             return
         try:
-            self.flush_all()
+            if self._failed is None:
+                self.flush_all()
         finally:
             self._close_all()
 

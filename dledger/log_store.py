@@ -21,6 +21,8 @@ Contract (both):
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,7 +41,13 @@ __all__ = [
     "StaleReadError",
     "StoreClosedError",
     "StoreError",
+    "StoreFailedError",
+    "StoreFullError",
 ]
+
+# errnos that mean "the file system has no room for this write" (EFBIG: the file size limit,
+# RLIMIT_FSIZE with SIGXFSZ ignored): refused and undone, not fatal.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class CorruptStoreError(StoreError):
@@ -73,6 +81,38 @@ class StaleReadError(StoreError):
 
 class StoreClosedError(StoreError):
     code = "STORE_CLOSED"
+
+
+class StoreFullError(StoreError):
+    """The file system had no room for a write (``FULL_ERRNOS``): the write was undone (no partial
+    entry is left, in memory or on disk) and the store takes writes again once there is room.
+    ``needed``: the bytes the refused write wanted."""
+
+    code = "STORE_FULL"
+
+    def __init__(self, message: str, needed: int = 0, errno_: int = errno.ENOSPC):
+        super().__init__(message)
+        self.needed = needed
+        self.errno = errno_
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (self.args[0], self.needed, self.errno), self.__dict__
+
+
+class StoreFailedError(StoreError):
+    """A write, fdatasync or fsync of the log failed in a way that leaves what is on disk unknown
+    (EIO, ...). The store refuses every later write and flush with this error: a failed fsync is
+    never retried (after it the kernel may have dropped the dirty pages and marked them clean, so a
+    second fsync can succeed without the data: "fsyncgate"). The replica fails stop on it."""
+
+    code = "STORE_FAILED"
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``[Errno 5] EIO (Input/output error)``: the number, its name and the system's text."""
+    num = exc.errno if exc.errno is not None else 0
+    name = errno.errorcode.get(num, "?")
+    return f"[Errno {num}] {name} ({exc.strerror or os.strerror(num)})"
 
 
 @dataclass(frozen=True, slots=True)

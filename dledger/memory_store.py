@@ -60,6 +60,9 @@ class MemoryLogStore:
         self._positions: list[int] = []  # entry positions, for bisect
         self._segs: list[_Seg] = []
         self._synced = 0  # entries[:_synced] are durable
+        # (index, term) of entries a failed fsync dropped (fsyncgate): a crash image ends before
+        # the first of them, whatever later flushes said (the simulator's fsync-error fault).
+        self._lost: set[tuple[int, int]] = set()
         self.flushes = 0
 
     # -- state --------------------------------------------------------------------------------
@@ -245,6 +248,12 @@ class MemoryLogStore:
                 self._synced = len(self._entries)
                 self.flushes += 1
 
+    def lose_unsynced(self) -> None:
+        """A failed fsync: the entries written since the last flush never reach the disk (the
+        kernel dropped their pages and marked them clean: a later flush "succeeds" without them)."""
+        with self._lock:
+            self._lost.update((e.index, e.term) for e in self._entries[self._synced :])
+
     # -- truncation, reset, retention (durable on return) ---------------------------------------
     def truncate_suffix(self, from_index: int) -> None:
         self._check_open()
@@ -335,6 +344,10 @@ class MemoryLogStore:
             if keep_unsynced is None:
                 keep_unsynced = rng.randint(0, unsynced) if (rng is not None and unsynced) else 0
             keep = self._synced + max(0, min(keep_unsynced, unsynced))
+            if self._lost:
+                keep = next(
+                    (k for k in range(keep) if (self._entries[k].index, self._entries[k].term) in self._lost), keep
+                )
             image = MemoryLogStore(self.segment_bytes, self._clock, self.path)
             image._anchor = self._anchor
             image._floor_position = self._floor_position

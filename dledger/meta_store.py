@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -17,7 +18,7 @@ import struct
 import zlib
 from typing import Protocol
 
-from dledger.durable import atomic_write
+from dledger.durable import replace_reserving
 
 log = logging.getLogger("dledger.journal")
 
@@ -44,6 +45,7 @@ class MetaStore(Protocol):
 class FileMetaStore:
     def __init__(self, meta_dir: str):
         self._dir = meta_dir
+        self._hint_skipped = False
         os.makedirs(meta_dir, exist_ok=True)
 
     def load(self) -> tuple[int, str | None, int]:
@@ -53,14 +55,28 @@ class FileMetaStore:
     def save_term_vote(self, term: int, voted_for: str | None) -> None:
         raw_vote = (voted_for or "").encode()
         payload = TERM_RECORD.pack(term, len(raw_vote)) + raw_vote
-        atomic_write(os.path.join(self._dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload)))
+        # With a spare beside it (replace_reserving): a vote is recorded on a full file system too.
+        replace_reserving(os.path.join(self._dir, _TERM_FILE), payload + struct.pack("<I", zlib.crc32(payload)))
 
     def save_commit_hint(self, commit_index: int) -> None:
         payload = struct.pack("<Q", commit_index)
         path = os.path.join(self._dir, _COMMIT_FILE)
-        with open(path + ".tmp", "wb") as f:
-            f.write(COMMIT_RECORD.pack(commit_index, zlib.crc32(payload)))
-        os.replace(path + ".tmp", path)
+        # Rewritten in place (it is a hint: a torn record fails its crc and reads as 0), so it needs
+        # no free space once it exists; a hint that finds no room is skipped, never fatal.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, COMMIT_RECORD.pack(commit_index, zlib.crc32(payload)), 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            if not self._hint_skipped:
+                log.warning("%s: no room to record the commit-index hint (skipped until there is)", path)
+            self._hint_skipped = True
+        else:
+            self._hint_skipped = False
 
     def _load_term(self) -> tuple[int, str | None]:
         path = os.path.join(self._dir, _TERM_FILE)

@@ -121,6 +121,7 @@ class DLedgerNode:
         *,
         clock: Clock | None = None,
         disk_used_ratio: Callable[[str], float] | None = None,
+        free_bytes: Callable[[str], int] | None = None,
         network: InProcNetwork | None = None,
         store: LogStore | None = None,
         meta: MetaStore | None = None,
@@ -153,6 +154,7 @@ class DLedgerNode:
             events=self,
             rng=rng,
             disk_used_ratio=disk_used_ratio,
+            free_bytes=free_bytes,
         )
         self.journal = self.core.journal
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,7 +206,7 @@ class DLedgerNode:
 
     @property
     def disk_full(self) -> bool:
-        return self.core.disk_full
+        return self.core.disk_full or self.core.write_blocked is not None
 
     @property
     def leader_floor(self) -> int:
@@ -445,6 +447,8 @@ class DLedgerNode:
             raise NotLeaderError(self.core.leader_id)
         if self.core.disk_full:
             raise DiskFullError("disk use is above the write limit: appends are refused")
+        if self.core.write_blocked is not None:
+            raise DiskFullError(f"the log has no room for writes: {self.core.write_blocked}")
         if self._queued_bytes + size > self.settings.max_pending_bytes:
             raise BusyError("too many bytes waiting to be appended; retry later")
         self._queued_bytes += size

@@ -29,6 +29,13 @@ Invariants:
 - A leader that steps down answers every append still waiting with "outcome unknown" at once
   (the entry may still commit under the next leader): callers retry elsewhere instead of waiting
   for their deadline.
+- A log with no room for an entry (``StoreFullError``: nothing of it is kept) refuses it: the
+  appends of that entry, and those queued behind it, fail with ``DiskFullError`` (``DISK_FULL``,
+  they are known not to be written); the leader steps down (``DLedgerSyncObj.dl_block_writes``) and
+  stands for no election until a write succeeds or ``free_bytes`` shows room for the refused write
+  again (probed every ``SPACE_PROBE_S``); a follower does not acknowledge what it could not store.
+- A failed write or sync whose outcome is unknown (EIO: ``StoreFailedError``, naming the file and
+  the errno) is never retried and never acknowledged: the replica fails stop (fsyncgate).
 - A flush speaks only for the entries it saw: a truncation or a re-anchor (install) while it was
   in flight voids its result (and the acknowledgements held for it); what remains after a
   truncation is durable (the store syncs it).
@@ -51,12 +58,13 @@ from dledger import command_codec
 from dledger.clock import Clock
 from dledger.flusher import Flusher, SyncFlusher
 from dledger.journal import RaftJournal
-from dledger.log_store import LogStore
+from dledger.log_store import LogStore, StoreFullError
 from dledger.meta_store import MetaStore
 from dledger.records import (
     AppendFailedError,
     AppendTimeoutError,
     BodyLocation,
+    DiskFullError,
     DLedgerError,
     NotLeaderError,
     RaftSettings,
@@ -78,6 +86,10 @@ APPLY_BUDGET_ENTRIES = 512  # per tick: a long catch-up must not starve heartbea
 # 776 msgs/s, follower CPU per message 400 → 330 µs); when the stream stops, followers apply and
 # serve readers within this delay instead of a heartbeat later.
 COMMIT_TELL_DELAY_S = 0.002
+# A replica whose log found no room checks the free space this often (injected clock) and takes
+# writes again once the refused write would fit (with SPACE_MARGIN_BYTES to spare).
+SPACE_PROBE_S = 1.0
+SPACE_MARGIN_BYTES = 64 << 10
 
 
 class Request:
@@ -131,6 +143,7 @@ class ReplicaCore:
         rng: random.Random | None = None,
         disk_used_ratio: Callable[[str], float] | None = None,
         prevote: bool = True,
+        free_bytes: Callable[[str], int] | None = None,
     ):
         if settings.self_id not in settings.peers:
             raise ValueError(f"self id {settings.self_id!r} is not among the peers")
@@ -143,6 +156,8 @@ class ReplicaCore:
         self._events = events
         self._rng = rng or random.Random()
         self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
+        self._free_bytes = free_bytes or _free_bytes
+        self._space_probe_at: float | None = None
         self._prevote = prevote
         self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
         self._self_address = settings.peers[settings.self_id]
@@ -348,6 +363,8 @@ class ReplicaCore:
             # Replicate before the local flush so followers write while the leader syncs. Safe: the
             # leader counts itself only up to what it made durable (self_match_index).
             sync.dl_send_now()
+        if sync.dl_write_blocked is not None:
+            self._probe_space(sync)
         self.commit_index = sync.raftCommitIndex
         self._tell_commit(sync)
         if self.applied_index < self.commit_index:
@@ -365,6 +382,42 @@ class ReplicaCore:
         # Last: the flusher wakes as this thread goes back to its loop (and lets go of the GIL),
         # not while it still runs Python here (measured: the hand-over then costs a GIL wait).
         self._maybe_flush()
+
+    @property
+    def write_blocked(self) -> StoreFullError | None:
+        """Why the log refuses writes for lack of room (then this replica does not lead), or None."""
+        return self.sync.dl_write_blocked if self.sync is not None else None
+
+    def _probe_space(self, sync: DLedgerSyncObj) -> None:
+        """A blocked replica with no leader feeding it writes learns of freed space here."""
+        blocked = sync.dl_write_blocked
+        assert blocked is not None
+        now = self._clock.monotonic()
+        if self._space_probe_at is not None and now < self._space_probe_at:
+            return
+        self._space_probe_at = now + SPACE_PROBE_S
+        try:
+            free = self._free_bytes(self.settings.data_dir)
+        except OSError as exc:
+            log.warning("cannot read the free space of %s: %s", self.settings.data_dir, exc)
+            return
+        if free >= blocked.needed + SPACE_MARGIN_BYTES:
+            self._space_probe_at = None
+            sync.dl_unblock_writes(f"{free} bytes free in {self.settings.data_dir}")
+
+    def _refuse_full(self, sync: DLedgerSyncObj, group: list[Request], exc: StoreFullError) -> None:
+        """The log had no room for the entry of ``group`` (nothing of it was kept): its appends and
+        those queued behind it are refused with DISK_FULL, and this replica stops leading."""
+        refusal = DiskFullError(
+            f"this replica's log has no room for the entry ({exc}); it stops leading: retry, another "
+            "replica takes over"
+        )
+        for req in group:
+            req.done(None, refusal)
+        self.fail_queue(refusal)
+        self.counters["appends_refused_disk_full"] += len(group)
+        self._space_probe_at = self._clock.monotonic() + SPACE_PROBE_S
+        sync.dl_block_writes(exc)
 
     def _tell_commit(self, sync: DLedgerSyncObj) -> None:
         """Followers learn a new commit index from the next append, or from an empty one sent
@@ -420,7 +473,11 @@ class ReplicaCore:
             bodies = [b for req in group for b in req.bodies]
             payload = command_codec.encode_batch(bodies)
             index = self.store.last_index + 1
-            position = self.store.append(index, term, payload)
+            try:
+                position = self.store.append(index, term, payload)
+            except StoreFullError as exc:
+                self._refuse_full(sync, group, exc)
+                return appended
             offsets = command_codec.body_offsets(bodies)
             body_base = position + self.store.header_bytes
             waiting = _Waiting(index, term, [])
@@ -617,7 +674,12 @@ class ReplicaCore:
             disk_max_used_ratio=s.disk_max_used_ratio,
         )
         if target > self.store.first_index:
-            removed = self.store.delete_segments_before(target)
+            try:
+                removed = self.store.delete_segments_before(target)
+            except StoreFullError as exc:  # no room even for the new anchor: nothing was removed
+                self.counters["retention_refused_disk_full"] += 1
+                log.error("retention could not remove segments (%s); free some space on the disk", exc)
+                return
             if removed:
                 self.counters["segments_removed"] += removed
                 log.info(
@@ -697,7 +759,8 @@ class ReplicaCore:
             "bytes_stored": store.bytes_stored,
             "segments": len(store.segments()),
             "flush_policy": self.settings.flush_policy,
-            "disk_full": self.disk_full,
+            "disk_full": self.disk_full or sync.dl_write_blocked is not None,
+            "write_blocked": str(sync.dl_write_blocked) if sync.dl_write_blocked is not None else None,
             "retention_floor": self._own_floor,
             "live_followers": self._live_followers,
             "peers": peers,
@@ -730,6 +793,11 @@ def _latency_summary(samples: list[float]) -> dict[str, float | int]:
         return round(samples[min(len(samples) - 1, int(q * len(samples)))], 3)
 
     return {"count": len(samples), "p50": at(0.5), "p99": at(0.99), "max": round(samples[-1], 3)}
+
+
+def _free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s file system (statvfs f_bavail)."""
+    return int(shutil.disk_usage(path).free)
 
 
 def _disk_used_ratio(path: str) -> float:

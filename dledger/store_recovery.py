@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from dledger.clock import Clock
-from dledger.durable import fsync_dir
+from dledger.durable import replace_reserving
 from dledger.entry_codec import (
     ANCHOR_FILE,
     BLANK_SIZE,
@@ -91,14 +91,9 @@ class StoreRecovery:
     # -- anchor file ----------------------------------------------------------------------------
     def _write_anchor(self, index: int, term: int, chain: int, floor: int) -> None:
         path = os.path.join(self.path, ANCHOR_FILE)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            pwrite_all(fd, [encode_anchor(index, term, chain, floor)], 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(path + ".tmp", path)
-        fsync_dir(self.path)
+        # With a spare beside it: retention can replace the anchor (and so free segments) on a
+        # full file system.
+        replace_reserving(path, encode_anchor(index, term, chain, floor), 0o644)
 
     def _read_anchor(self) -> tuple[int, int, int, int] | None:
         path = os.path.join(self.path, ANCHOR_FILE)
@@ -117,8 +112,8 @@ class StoreRecovery:
         os.makedirs(self._log_dir, exist_ok=True)
         os.makedirs(self._index_dir, exist_ok=True)
         anchor_path = os.path.join(self.path, ANCHOR_FILE)
-        if os.path.exists(anchor_path + ".tmp"):
-            os.unlink(anchor_path + ".tmp")  # an anchor write that never reached its rename
+        # anchor.tmp, if any, is the spare of replace_reserving (or an anchor write that never
+        # reached its rename): never read, rewritten in place by the next anchor write.
         anchor = self._read_anchor()
         starts = numbered(self._log_dir)
         if anchor is None and starts:

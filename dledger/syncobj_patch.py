@@ -5,7 +5,7 @@ pysyncobj supplies Raft's message handlers and the log bookkeeping; dledger owns
 ``inproc``; simulated: ``dledger.sim``), the clock (``dledger.clock``) and the randomness (one
 seeded ``random.Random`` per node). Every change answers a measured defect
 (../shared/notes/pysyncobj.md) and has a test that fails without it (tests/dledger/
-test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
+test_syncobj_patch.py, test_sim.py's pre-vote scenarios and the simulator's planted bugs).
 
 1. Journal seam: ``pysyncobj.syncobj.createJournal`` returns our ``RaftJournal`` when one is
    passed as ``journalFile``. Log compaction is off; pysyncobj's own apply loop is skipped (it read
@@ -58,6 +58,14 @@ test_syncobj_patch.py, test_prevote.py and the simulator's planted bugs).
    loop: ``dledger.loop_poller``; the simulator: its inboxes): ``dl_poller``, which the transport
    and the tick use (SyncObj's own poller is left unused).
 
+9. A log with no room (``StoreFullError``, issue 27): a replica whose store refused a write for
+   lack of space blocks its writes (``dl_block_writes``): a leader hands leadership to its most
+   caught-up follower if one is fully caught up (TimeoutNow) and steps down at once; a follower
+   answers nothing for the message it could not store (it never acknowledges what it did not
+   store; the leader sends it again); a blocked replica does not campaign and ignores
+   TimeoutNow. The first entries it stores again, or the replica seeing room again
+   (``dl_unblock_writes``), lift the block.
+
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
 """
@@ -78,6 +86,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger import clock as dl_clock
 from dledger.journal import RaftJournal
+from dledger.log_store import StoreFullError
 
 log = logging.getLogger(__name__)
 
@@ -280,9 +289,13 @@ class DLedgerSyncObj(SyncObj):
                 "prevotes_granted",
                 "prevotes_refused",
                 "stalls",
+                "stepdowns_disk_full",
+                "writes_refused_disk_full",
             ),
             0,
         )
+        # Why this replica's log refuses writes (no room), or None: it does not campaign then.
+        self.dl_write_blocked: StoreFullError | None = None
         # Who watches the transport's descriptors (item 8): the owner's (the event loop's), or, for
         # an object built by hand (unit tests), the poller SyncObj made for itself.
         self.dl_poller: Any = poller
@@ -338,6 +351,25 @@ class DLedgerSyncObj(SyncObj):
         if self.dl_state == RAFT_STATE_LEADER:
             self._SyncObj__sendAppendEntries()
 
+    def dl_block_writes(self, exc: StoreFullError) -> None:
+        """The log had no room for a write: stop leading (hand over first when a follower is fully
+        caught up) and stand for no election until writes succeed again."""
+        first = self.dl_write_blocked is None
+        self.dl_write_blocked = exc
+        self.dl_counters["writes_refused_disk_full"] += 1
+        if first:
+            log.error("the log refuses writes (no room): %s", exc)
+        if self.dl_state == RAFT_STATE_LEADER:
+            self.transferLeadership(None, callback=None)  # best effort: denied unless one is caught up
+            self._dl_step_down(None, "disk_full")
+        elif self.dl_state == RAFT_STATE_CANDIDATE:
+            self._dl_step_down(None, "disk_full")
+
+    def dl_unblock_writes(self, why: str) -> None:
+        if self.dl_write_blocked is not None:
+            self.dl_write_blocked = None
+            log.warning("the log takes writes again: %s", why)
+
     def dl_next_deadline(self) -> float:
         """When the Raft timer next needs a tick (on the node's clock): a leader's next heartbeat,
         or a follower's (candidate's) election timeout."""
@@ -383,6 +415,7 @@ class DLedgerSyncObj(SyncObj):
                 self.dl_state != RAFT_STATE_LEADER
                 and self._SyncObj__raftElectionDeadline < now
                 and any(self.isNodeConnected(n) for n in self.dl_peers)
+                and self.dl_write_blocked is None  # a replica that cannot write must not lead
             ):
                 self._dl_campaign(now)
         if self.dl_state == RAFT_STATE_LEADER:
@@ -555,8 +588,16 @@ class DLedgerSyncObj(SyncObj):
     # -- incoming messages (items 2, 3, 5 and the install message) -------------------------------
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         mtype = message.get("type") if type(message) is dict else None
-        if mtype == "append_entries":
-            self._dl_on_append_entries(node, message)
+        if mtype == "append_entries" or mtype == "dl_install":
+            try:
+                if mtype == "append_entries":
+                    self._dl_on_append_entries(node, message)
+                else:
+                    self._dl_on_install(node, message)
+            except StoreFullError as exc:
+                # Nothing of the entry that found no room was kept, and no answer leaves: this
+                # replica never acknowledges what it did not store; the leader sends it again.
+                self.dl_block_writes(exc)
         elif mtype == "next_node_idx":
             self._dl_on_next_node_idx(node, message)
         elif mtype == "request_vote":
@@ -587,9 +628,9 @@ class DLedgerSyncObj(SyncObj):
         elif mtype == "dl_stale_term":
             if message["term"] > self._SyncObj__raftCurrentTerm:
                 self._dl_step_down(message["term"], "stale_term")
-        elif mtype == "dl_install":
-            self._dl_on_install(node, message)
         elif mtype == "timeout_now":
+            if self.dl_write_blocked is not None:
+                return  # it cannot write: no transfer to it (it would campaign once unblocked)
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         else:
             log.warning("ignoring a peer message of type %r from %s", mtype, node)
@@ -618,6 +659,7 @@ class DLedgerSyncObj(SyncObj):
             message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
             self.dl_journal.skip_next_truncate = skip
         applied = self._SyncObj__raftLastApplied
+        last_before = self.dl_journal.store.last_index
         if self.dl_journal.skip_next_truncate:
             # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
             # skip (nothing is truncated): keep it from crying wolf.
@@ -627,6 +669,8 @@ class DLedgerSyncObj(SyncObj):
         finally:
             self.dl_journal.skip_next_truncate = False
             self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
+        if self.dl_write_blocked is not None and self.dl_journal.store.last_index > last_before:
+            self.dl_unblock_writes("entries from the leader were stored")
 
     def _dl_note_append(self, now: float) -> None:
         # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a

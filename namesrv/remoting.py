@@ -40,7 +40,7 @@ from broker.protocol.rocketmq.codes import RequestCode, ResponseCode
 from broker.protocol.rocketmq.command import RemotingCommand
 from broker.protocol.rocketmq.header_fields import to_ext
 from broker.protocol.routes import BrokerData, ClusterInfo, TopicRouteData
-from broker.serving.remoting_server import CommandError, RemotingServer, Request
+from broker.serving.remoting_server import RemotingServer, Request
 from namesrv.kv_config import ORDER_TOPIC_CONFIG, KvConfigTable
 from namesrv.route_table import RouteTable, validate_topic
 
@@ -88,16 +88,6 @@ def system_topics(info: ClusterInfo) -> bodies.TopicList:
 
 def standard_json_wanted(cmd: RemotingCommand, header: ah.GetRouteInfoRequestHeader) -> bool:
     return cmd.version >= VERSION_V4_9_4 or bool(header.accept_standard_json_only)
-
-
-def protocol_error(exc: Exception) -> CommandError | None:
-    """The NameServer's coded errors as answers: SYSTEM_BUSY when the table task is behind (the client
-    retries), SYSTEM_ERROR with ``CODE: message`` for the rest."""
-    if isinstance(exc, ProtocolError):
-        busy = exc.code in ("BUSY", "SHUTTING_DOWN")
-        return CommandError(ResponseCode.SYSTEM_BUSY if busy else ResponseCode.SYSTEM_ERROR,
-                            f"{exc.code}: {exc.message}")
-    return None
 
 
 # -- the handlers ---------------------------------------------------------------------------------------------
@@ -218,7 +208,7 @@ class NamesrvRemoting:
         h = req.header(ah.KVConfigRequestHeader)
         req.require(admin=True)
         if h.value is None:
-            raise CommandError(ResponseCode.SYSTEM_ERROR, "MISSING_FIELD: PUT_KV_CONFIG needs a value")
+            raise ProtocolError("MISSING_FIELD", "PUT_KV_CONFIG needs a value")  # answered SYSTEM_ERROR
         await self.service.put_kv(h.namespace, h.key, h.value)
         return req.ok()
 

@@ -47,7 +47,7 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 
 from broker.protocol import route_wire as wire
-from broker.protocol.auth import AuthError, namesrv_scope
+from broker.protocol.auth import namesrv_scope
 from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq.command import Bounds
 from broker.protocol.routes import WIRE_VERSION, BrokerRegistration, RegisterResult
@@ -71,7 +71,7 @@ from namesrv.config import NamesrvConfig, load_namesrv_config, parse_namesrv_con
 from namesrv.kv_config import KvConfigTable
 from namesrv.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from namesrv.metrics import NamesrvMetrics
-from namesrv.remoting import NamesrvRemoting, protocol_error
+from namesrv.remoting import NamesrvRemoting
 from namesrv.route_table import (
     ConflictError,
     ExpiredBroker,
@@ -217,7 +217,6 @@ class NamesrvService:
                 idle_timeout_s=cfg.idle_timeout_ms / 1000,
             ),
             budget=ByteBudget(UNAUTHENTICATED_BYTES_MAX),
-            map_error=protocol_error,
         )
         NamesrvRemoting(self).install(self.remoting)
         self.site: SniffingSite | None = None  # set by serve()
@@ -576,12 +575,11 @@ def _topic_param(request: web.Request) -> str:
 
 
 def _classify(exc: Exception) -> ErrorAnswer | None:
-    """The NameServer's errors (``error_middleware`` answers aiohttp's and unmapped ones)."""
+    """The status of the NameServer's coded errors, which carry none (``error_middleware`` answers
+    those that do, ACL's refusals among them, aiohttp's errors and unmapped ones)."""
     if isinstance(exc, ProtocolError):
         status = next((_STATUS_BY_ERROR[c] for c in type(exc).__mro__ if c in _STATUS_BY_ERROR), 500)
         return ErrorAnswer(status, exc.code, exc.message)
-    if isinstance(exc, AuthError):
-        return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
     return None
 
 

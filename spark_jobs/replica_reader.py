@@ -284,7 +284,7 @@ def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord]
             except ValueError:
                 bad += 1
                 continue
-            keys, props = h[4], h[5]
+            keys, props = h.keys, h.properties
             seq = props.get("seq")
             try:
                 seq_int = int(seq) if seq is not None else None
@@ -295,15 +295,15 @@ def decode_records(entry: LogEntry) -> tuple[list[MessageRecord | CommandRecord]
                 MessageRecord(
                     base + offset,
                     len(record),
-                    h[0],
-                    h[1],
-                    h[3],
+                    h.topic,
+                    h.queue_id,
+                    h.tags,
                     keys[0] if keys else None,
                     producer if isinstance(producer, str) else None,
                     seq_int,
-                    h[6],
-                    h[8],
-                    h[9],
+                    h.born_ts,
+                    h.store_ts,
+                    h.unique_id,
                 )
             )
         elif kind == COMMAND_MAGIC:

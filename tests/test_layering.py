@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -46,9 +47,10 @@ ALLOWED_FILES: dict[str, str] = {
 # broker.protocol.rocketmq (RocketMQ's remoting wire) is a pure codec every side shares: the standard
 # library and the rest of the wire contract only (no msgpack, no server module).
 ROCKETMQ_WIRE_MAY_IMPORT = ("broker.protocol",)
-# dledger.apps are processes, the top layer: they may use the broker's HTTP edge (one error
-# middleware, bounded parameters). The dledger library itself imports nothing above it.
-DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main")
+# dledger.apps are processes, the top layer: they may use the serving kit's HTTP edge (one error
+# middleware, bounded parameters, the one coded error) and its process start-up. The dledger
+# library itself imports nothing above it.
+DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main", "broker.protocol.errors")
 
 
 def _unit(module: str) -> str:
@@ -63,6 +65,13 @@ def _private(name: str) -> bool:
 
 
 def _sources() -> Iterator[tuple[str, str, ast.Module]]:
+    yield from _parsed()
+
+
+@functools.cache
+def _parsed() -> tuple[tuple[str, str, ast.Module], ...]:
+    """Every source file, parsed once for all the checks (they only read the trees)."""
+    out = []
     for top in PACKAGES:
         for dirpath, _dirs, files in os.walk(os.path.join(ROOT, top)):
             for name in sorted(files):
@@ -71,7 +80,8 @@ def _sources() -> Iterator[tuple[str, str, ast.Module]]:
                     rel = os.path.relpath(path, ROOT)
                     module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
                     with open(path, encoding="utf-8") as f:
-                        yield rel, module, ast.parse(f.read(), rel)
+                        out.append((rel, module, ast.parse(f.read(), rel)))
+    return tuple(out)
 
 
 def _defined_names(tree: ast.Module) -> set[str]:
@@ -231,7 +241,8 @@ ARROWS: dict[str, frozenset[str]] = {
     # + dledger.apps: the benchmarks' histogram and the local cluster (mq-bench, failover bench)
     "broker.tools": frozenset({"broker.protocol", "broker.serving", "broker.client", "dledger", "dledger.apps"}),
     "namesrv": frozenset({"broker.protocol", "broker.serving", "dledger"}),
-    "dledger.apps": frozenset({"dledger", "broker.serving"}),
+    # + broker.protocol: the one coded error, which dledger-node answers like every HTTP server
+    "dledger.apps": frozenset({"dledger", "broker.serving", "broker.protocol"}),
     # + broker.store: the record and consume-queue codecs the replica reader decodes with (constants
     # and pure functions); broker.edge: the export's paths and page size (spark_jobs/remote.py)
     "spark_jobs": frozenset(

@@ -11,6 +11,7 @@ from typing import Any
 from broker.client.admin_checks import check_addr, check_name
 from broker.client.admin_records import FanOutError, InvalidArgument, Outcome
 from broker.client.transport import FROM_ENV, ClientError, CredentialsArg, NamesrvClient, TlsArg, Transport
+from broker.protocol.frames import Op
 from broker.protocol.routes import BrokerData
 
 
@@ -57,13 +58,16 @@ class AdminBase:
     ) -> tuple[Any, str]:
         """One write; a ``NOT_LEADER`` answer naming another leader is followed once.
         Returns the answer and the address that gave it."""
+        return await self._follow_leader(addr, lambda a: self.transport.call(a, method, path, body))
+
+    async def _follow_leader(self, addr: str, call: Callable[[str], Awaitable[Any]]) -> tuple[Any, str]:
         try:
-            return await self.transport.call(addr, method, path, body), addr
+            return await call(addr), addr
         except ClientError as exc:
             if exc.code != "NOT_LEADER" or not exc.leader_addr or exc.leader_addr == addr:
                 raise
             leader = exc.leader_addr
-        return await self.transport.call(leader, method, path, body), leader
+        return await call(leader), leader
 
     async def write(
         self, bd: BrokerData, method: str, path: str, body: Mapping[str, Any] | None
@@ -71,10 +75,20 @@ class AdminBase:
         """To the group's leader (id 0) when known, else to a follower, which redirects. A replica
         that cannot be connected to never saw the request, so the next one is tried (a stale route
         whose leader died); any other failure — a timeout may have applied the write — is final."""
+        return await self._to_group(bd, lambda addr: self.write_addr(addr, method, path, body))
+
+    async def operation(self, bd: BrokerData, op: Op, body: Mapping[str, Any]) -> tuple[Any, str]:
+        """A data-path operation (``Op.SEND``) on the group's leader, sent like ``write``: over the
+        binary port when the route advertised one, else over HTTP (``Transport.operation``)."""
+        return await self._to_group(
+            bd, lambda addr: self._follow_leader(addr, lambda a: self.transport.operation(a, op, body))
+        )
+
+    async def _to_group(self, bd: BrokerData, call: Callable[[str], Awaitable[tuple[Any, str]]]) -> tuple[Any, str]:
         last: ClientError | None = None
         for addr in bd.addrs_leader_first():
             try:
-                return await self.write_addr(addr, method, path, body)
+                return await call(addr)
             except ClientError as exc:
                 if exc.code != "CONNECT_FAILED" or exc.addr != addr:
                     raise

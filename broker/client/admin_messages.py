@@ -22,6 +22,7 @@ from broker.client.admin_cluster import AdminClusterOps
 from broker.client.admin_records import InvalidArgument, MessageView, PullResult, message_from_dict
 from broker.client.message_selector import MessageSelector
 from broker.client.transport import ClientError, TopicRoute
+from broker.protocol.frames import Op
 from broker.protocol.limits import QUERY_MESSAGES_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import UNIQUE_ID_RULE, is_unique_id
 
@@ -110,7 +111,7 @@ class AdminMessageOps(AdminClusterOps):
         last: ClientError | None = None
         for addr in bd.addrs_leader_first():  # a POST, but a read: any replica may serve it
             try:
-                ans = await self.transport.call(addr, "POST", "/v1/pull", body)
+                ans = await self.transport.operation(addr, Op.PULL, body)
                 break
             except ClientError as exc:
                 if exc.status:

@@ -28,6 +28,7 @@ from broker.client.message import (
 )
 from broker.client.route_cache import RouteCache, call_replicas
 from broker.client.transport import ClientError, TopicRoute, Transport
+from broker.protocol.frames import Op
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ async def pull_from(
     body = pull_request(
         mq, offset, max_count=max_count, tags=tags, suspend_ms=suspend_ms, consumer_group=group, sql=sql
     )
-    answer = await transport.call(addr, "POST", "/v1/pull", body, timeout_s=suspend_ms / 1000 + timeout_s)
+    answer = await transport.operation(addr, Op.PULL, body, timeout_s=suspend_ms / 1000 + timeout_s)
     return pull_result_from_answer(answer)
 
 

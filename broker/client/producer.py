@@ -73,6 +73,7 @@ from broker.client.transport import (
     Transport,
     resolve_security,
 )
+from broker.protocol.frames import Op
 from broker.protocol.routes import PERM_READ, PERM_WRITE, QueueData
 
 log = logging.getLogger(__name__)
@@ -83,25 +84,6 @@ RETRY_PAUSE_MAX_S = 1.0
 PUBLISHABLE_TOPICS_MAX = 1024  # topics whose writable queue list a producer keeps
 DISCOVERY_STEP_S = 0.1  # how often a paused retry asks the group's replicas for the new leader
 
-# Errors after which another attempt (another group, or the same one later) may succeed.
-RETRY_CODES = frozenset(
-    {
-        "CONNECT_FAILED",
-        "CONNECTION_LOST",
-        "TIMEOUT",
-        "SEND_TIMEOUT",
-        "NOT_LEADER",
-        "NO_LEADER",
-        "NO_ROUTE",
-        "NOT_READY",
-        "BUSY",
-        "APPEND_FAILED",
-        "SHUTTING_DOWN",
-        "DISK_FULL",
-        "NO_PERMISSION",
-        "TOPIC_NOT_EXIST",
-    }
-)
 # Errors that say the cached route may be wrong: refresh it before the next attempt.
 REFRESH_CODES = frozenset(
     {
@@ -133,10 +115,6 @@ PAUSE_CODES = frozenset(
 )
 
 SendCallback = Callable[[SendResult | None, BaseException | None], Any]
-
-
-def retriable(exc: ClientError) -> bool:
-    return exc.code in RETRY_CODES or exc.status >= 500
 
 
 def send_outcome_unknown(earlier_unknown: bool, exc: ClientError) -> bool:
@@ -407,7 +385,7 @@ class Producer:
         arg: Any,
         timeout_s: float | None,
         retries: int,
-        path: str = "/v1/send",  # TransactionProducer's halves: /v1/transaction/half
+        target: Op | str = Op.SEND,  # TransactionProducer's halves: "/v1/transaction/half"
     ) -> SendResult:
         loop = asyncio.get_running_loop()
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
@@ -435,8 +413,8 @@ class Producer:
                     mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
-                result = await self._send_to(mq, msgs, born_ts, deadline, path)
-                if self.trace is not None and topic != self.trace_topic and path == "/v1/send":
+                result = await self._send_to(mq, msgs, born_ts, deadline, target)
+                if self.trace is not None and topic != self.trace_topic and target is Op.SEND:
                     self._trace_send(msgs, result, born_ts, loop.time() - started)
                 return result
             except ClientError as exc:
@@ -444,7 +422,7 @@ class Producer:
                     fixed = mq  # where it may be stored: that group's window answers the retry
                 maybe_stored = send_outcome_unknown(maybe_stored, exc)
                 exc.outcome_unknown = maybe_stored
-                if not retriable(exc):
+                if not exc.retryable:
                     raise
                 last_exc = exc
                 last_broker = mq.broker_name if mq is not None else last_broker
@@ -464,12 +442,12 @@ class Producer:
         raise last_exc
 
     async def _send_to(
-        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, path: str = "/v1/send"
+        self, mq: MessageQueue, msgs: list[Message], born_ts: int, deadline: float, target: Op | str = Op.SEND
     ) -> SendResult:
         body = send_request(mq, msgs, producer_group=self.group, born_ts=born_ts, born_host=self._born_host)
-        if path == "/v1/send" and self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
+        if target is Op.SEND and self._batcher is not None and len(msgs) == 1 and batchable(msgs[0]):
             return await self._batcher.send(mq, body["messages"][0], deadline)
-        return send_result_from_answer(await self._send_body(mq, body, deadline, path), mq)
+        return send_result_from_answer(await self._send_body(mq, body, deadline, target), mq)
 
     async def _send_items(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
         """One auto-batch: the messages of several callers in one request (its answer, whole)."""
@@ -477,7 +455,7 @@ class Producer:
         return await self._send_body(mq, body, deadline)
 
     async def _send_body(
-        self, mq: MessageQueue, body: dict[str, Any], deadline: float, path: str = "/v1/send"
+        self, mq: MessageQueue, body: dict[str, Any], deadline: float, target: Op | str = Op.SEND
     ) -> Any:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -487,12 +465,12 @@ class Producer:
                 self.routes,
                 mq.topic,
                 mq.broker_name,
-                path,
+                target,
                 body,
                 timeout_s=max(deadline - start, 0.001),
             )
         except ClientError as exc:
-            self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=retriable(exc))
+            self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=exc.retryable)
             raise
         self._fault.update(mq.broker_name, (loop.time() - start) * 1000, isolation=False)
         return answer

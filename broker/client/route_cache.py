@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.client.message import MessageQueue
 from broker.client.transport import ClientError, NamesrvClient, TopicRoute, Transport
+from broker.protocol.frames import Op
 from broker.protocol.routes import PERM_READ, PERM_WRITE, BrokerData
 
 log = logging.getLogger(__name__)
@@ -273,13 +274,14 @@ async def call_leader(
     routes: RouteCache,
     topic: str,
     broker_name: str,
-    path: str,
+    target: Op | str,
     body: Mapping[str, Any],
     *,
     timeout_s: float = 3.0,
     leader_hops_max: int = 2,
 ) -> Any:
-    """A write to a group's leader, following ``NOT_LEADER`` answers that name the leader (at most
+    """A write to a group's leader — a data-path operation (``Op.SEND``) or another POST route of the
+    HTTP API (a path) — following ``NOT_LEADER`` answers that name the leader (at most
     ``leader_hops_max`` hops, all within ``timeout_s``). A refused leader or a ``NOT_LEADER``
     without a name refreshes the route in the background."""
     loop = asyncio.get_running_loop()
@@ -295,7 +297,9 @@ async def call_leader(
         if remaining_s <= 0:
             raise ClientError("TIMEOUT", f"no answer within {timeout_s} s", addr=addr)
         try:
-            return await transport.call(addr, "POST", path, body, timeout_s=remaining_s)
+            if isinstance(target, Op):
+                return await transport.operation(addr, target, body, timeout_s=remaining_s)
+            return await transport.call(addr, "POST", target, body, timeout_s=remaining_s)
         except ClientError as exc:
             if (
                 exc.code == "NOT_LEADER"

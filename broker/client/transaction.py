@@ -126,7 +126,7 @@ class TransactionProducer(Producer):
             raise ClientError("TRANSACTION_DELAY_UNSUPPORTED", "a transactional message cannot be delayed")
         topic = self._prepare([msg])
         half = await self._send(
-            [msg], topic, None, None, None, timeout_s, self.retry_times, path="/v1/transaction/half"
+            [msg], topic, None, None, None, timeout_s, self.retry_times, target="/v1/transaction/half"
         )
         state = await _call_listener(self.listener.execute_local_transaction, msg, arg)
         end = await self._end(topic, half.message_queue.broker_name, half.msg_id, half.unique_id, state, False)

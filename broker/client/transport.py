@@ -38,6 +38,7 @@ from broker.protocol.auth import (
     load_credentials,
 )
 from broker.protocol.errors import ProtocolError
+from broker.protocol.frames import HTTP_PATH, Op
 from broker.protocol.limits import ANSWER_BYTES_MAX, ANSWER_HEADERS_MAX
 from broker.protocol.routes import ClusterInfo, TopicRouteData
 
@@ -49,8 +50,6 @@ ENV_TLS_CA_FILE: Final = "DLEDGER_TLS_CA_FILE"
 ENV_TLS: Final = "DLEDGER_TLS"
 ENV_TRANSPORT: Final = "DLEDGER_TRANSPORT"  # "http" forces HTTP for the data path (default: binary)
 PROTOCOLS: Final = ("auto", "http")
-# Routes the binary protocol serves (broker.protocol.frames.Op): the SDK's data path.
-REMOTING_OPS: Final = {("POST", "/v1/send"): 1, ("POST", "/v1/pull"): 2}
 IDLE_S_DEFAULT: Final = 30.0  # below the servers' idle timeout (60 s), so a reused connection is open
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 # A body this large is not sent to a server whose scope is unknown: a refusal would come before the
@@ -134,49 +133,12 @@ def resolve_security(credentials: CredentialsArg, tls: TlsArg) -> tuple[Credenti
     return creds, ctx
 
 
-# A failure is *definite* ("the request cannot have taken effect": a send cannot have been stored)
-# only when the request never reached a broker (no connection, a check in the client) or a broker
-# refused it before acting on it: a 4xx answer, or 503 NOT_READY / 507 DISK_FULL. Everything else
-# may have taken effect. APPEND_FAILED (409) is not definite: the entry was replaced on the replica
-# that answered, but another replica holding it may still be elected and commit it (Raft §5.4.2,
-# Figure 8). A garbled answer or a 5xx may come after the append.
-UNKNOWN_OUTCOME_CODES = frozenset({"TIMEOUT", "SEND_TIMEOUT", "CONNECTION_LOST", "APPEND_FAILED", "BAD_ANSWER"})
-REFUSED_5XX_CODES = frozenset({"NOT_READY", "DISK_FULL"})
-
-
-def outcome_unknown(code: str, status: int) -> bool:
-    """True when a call that failed with ``code`` (HTTP ``status``, 0 without an answer) may still
-    have taken effect (see ``UNKNOWN_OUTCOME_CODES``)."""
-    if code in UNKNOWN_OUTCOME_CODES:
-        return True
-    return status >= 500 and code not in REFUSED_5XX_CODES
 # Methods safe to send again when a reused connection closes after the request went out (RFC 9110 9.2.2).
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
-class ClientError(Exception):
-    """A failed call: ``code`` names what happened; ``status`` is the HTTP status (0: no answer)."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        status: int = 0,
-        addr: str | None = None,
-        leader_addr: str | None = None,
-        answer: Mapping[str, Any] | None = None,
-    ):
-        super().__init__(f"{code}: {message}" + (f" ({addr})" if addr else ""))
-        self.code = code
-        self.message = message
-        self.status = status
-        self.addr = addr
-        self.leader_addr = leader_addr
-        self.answer = answer  # the server's whole error map, when there was one
-        # True when the request may have taken effect (a send to retry with the same unique ids);
-        # the producer also sets it when an earlier attempt of the same send had an unknown outcome.
-        self.outcome_unknown = outcome_unknown(code, status)
+# The SDK's name for the coded error (docs/CLIENT.md, "Errors"): what every failed call raises.
+ClientError = ProtocolError
 
 
 def parse_addrs(spec: str | Sequence[str] | None) -> list[str]:
@@ -323,6 +285,25 @@ class Transport:
             conn.last_used = time.monotonic()
             idle.append(conn)
 
+    async def operation(
+        self, addr: str, op: Op, body: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> Any:
+        """One data-path operation (``Op.SEND``, ``Op.PULL``) on the broker at ``addr`` (its HTTP
+        address): over its binary port when a route advertised one (``learn_route``), else over
+        its HTTP route (``HTTP_PATH``); the same answer either way, or ``ClientError``."""
+        raddr = self.remoting_addr(addr) if self._remoting_addrs else None
+        if raddr is not None:
+            conn = self._remoting_connection(raddr)
+            try:
+                return await conn.call(op, dict(body), timeout_s if timeout_s is not None else self.timeout_s)
+            except ClientError as exc:
+                if exc.code != "CONNECT_FAILED":
+                    exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
+                    raise
+                # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
+                # forwards HTTP), so this call goes over HTTP.
+        return await self.call(addr, "POST", HTTP_PATH[op], body, timeout_s=timeout_s)
+
     async def call(
         self,
         addr: str,
@@ -333,20 +314,7 @@ class Transport:
         params: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        """One request; returns the decoded msgpack answer or raises ``ClientError``."""
-        op = REMOTING_OPS.get((method, path)) if not params else None
-        if op is not None and self._remoting_addrs:
-            raddr = self.remoting_addr(addr)
-            if raddr is not None:
-                conn = self._remoting_connection(raddr)
-                try:
-                    return await conn.call(op, dict(body or {}), timeout_s if timeout_s is not None else self.timeout_s)
-                except ClientError as exc:
-                    if exc.code != "CONNECT_FAILED":
-                        exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)
-                        raise
-                    # Nothing was sent: the binary port is unreachable (a firewall, a proxy that only
-                    # forwards HTTP), so this call goes over HTTP.
+        """One HTTP request; returns the decoded msgpack answer or raises ``ClientError``."""
         data = msgpack.packb(body, use_bin_type=True) if body is not None else b""
         qs = {k: str(v) for k, v in (params or {}).items() if v is not None}
         target = quote(path, safe="/%:@!$&'()*+,;=-._~") + ("?" + urlencode(qs) if qs else "")

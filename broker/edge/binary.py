@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from broker.protocol.auth import AuthError, SignedHeader, check_body
+from broker.protocol.errors import ProtocolError
 from broker.protocol.frames import (
     AUTH_METHOD,
     FLAG_ERROR,
@@ -89,19 +90,7 @@ class Call:
     body: dict[str, Any]
 
 
-class CallError(Exception):
-    """An error answer: ``status`` (HTTP's meaning), ``code``, message and extra fields."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any):
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-
 Dispatch = Callable[[Call], Awaitable[dict[str, Any]]]
-ErrorMapper = Callable[[BaseException], CallError | None]
 
 
 class Stats:
@@ -365,7 +354,7 @@ class _Connection(asyncio.Protocol):
         try:
             try:
                 flags, answer = FLAG_RESPONSE, await self.server.handle(head, pending.verified, body, self.peer)
-            except CallError as exc:
+            except ProtocolError as exc:
                 flags, answer = FLAG_RESPONSE | FLAG_ERROR, error_body(exc.code, exc.message, exc.status, **exc.extra)
             await self._write(encode(head.op, head.request_id, answer, flags=flags))
         finally:
@@ -407,9 +396,10 @@ class _Connection(asyncio.Protocol):
 
 
 class RemotingServer:
-    """Serves ``dispatch`` on a TCP port. ``map_error`` turns the dispatcher's exceptions into error
-    answers (None: unexpected, logged, answered INTERNAL). ``guard``: the broker's HTTP edge, whose
-    budget of bodies in flight frames share (None: a budget of this listener's own, for tests)."""
+    """Serves ``dispatch`` on a TCP port. The dispatcher's coded errors (``ProtocolError`` with a
+    status) are answered as they say; anything else is unexpected: logged, answered INTERNAL.
+    ``guard``: the broker's HTTP edge, whose budget of bodies in flight frames share (None: a budget
+    of this listener's own, for tests)."""
 
     def __init__(
         self,
@@ -417,13 +407,11 @@ class RemotingServer:
         *,
         security: Security | None,
         limits: RemotingLimits | None = None,
-        map_error: ErrorMapper | None = None,
         guard: Guard | None = None,
     ):
         self.dispatch = dispatch
         self.auth = Authenticator(security)
         self.limits = limits or RemotingLimits()
-        self.map_error = map_error or (lambda exc: None)
         self.guard = guard
         self.body_bytes_reserved = 0  # without a guard
         self.body_bytes_max = 256 << 20
@@ -531,34 +519,31 @@ class RemotingServer:
             self._server = None
 
     async def handle(self, head: FrameHead, verified: Verified, raw: bytes, peer: str) -> bytes:
-        """The answer body of one request frame (its head verified), or ``CallError``."""
+        """The answer body of one request frame (its head verified), or the ``ProtocolError`` to answer."""
         self.stats.requests += 1
         try:
             op = Op(head.op)
         except ValueError:
-            raise CallError(400, "UNKNOWN_OP", f"op {head.op} is not served") from None
+            raise ProtocolError("UNKNOWN_OP", f"op {head.op} is not served", 400) from None
         if verified.signed is not None:
             try:
                 check_body(verified.signed, raw)
             except AuthError as exc:
                 self.stats.auth_refused += 1
-                raise CallError(exc.status, exc.code, exc.message) from None
+                raise ProtocolError(exc.code, exc.message, exc.status) from None
             SIGNED.set(SignedRequest(verified.signed))  # this task's: the replay guard reads it
         try:
             body = unpack_body(raw)
         except FrameError as exc:
-            raise CallError(400, exc.code, exc.message) from None
+            raise ProtocolError(exc.code, exc.message, 400) from None
         if op is Op.PING:
             return pack_body({})
         try:
             return pack_body(await self.dispatch(Call(op, verified.principal, peer, body)))
-        except CallError:
-            raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            mapped = self.map_error(exc)
-            if mapped is None:
-                log.exception("unexpected error in remoting op %s", op.name)
-                raise CallError(500, "INTERNAL", "internal error (logged by the broker)") from None
-            raise mapped from None
+            if isinstance(exc, ProtocolError) and exc.status:
+                raise  # the coded error: answered with its code, status and extra (``_Connection._handle``)
+            log.exception("unexpected error in remoting op %s", op.name)
+            raise ProtocolError("INTERNAL", "internal error (logged by the broker)", 500) from None

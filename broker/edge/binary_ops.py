@@ -13,29 +13,17 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.edge.binary import Call, CallError
+from broker.edge.binary import Call
 from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.frames import Op
-from broker.service.broker_service import ServiceError
 from broker.service.requests import pull_request, send_request
 from broker.serving.acl import Perm, check
-from broker.store.message import InvalidInput
 
 if TYPE_CHECKING:
     from broker.service.base import ServiceConfig, ServiceMetrics
     from broker.service.broker_service import BrokerService
     from broker.serving.security import Security
-
-def remoting_error(exc: BaseException) -> CallError | None:
-    """The error answer for what a dispatch raised (None: unexpected)."""
-    if isinstance(exc, ServiceError):
-        return CallError(exc.status, exc.code, exc.message, **exc.extra)
-    if isinstance(exc, InvalidInput):  # the request's own checks (ApiError included)
-        return CallError(exc.status, exc.code, exc.message, **getattr(exc, "extra", {}))
-    if isinstance(exc, AuthError):
-        return CallError(exc.status, exc.code, exc.message, **exc.extra)
-    return None
-
 
 class OpsHost(Protocol):
     """What the binary ops use of the replica they serve (``BrokerServer`` is one)."""
@@ -72,7 +60,7 @@ class RemotingOps:
             return await self.send(call)
         if call.op is Op.PULL:
             return await self.pull(call)
-        raise CallError(400, "UNKNOWN_OP", f"op {call.op.name} is not served on this port")
+        raise ProtocolError("UNKNOWN_OP", f"op {call.op.name} is not served on this port", 400)
 
     async def send(self, call: Call) -> dict[str, Any]:
         return await send_request(

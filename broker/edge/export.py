@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
-from broker.edge.http_codec import ApiError, answer
+from broker.edge.http_codec import answer
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_topic
 from broker.serving.http_edge import query_int
 
@@ -96,17 +97,17 @@ def list_files(root: str, after: str, limit: int) -> tuple[list[tuple[str, int]]
 def read_part(root: str, path: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
     """(up to ``max_bytes`` of ``root/path`` from ``offset``, the file's size). Read-only."""
     if not exported_path(path):
-        raise ApiError(400, "BAD_PATH", f"{path[:120]!r} is not an exported replica file")
+        raise ProtocolError("BAD_PATH", f"{path[:120]!r} is not an exported replica file", 400)
     try:
         fd = _open_below(root, path.split("/"))
     except FileNotFoundError:
-        raise ApiError(404, "FILE_GONE", f"{path} does not exist (any more)") from None
+        raise ProtocolError("FILE_GONE", f"{path} does not exist (any more)", 404) from None
     except OSError as exc:  # ELOOP / ENOTDIR: a symbolic link on the path
-        raise ApiError(404, "FILE_GONE", f"{path}: {exc.strerror}") from None
+        raise ProtocolError("FILE_GONE", f"{path}: {exc.strerror}", 404) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ApiError(404, "FILE_GONE", f"{path} is not a regular file")
+            raise ProtocolError("FILE_GONE", f"{path} is not a regular file", 404)
         size = st.st_size
         return os.pread(fd, max_bytes, offset) if offset < size else b"", size
     finally:
@@ -154,7 +155,7 @@ class ReplicaExport:
         self.sec.require(request, admin=True)
         after = request.query.get("after", "")
         if len(after) > 512:
-            raise ApiError(400, "BAD_PARAMETER", "after is at most 512 characters")
+            raise ProtocolError("BAD_PARAMETER", "after is at most 512 characters", 400)
         limit = query_int(request, "limit", MAX_FILES, 1, MAX_FILES)
         node = await self.replica.node.status()  # before the listing: the files hold at least this
         async with self._reads:
@@ -171,11 +172,11 @@ class ReplicaExport:
         self.sec.require(request, admin=True)
         path = request.query.get("path")
         if path is None:
-            raise ApiError(400, "MISSING_FIELD", "query parameter 'path' is required")
+            raise ProtocolError("MISSING_FIELD", "query parameter 'path' is required", 400)
         offset = query_int(request, "offset", 0, 0, 2**62)
         max_bytes = query_int(request, "max_bytes", DEFAULT_BYTES, 1, MAX_BYTES)
         if not exported_path(path):
-            raise ApiError(400, "BAD_PATH", f"{path[:120]!r} is not an exported replica file")
+            raise ProtocolError("BAD_PATH", f"{path[:120]!r} is not an exported replica file", 400)
         async with self._reads:
             data, size = await asyncio.to_thread(read_part, self.root, path, offset, max_bytes)
         return answer(request, {"path": path, "offset": offset, "size": size, "data": data})

@@ -7,8 +7,9 @@ send; SUB on the topic (and group) to pull, query messages or read/commit offset
 to heartbeat, list its consumers or its progress; admin for topic/group create/delete, offset
 reset and leadership transfer; a consumer may unregister only its own client id (admin: any).
 
-Errors: the service raises ``ServiceError`` (= ``ApiError``), answered as ``{code, message, ...}``
-with its status; errors of this layer (ACL, body decoding, the edge guard) the same way."""
+Errors: the service raises the coded ``ProtocolError``, and so do this layer's checks (ACL, body
+decoding, the edge guard): ``error_middleware`` answers it as ``{code, message, ...}`` with its
+status; what the layers below the service raise here goes through ``BrokerService.translate``."""
 
 from __future__ import annotations
 
@@ -19,25 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from broker.edge import export
-from broker.edge.http_codec import ApiError, answer, error, read_body
+from broker.edge.http_codec import answer, error, read_body
 from broker.edge.http_retry import RetryApi
 from broker.edge.http_txn import TransactionApi
-from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import QUERY_MESSAGES_MAX
 from broker.protocol.names import is_client_id
 from broker.service.base import INT64_MAX, ServiceMetrics
 from broker.service.broker_service import BrokerService, PulledMessage, offsets_answer
 from broker.service.requests import check_fields, pull_request, send_request
 from broker.serving.acl import Perm
-from broker.serving.http_edge import ErrorAnswer, error_middleware, guarded_app, query_int
-from broker.store.message import (
-    InvalidInput,
-    check_group,
-    check_int,
-    check_keys,
-    check_topic,
-    check_unique_id,
-)
+from broker.serving.http_edge import ErrorAnswer, coded_answer, error_middleware, guarded_app, query_int
+from broker.store.message import check_group, check_int, check_keys, check_topic, check_unique_id
 
 if TYPE_CHECKING:
     from broker.serving.http_edge import Guard
@@ -115,12 +109,10 @@ class BrokerApi:
         return app
 
     def _classify(self, exc: Exception) -> ErrorAnswer | None:
-        """The broker's errors (``error_middleware`` answers the rest): the service's, ACL's, and
-        validation and store errors raised in this layer (``BrokerService.translate``)."""
-        if isinstance(exc, AuthError):
-            return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
+        """What the layers below the service raise in this layer (``BrokerService.translate``);
+        ``error_middleware`` answers the coded errors itself."""
         mapped = self.svc.translate(exc)
-        return None if mapped is None else ErrorAnswer(mapped.status, mapped.code, mapped.message, mapped.extra)
+        return None if mapped is None else coded_answer(mapped)
 
     def _view(self, pm: PulledMessage) -> dict[str, Any]:
         return pm.view(self.s.cfg.broker_name)
@@ -129,7 +121,7 @@ class BrokerApi:
     async def send(self, request: web.Request) -> web.Response:
         try:
             body = await read_body(request, binary=True)
-        except InvalidInput as exc:  # refusals after this point are counted by send_request / the service
+        except ProtocolError as exc:  # refusals after this point are counted by send_request / the service
             self.s.metrics.send_failed(exc.code)
             raise
         sent = await send_request(
@@ -171,7 +163,7 @@ class BrokerApi:
         self.svc.require_state()
         key = request.query.get("key", "")
         if not key:
-            raise ApiError(400, "INVALID_KEYS", "key must be 1..255 chars without whitespace")
+            raise ProtocolError("INVALID_KEYS", "key must be 1..255 chars without whitespace", 400)
         check_keys([key])
         return answer(request, {"messages": self._by_index(request, key, unique=False)})
 
@@ -294,7 +286,7 @@ class BrokerApi:
         self.sec.require(request, admin=True)
         tc = self.svc.topic(topic)
         if ("ts" in body) == ("offsets" in body):
-            raise ApiError(400, "BAD_REQUEST", "give exactly one of ts or offsets")
+            raise ProtocolError("BAD_REQUEST", "give exactly one of ts or offsets", 400)
         ts = check_int(body["ts"], "ts", 0, INT64_MAX) if "ts" in body else None
         offsets = self.svc.offsets_map(body["offsets"], tc) if "offsets" in body else None
         reset = await self.svc.reset_offsets(group, topic, ts=ts, offsets=offsets)
@@ -311,21 +303,22 @@ class BrokerApi:
         check_fields(body, frozenset({"client_id", "groups"}), ("client_id", "groups"))
         cid = body["client_id"]
         if not is_client_id(cid):
-            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
+            raise ProtocolError("INVALID_CLIENT_ID",
+                                "client_id must be 1..255 printable ASCII chars without spaces", 400)
         groups = body["groups"]
         if not isinstance(groups, list) or len(groups) > 64:
-            raise ApiError(400, "BAD_REQUEST", "groups must be a list of at most 64 entries")
+            raise ProtocolError("BAD_REQUEST", "groups must be a list of at most 64 entries", 400)
         parsed = []
         for i, g in enumerate(groups):
             if not isinstance(g, dict):
-                raise ApiError(400, "BAD_REQUEST", f"groups[{i}] must be a map")
+                raise ProtocolError("BAD_REQUEST", f"groups[{i}] must be a map", 400)
             check_fields(g, frozenset({"group", "topics", "model"}), ("group",))
             model = g.get("model", "CLUSTERING")
             if model not in ("CLUSTERING", "BROADCASTING"):
-                raise ApiError(400, "BAD_REQUEST", f"groups[{i}].model must be CLUSTERING or BROADCASTING")
+                raise ProtocolError("BAD_REQUEST", f"groups[{i}].model must be CLUSTERING or BROADCASTING", 400)
             topics = g.get("topics", [])
             if not isinstance(topics, list) or len(topics) > 1024:
-                raise ApiError(400, "BAD_REQUEST", f"groups[{i}].topics must be a list (≤ 1024)")
+                raise ProtocolError("BAD_REQUEST", f"groups[{i}].topics must be a list (≤ 1024)", 400)
             parsed.append((check_group(g["group"]), model, tuple(check_topic(t) for t in topics)))
         self.sec.require(
             request,
@@ -339,7 +332,8 @@ class BrokerApi:
         body = await read_body(request)
         check_fields(body, frozenset({"client_id"}), ("client_id",))
         if not is_client_id(body["client_id"]):
-            raise ApiError(400, "INVALID_CLIENT_ID", "client_id must be 1..255 printable ASCII chars without spaces")
+            raise ProtocolError("INVALID_CLIENT_ID",
+                                "client_id must be 1..255 printable ASCII chars without spaces", 400)
         self.sec.require_signed(request)
         removed = self.svc.unregister(
             body["client_id"], self.sec.principal(request).name, admin=self.sec.is_admin(request)
@@ -373,14 +367,14 @@ class BrokerApi:
         check_fields(body, frozenset({"key", "value"}), ("key", "value"))
         key, value = body["key"], body["value"]
         if not isinstance(key, str) or not isinstance(value, str) or len(key) > 128 or len(value) > 1024:
-            raise ApiError(400, "BAD_REQUEST", "key and value must be strings (≤ 128 and ≤ 1024 chars)")
+            raise ProtocolError("BAD_REQUEST", "key and value must be strings (≤ 128 and ≤ 1024 chars)", 400)
         return answer(request, {"key": key, "value": self.svc.update_config(key, value)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:
             text = await self.s.metrics.scrape()
         except TimeoutError:
-            raise ApiError(503, "SERVICE_UNAVAILABLE", "the replica did not answer its status in time") from None
+            raise ProtocolError("SERVICE_UNAVAILABLE", "the replica did not answer its status in time", 503) from None
         return web.Response(body=text, headers={"Content-Type": self.s.metrics.content_type})
 
     async def clean_expired_cq(self, request: web.Request) -> web.Response:

@@ -1,6 +1,6 @@
 """HTTP body codec of the broker API: msgpack or JSON in, the same (or what Accept asks) out.
 
-Errors are ``{code, message}`` maps; ``ApiError`` carries the status. JSON answers cannot carry
+Errors are ``{code, message}`` maps (``error``). JSON answers cannot carry
 bytes: message bodies go out base64-encoded as ``body_b64``.
 """
 
@@ -13,14 +13,11 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from broker.service.base import ServiceError
+from broker.protocol.errors import ProtocolError
 from broker.serving.http_edge import request_body
 
 MSGPACK_TYPES = ("application/x-msgpack", "application/msgpack", "application/vnd.msgpack")
 MSGPACK = MSGPACK_TYPES[0]
-
-
-ApiError = ServiceError  # an error answer: status, code, message and optional extra fields
 
 
 def wants_msgpack(request: web.Request) -> bool:
@@ -38,17 +35,17 @@ async def read_body(request: web.Request, *, binary: bool = False) -> dict[str, 
         try:
             value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:
-            raise ApiError(400, "BAD_MSGPACK", f"request body is not msgpack: {str(exc)[:120]}") from None
+            raise ProtocolError("BAD_MSGPACK", f"request body is not msgpack: {str(exc)[:120]}", 400) from None
     elif ctype == "application/json" and not binary:
         try:
             value = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise ApiError(400, "BAD_JSON", f"request body is not JSON: {str(exc)[:120]}") from None
+            raise ProtocolError("BAD_JSON", f"request body is not JSON: {str(exc)[:120]}", 400) from None
     else:
         allowed = MSGPACK if binary else f"{MSGPACK} or application/json"
-        raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", f"Content-Type must be {allowed}, got {ctype!r:.80}")
+        raise ProtocolError("UNSUPPORTED_MEDIA_TYPE", f"Content-Type must be {allowed}, got {ctype!r:.80}", 415)
     if not isinstance(value, dict):
-        raise ApiError(400, "BAD_REQUEST", "the request body must be a map")
+        raise ProtocolError("BAD_REQUEST", "the request body must be a map", 400)
     return value
 
 

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.edge.http_codec import ApiError, answer, read_body
+from broker.edge.http_codec import answer, read_body
+from broker.protocol.errors import ProtocolError
 from broker.service.requests import check_fields
 from broker.serving.acl import Perm
 from broker.store.message import check_group, check_int
@@ -30,10 +31,10 @@ class RetryApi:
     def _position(self, body: dict[str, Any]) -> int:
         if body.get("msg_id") is not None:
             if not isinstance(body["msg_id"], str):
-                raise ApiError(400, "INVALID_MSG_ID", "msg_id must be a string")
+                raise ProtocolError("INVALID_MSG_ID", "msg_id must be a string", 400)
             return self.svc.position_of(body["msg_id"])
         if body.get("position") is None:
-            raise ApiError(400, "BAD_REQUEST", "give msg_id or position")
+            raise ProtocolError("BAD_REQUEST", "give msg_id or position", 400)
         return check_int(body["position"], "position", 0, 2**63 - 1)
 
     async def sendback(self, request: web.Request) -> web.Response:
@@ -45,7 +46,7 @@ class RetryApi:
         position = self._position(body)
         to_dlq = body.get("dlq", False)
         if not isinstance(to_dlq, bool):
-            raise ApiError(400, "BAD_REQUEST", "dlq must be a boolean")
+            raise ProtocolError("BAD_REQUEST", "dlq must be a boolean", 400)
         max_times = None
         if body.get("max_reconsume_times") is not None:
             max_times = check_int(body["max_reconsume_times"], "max_reconsume_times", 0, 1000)

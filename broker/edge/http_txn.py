@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker.edge.http_codec import ApiError, answer, read_body
+from broker.edge.http_codec import answer, read_body
+from broker.protocol.errors import ProtocolError
 from broker.service.requests import check_fields
 from broker.service.txn import CHECK_TOPICS_MAX, HALVES_LIMIT_MAX
 from broker.serving.acl import Perm
@@ -62,7 +63,7 @@ class TransactionApi:
                      ("producer_group", "topics"))
         raw = body["topics"]
         if not isinstance(raw, list) or not 1 <= len(raw) <= CHECK_TOPICS_MAX:
-            raise ApiError(400, "BAD_REQUEST", f"topics must be a list of 1..{CHECK_TOPICS_MAX} topics")
+            raise ProtocolError("BAD_REQUEST", f"topics must be a list of 1..{CHECK_TOPICS_MAX} topics", 400)
         topics = [check_topic(t) for t in raw]
         self.sec.require(request, topics=dict.fromkeys(topics, Perm.PUB))  # a check carries the half's body
         got = await self.svc.transaction_checks(body["producer_group"], topics, max_count=body.get("max_count", 32),
@@ -74,6 +75,6 @@ class TransactionApi:
         q = request.query
         raw = q.get("limit", "100")
         if not raw.isdigit() or len(raw) > 6:
-            raise ApiError(400, "BAD_REQUEST", f"limit must be an integer 1..{HALVES_LIMIT_MAX}")
+            raise ProtocolError("BAD_REQUEST", f"limit must be an integer 1..{HALVES_LIMIT_MAX}", 400)
         return answer(request, self.svc.pending_halves(group=q.get("group") or None, topic=q.get("topic") or None,
                                                        limit=int(raw)))

@@ -57,6 +57,7 @@ from typing import Any, Final
 
 import yaml
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import ACCESS_KEY_RULE, is_access_key
 
 SCHEME: Final = "DLEDGER-HMAC-SHA256"
@@ -101,16 +102,12 @@ def is_scope(value: object) -> bool:
     return isinstance(value, str) and _SCOPE.fullmatch(value) is not None
 
 
-class AuthError(Exception):
+class AuthError(ProtocolError):
     """A refused request: ``status`` 401 (who are you?) or 403 (not allowed), ``code`` for users,
     ``extra`` fields for the answer (the server's ``scope``, its ``server_time_ms``)."""
 
     def __init__(self, status: int, code: str, message: str, **extra: Any):
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra
+        super().__init__(code, message, status, **extra)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

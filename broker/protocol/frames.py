@@ -38,6 +38,7 @@ from typing import Any, Final
 import msgpack
 
 from broker.protocol.auth import HEADER_CHARS_MAX
+from broker.protocol.errors import ProtocolError
 
 VERSION: Final = 1
 HEADER: Final = struct.Struct(">IBBHIH")
@@ -55,12 +56,17 @@ AUTH_METHOD: Final = "REMOTING"
 
 
 class Op(enum.IntEnum):
-    """Operations; each takes the map the HTTP API's route of the same name takes."""
+    """Operations; each takes and answers the map its HTTP route (``HTTP_PATH``) takes and answers."""
 
-    SEND = 1  # POST /v1/send (one message or a batch)
-    PULL = 2  # POST /v1/pull
+    SEND = 1  # one message or a batch
+    PULL = 2
     # 3 is reserved (consumer heartbeats, which stay on HTTP for now)
     PING = 4  # no body; answers {} (liveness, tests)
+
+
+# The HTTP API's route (POST) of each data-path operation: the same request map, the same answer.
+# Where a client sends the operation when the broker has no binary port (docs/API.md).
+HTTP_PATH: Final[dict[Op, str]] = {Op.SEND: "/v1/send", Op.PULL: "/v1/pull"}
 
 
 OP_NAMES: Final = {int(op): op.name for op in Op}
@@ -70,13 +76,8 @@ def op_name(op: int) -> str:
     return OP_NAMES.get(op, f"OP_{op}")
 
 
-class FrameError(Exception):
+class FrameError(ProtocolError):
     """A malformed frame or stream: ``code`` for the error frame, then the connection closes."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,16 +27,16 @@ from aiohttp import web
 
 from broker.client.transport import Transport, client_ssl_context
 from broker.edge.binary import RemotingLimits, RemotingServer
-from broker.edge.binary_ops import RemotingOps, remoting_error
+from broker.edge.binary_ops import RemotingOps
 from broker.edge.http_api import BrokerApi
 from broker.protocol.auth import broker_scope
+from broker.protocol.errors import ProtocolError
 from broker.protocol.routes import PERM_INHERIT, PERM_READ, PERM_WRITE, BrokerRegistration, Role, TopicConfig
 from broker.server.admin_config import NotUpdatable, config_view
 from broker.server.admin_config import update as update_config
 from broker.server.config import BrokerConfig, load_broker_config
 from broker.server.metrics import BrokerMetrics
 from broker.server.registration import Registrar
-from broker.service.base import ServiceError
 from broker.service.broker_service import BrokerService
 from broker.service.consumers import ConsumerManager
 from broker.service.producers import ProducerTable
@@ -158,7 +158,6 @@ class BrokerServer:
                 idle_timeout_s=sec.idle_timeout_ms / 1000,
                 unauthenticated_connections_max=max(1, sec.connections_max * 3 // 4),
             ),
-            map_error=remoting_error,
             guard=self.guard,
         )
         self.remoting_address: str | None = None
@@ -177,13 +176,13 @@ class BrokerServer:
         return config_view(self.cfg)
 
     def update_config(self, key: str, value: str) -> None:
-        """Change one hot key until this replica restarts; a refused change is a ``ServiceError``."""
+        """Change one hot key until this replica restarts; a refused change is a ``ProtocolError``."""
         try:
             self.cfg = update_config(self.cfg, key, value)
         except NotUpdatable as exc:
-            raise ServiceError(400, "NOT_UPDATABLE", str(exc)) from None
+            raise ProtocolError("NOT_UPDATABLE", str(exc), 400) from None
         except ConfigError as exc:
-            raise ServiceError(400, "BAD_PARAMETER", str(exc)) from None
+            raise ProtocolError("BAD_PARAMETER", str(exc), 400) from None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -116,14 +116,12 @@ class Snapshot:
 class MeteredReplica(Protocol):
     """What the metrics read of the replica they describe (``BrokerServer`` is one)."""
 
-    @property
-    def cfg(self) -> BrokerConfig: ...
-    @property
-    def clock(self) -> Clock: ...
+    cfg: BrokerConfig
+    clock: Clock
+    store: MessageStore
+
     @property
     def node(self) -> DLedgerNode: ...
-    @property
-    def store(self) -> MessageStore: ...
     @property
     def ready(self) -> bool: ...
 

@@ -10,9 +10,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import OFFSETS_PER_COMMIT_MAX, QUEUE_NUMS_MAX
 from broker.protocol.names import is_decimal, is_stored_group, is_stored_topic, is_topic
-from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
+from broker.service.base import INT64_MAX, ServiceBase, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
 
@@ -64,7 +65,7 @@ class AdminOps(ServiceBase):
             "order": order,
         }
         if not isinstance(order, bool):
-            raise ServiceError(400, "BAD_REQUEST", "order must be a boolean")
+            raise ProtocolError("BAD_REQUEST", "order must be a boolean", 400)
         result = await self.command(cmd)
         return dict(result.get("topic", {}))
 
@@ -118,7 +119,7 @@ class AdminOps(ServiceBase):
         cmd: dict[str, Any] = {"op": "group.put", "group": check_group(group)}
         for flag, value in (("consume_enable", consume_enable), ("consume_broadcast_enable", consume_broadcast_enable)):
             if not isinstance(value, bool):
-                raise ServiceError(400, "BAD_REQUEST", f"{flag} must be a boolean")
+                raise ProtocolError("BAD_REQUEST", f"{flag} must be a boolean", 400)
             cmd[flag] = value
         cmd["retry_max_times"] = check_int(retry_max_times, "retry_max_times", 0, 1000)
         result = await self.command(cmd)
@@ -143,13 +144,13 @@ class AdminOps(ServiceBase):
     def offsets_map(self, raw: Any, tc: TopicConfig) -> dict[int, int]:
         """Validate a map of queue id (int or decimal string) -> offset against the topic's queues."""
         if not isinstance(raw, dict) or len(raw) > OFFSETS_PER_COMMIT_MAX:
-            raise ServiceError(
-                400, "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {OFFSETS_PER_COMMIT_MAX} entries)"
+            raise ProtocolError(
+                "BAD_REQUEST", f"offsets must be a map of queue id -> offset (≤ {OFFSETS_PER_COMMIT_MAX} entries)", 400
             )
         out = {}
         for k, v in raw.items():
             if isinstance(k, bool) or not (isinstance(k, int) or (is_decimal(k) and len(k) < 8)):
-                raise ServiceError(400, "INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer")
+                raise ProtocolError("INVALID_QUEUE_ID", f"queue id {str(k)[:20]!r} is not an integer", 400)
             qid = int(k)
             check_int(qid, "queue id", 0, max(tc.read_queue_nums, tc.write_queue_nums) - 1, "INVALID_QUEUE_ID")
             out[qid] = check_int(v, f"offsets[{qid}]", 0, INT64_MAX, "INVALID_OFFSET")
@@ -175,20 +176,20 @@ class AdminOps(ServiceBase):
         if not result:  # the apply result is gone (not tracked): decide from what was applied since
             result = self._commit_outcome(group, topic, cmd, fence)
         if result.get("refused") == REFUSED_TOPIC_RECREATED:
-            raise ServiceError(
-                409,
+            raise ProtocolError(
                 "TOPIC_RECREATED",
                 f"topic {topic!r} was deleted and created again (epoch {result.get('topic_epoch')}) after "
                 f"this client read its offsets (epoch {cmd['topic_epoch']}): they belong to the old topic",
+                409,
                 topic_epoch=result.get("topic_epoch"),
             )
         if result.get("refused") == REFUSED_OFFSET_RESET:
             generation = int(result["reset_generation"])
-            raise ServiceError(
-                409,
+            raise ProtocolError(
                 "OFFSET_RESET",
                 f"the offsets of {group!r} on {topic!r} were reset (generation {generation}) after this "
                 f"client read them (generation {fence}): read them again",
+                409,
                 reset_generation=generation,
                 offsets=offsets_answer(result["offsets"]),
             )
@@ -219,7 +220,7 @@ class AdminOps(ServiceBase):
         group, topic = check_group(group), check_topic(topic)
         tc = self.topic(topic)
         if (ts is None) == (offsets is None):
-            raise ServiceError(400, "BAD_REQUEST", "give exactly one of ts or offsets")
+            raise ProtocolError("BAD_REQUEST", "give exactly one of ts or offsets", 400)
         if ts is not None:
             ts = check_int(ts, "ts", 0, INT64_MAX)
             parsed = {}
@@ -278,7 +279,7 @@ class AdminOps(ServiceBase):
     def heartbeat(self, client_id: str, groups: Sequence[GroupSubscription], principal: str, *, admin: bool) -> None:
         """Record a client's subscriptions (it owns its client id: ``principal``)."""
         if not self.s.consumers.heartbeat(client_id, list(groups), self.s.monotonic_ms(), principal, admin=admin):
-            raise ServiceError(429, "TOO_MANY_CLIENTS", "the broker tracks too many clients")
+            raise ProtocolError("TOO_MANY_CLIENTS", "the broker tracks too many clients", 429)
 
     @translated_sync
     def unregister(self, client_id: str, principal: str, *, admin: bool) -> int:
@@ -343,7 +344,7 @@ class AdminOps(ServiceBase):
         """Hand leadership to ``target`` (a peer id) or to the best follower (None); the new leader."""
         node = self.s.node
         if target is not None and (not isinstance(target, str) or target not in node.settings.peers):
-            raise ServiceError(400, "BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}")
+            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}", 400)
         if target is not None and target == node.leader_id == node.settings.self_id:
             return target  # already there: nothing to do
         leader: str | None = await node.transfer_leadership(target)

@@ -1,14 +1,15 @@
-"""What every part of the broker service shares (broker/service/broker_service.py): the one error type, the
-translation of store / Raft / membership errors into it, and the checks every write or read starts
-with (``require_writable``, ``require_state``, the topic lookup, the replicated admin command).
+"""What every part of the broker service shares (broker/service/broker_service.py): the
+translation of store and Raft errors into the one coded error, and the checks every write or read
+starts with (``require_writable``, ``require_state``, the topic lookup, the replicated admin
+command); what the service uses of its host (``BrokerHost``).
 
-``ServiceError`` is the only exception a service method raises on purpose: a RocketMQ-style
-``code`` (``TOPIC_NOT_EXIST``, ``NOT_LEADER``, ...), a human ``message``, the HTTP ``status`` a
-transport may map it to, and optional ``extra`` fields that belong in the error answer
-(``leader_addr`` with ``NOT_LEADER``, ``offsets`` with ``OFFSET_RESET``, ...). Errors from below
-(``NotLeaderError`` and the other ``DLedgerError``s, ``CorruptMessage``, a ``TimeoutError`` of the
-apply thread, ``InvalidInput`` from the validators, ``MembershipError``) are translated at the
-service boundary by ``translated``; a transport never sees them.
+``ProtocolError`` (broker/protocol/errors.py) is the only exception a service method raises on
+purpose: a RocketMQ-style ``code`` (``TOPIC_NOT_EXIST``, ``NOT_LEADER``, ...), a human ``message``,
+the HTTP ``status`` it is answered with, and ``extra`` fields that belong in the error answer
+(``leader_addr`` with ``NOT_LEADER``, ``offsets`` with ``OFFSET_RESET``, ...); the validators and
+the membership table raise it too. Errors from below (``NotLeaderError`` and the other
+``DLedgerError``s, ``CorruptMessage``, a ``TimeoutError`` of the apply thread) are translated at
+the service boundary by ``translated``, in one place (``translate``); an edge never sees them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
-from broker.service.consumers import MembershipError
-from broker.store.message import InvalidInput, encode_command
+from broker.protocol.errors import ProtocolError
+from broker.store.message import encode_command
 from broker.store.message_store import CorruptMessage
 from broker.store.metadata import TopicConfig
 from dledger.log_store import StoreClosedError
@@ -60,28 +61,16 @@ DLEDGER_ERRORS: dict[type[DLedgerError], tuple[int, str]] = {
 }
 
 
-class ServiceError(InvalidInput):
-    """A refused or failed service call: ``status`` (HTTP hint), ``code``, ``message``, ``extra``."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any):
-        super().__init__(code, message, status)
-        self.extra = extra
-
-    def answer(self) -> dict[str, Any]:
-        """The ``{code, message, ...extra}`` error map every transport answers with."""
-        return {"code": self.code, "message": self.message, **self.extra}
-
-
-def refusal_error(refusal: Refused, what: str = "record", **extra: Any) -> ServiceError:
+def refusal_error(refusal: Refused, what: str = "record", **extra: Any) -> ProtocolError:
     """The answer to a request whose record was committed but refused by every replica's apply
     (broker/store/record_rules.py): a coded error, never a success. ``RECORD_REFUSED`` (422) for records
     admission refused; ``BAD_COMMAND`` (400) for a metadata command the state machine refused."""
     status = 400 if refusal.code == "BAD_COMMAND" else 422
-    return ServiceError(
-        status,
+    return ProtocolError(
         refusal.code,
         f"the broker group refused to apply this {what} (every replica alike; listed by GET /v1/admin/refused):"
         f" {refusal.reason}",
+        status,
         **extra,
     )
 
@@ -94,7 +83,8 @@ def raise_if_refused(result: Any, what: str = "record") -> Any:
 
 
 class ServiceConfig(Protocol):
-    """What the service reads of the replica's configuration (``BrokerConfig`` is one)."""
+    """What the service reads of the replica's configuration (``BrokerConfig`` is one; read-only
+    members, as its fields are)."""
 
     @property
     def dledger(self) -> DLedgerConfig: ...
@@ -162,7 +152,7 @@ class BrokerHost(Protocol):
     async def wait_for_queue(self, topic: str, queue_id: int, timeout_s: float, since: int | None = None) -> None: ...
     async def status(self) -> dict[str, Any]: ...
     def config_view(self) -> Mapping[str, str]: ...  # every setting as text, secrets left out
-    def update_config(self, key: str, value: str) -> None: ...  # one hot key; a refusal is a ServiceError
+    def update_config(self, key: str, value: str) -> None: ...  # one hot key; refused: a ProtocolError
 
 
 P = ParamSpec("P")
@@ -176,34 +166,30 @@ class ServiceBase:
         self.s = server
 
     # -- errors -------------------------------------------------------------------------------------
-    def translate(self, exc: BaseException) -> ServiceError | None:
-        """The ``ServiceError`` for an error raised below the service, or None (not ours to map)."""
-        if isinstance(exc, ServiceError):
+    def translate(self, exc: BaseException) -> ProtocolError | None:
+        """The coded error for an error raised below the service, or None (not ours to map)."""
+        if isinstance(exc, ProtocolError):
             return exc
-        if isinstance(exc, InvalidInput):
-            return ServiceError(exc.status, exc.code, exc.message)
-        if isinstance(exc, MembershipError):
-            return ServiceError(exc.status, exc.code, exc.message)
         if isinstance(exc, NotLeaderError):
             return self.not_leader()
         if isinstance(exc, DLedgerError):
             status, code = DLEDGER_ERRORS.get(type(exc), (503, "SERVICE_UNAVAILABLE"))
-            return ServiceError(status, code, str(exc))
+            return ProtocolError(code, str(exc), status)
         if isinstance(exc, CorruptMessage):  # logged by the store; other replicas hold a good copy
-            return ServiceError(500, "STORE_CORRUPT", f"{exc}: read it from another replica")
+            return ProtocolError("STORE_CORRUPT", f"{exc}: read it from another replica", 500)
         if isinstance(exc, StoreClosedError):  # the replica is stopping: its log closed under a read
-            return ServiceError(503, "SERVICE_UNAVAILABLE", "this replica is stopping; retry (another replica)")
+            return ProtocolError("SERVICE_UNAVAILABLE", "this replica is stopping; retry (another replica)", 503)
         if isinstance(exc, TimeoutError):  # the replica's apply thread did not answer in time
-            return ServiceError(503, "SERVICE_UNAVAILABLE", "the replica is busy; retry shortly")
+            return ProtocolError("SERVICE_UNAVAILABLE", "the replica is busy; retry shortly", 503)
         return None
 
-    def not_leader(self) -> ServiceError:
+    def not_leader(self) -> ProtocolError:
         node = self.s.node
         leader_id = node.leader_id
-        return ServiceError(
-            409,
+        return ProtocolError(
             "NOT_LEADER",
             f"this broker ({node.settings.self_id}) is not the leader; leader is {leader_id}",
+            409,
             leader_addr=self.s.client_addr_of(leader_id),
             leader_id=leader_id,
         )
@@ -212,8 +198,8 @@ class ServiceBase:
     def require_state(self) -> None:
         """Reads need the replicated state: a replica still waiting for it from the leader refuses."""
         if self.s.store.needs_state_after is not None:
-            raise ServiceError(
-                503, "NOT_READY", "this replica is waiting for state from the leader; ask another replica"
+            raise ProtocolError(
+                "NOT_READY", "this replica is waiting for state from the leader; ask another replica", 503
             )
 
     def require_writable(self) -> None:
@@ -221,12 +207,12 @@ class ServiceBase:
         if self.s.node.role != "LEADER":
             raise self.not_leader()
         if not self.s.ready:
-            raise ServiceError(503, "NOT_READY", "new leader is still applying committed entries; retry shortly")
+            raise ProtocolError("NOT_READY", "new leader is still applying committed entries; retry shortly", 503)
 
     def topic(self, topic: str) -> TopicConfig:
         tc = self.s.store.topic(topic)
         if tc is None:
-            raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist")
+            raise ProtocolError("TOPIC_NOT_EXIST", f"topic {topic!r} does not exist", 404)
         return tc
 
     async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -235,14 +221,14 @@ class ServiceBase:
         locs = await self.s.node.append([encode_command(cmd)], timeout_s=self.s.send_timeout_s)
         result = raise_if_refused(locs[0].result, "command")
         if not isinstance(result, dict):  # applied, but not as a command (never expected)
-            raise ServiceError(500, "INTERNAL", f"command {cmd.get('op')!r} was applied without a result")
+            raise ProtocolError("INTERNAL", f"command {cmd.get('op')!r} was applied without a result", 500)
         if "error" in result:
-            raise ServiceError(400, "BAD_COMMAND", str(result["error"]))
+            raise ProtocolError("BAD_COMMAND", str(result["error"]), 400)
         return dict(result)
 
 
 def _reraise(service: object, exc: Exception) -> None:
-    """Raise the ``ServiceError`` for ``exc`` if it differs from ``exc``; return to re-raise as is."""
+    """Raise the coded error for ``exc`` if it differs from ``exc``; return to re-raise as is."""
     assert isinstance(service, ServiceBase)
     mapped = service.translate(exc)
     if mapped is not None and mapped is not exc:
@@ -251,7 +237,7 @@ def _reraise(service: object, exc: Exception) -> None:
 
 def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     """Decorate a public service coroutine: every error it raises that the service knows leaves as
-    a ``ServiceError`` (see ``ServiceBase.translate``); anything else propagates unchanged."""
+    a ``ProtocolError`` (see ``ServiceBase.translate``); anything else propagates unchanged."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

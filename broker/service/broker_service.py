@@ -4,7 +4,7 @@ typed arguments and results. No transport here: ``broker/edge/http_api.py`` (HTT
 request, checks ACL, calls one method and encodes the answer; a binary transport does the same.
 
     transport (broker/edge/http_api.py, ...) ──decode, ACL──▶ BrokerService ──▶ MessageStore / DLedgerNode
-             ◀──encode (to_dict / view)──  SendAnswer, PullAnswer, ... | ServiceError
+             ◀──encode (to_dict / view)──  SendAnswer, PullAnswer, ... | ProtocolError
 
 The contract (every method validates its own arguments: a transport may pass what it decoded):
 
@@ -29,8 +29,8 @@ The contract (every method validates its own arguments: a transport may pass wha
   ``producer_connections``, ``status``, ``config``, ``update_config``, ``clean_expired_queues``,
   ``transfer_leadership``.
 
-Errors: every method raises ``ServiceError`` only (``code``, ``message``, ``status`` as an HTTP
-hint, ``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
+Errors: every method raises the coded ``ProtocolError`` only (``code``, ``message``, ``status``,
+``extra`` fields for the answer; ``answer()`` is the ``{code, message, ...}`` map) — Raft,
 store and validation errors are translated at this boundary (broker/service/base.py). ACL is the
 transport's job (it knows the caller); the service trusts the principal it is handed.
 
@@ -48,7 +48,7 @@ broker/service/query.py (pull, queries), broker/service/admin.py (topics, groups
 from __future__ import annotations
 
 from broker.service.admin import AdminOps, CommitAnswer, GroupOffsets, ResetAnswer, offsets_answer
-from broker.service.base import BrokerHost, ServiceError
+from broker.service.base import BrokerHost
 from broker.service.query import PullAnswer, PulledMessage, QueryOps
 from broker.service.send import MessageIn, SendAnswer, SendBackAnswer, SendResult
 from broker.service.txn import EndAnswer, TxnOps
@@ -66,7 +66,6 @@ __all__ = [
     "SendAnswer",
     "SendBackAnswer",
     "SendResult",
-    "ServiceError",
     "offsets_answer",
 ]
 

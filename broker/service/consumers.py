@@ -21,6 +21,8 @@ import collections
 import dataclasses
 import sys
 
+from broker.protocol.errors import ProtocolError
+
 MAX_CLIENTS = 10_000
 MAX_GROUPS_PER_CLIENT = 64
 MAX_TOPICS_PER_CLIENT = 1024
@@ -28,16 +30,6 @@ MAX_SUBSCRIPTIONS = 200_000
 MAX_CLIENTS_PER_OWNER = 1000
 MAX_DEPARTED_GROUPS = 10_000
 ANYONE = "*"  # the owner when ACL is off
-
-
-class MembershipError(Exception):
-    """A heartbeat refused: ``code`` (TOO_MANY_CLIENTS, TOO_MANY_SUBSCRIPTIONS, CLIENT_ID_TAKEN)."""
-
-    def __init__(self, code: str, message: str, status: int = 429):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.status = status
 
 
 @dataclasses.dataclass
@@ -70,25 +62,25 @@ class ConsumerManager:
     ) -> bool:
         """Record a heartbeat: it names the client's whole membership (groups it no longer names
         are left at once). Returns False when the table is full and the client is new; raises
-        ``MembershipError`` for a client id of another owner or too many subscriptions."""
+        a ``ProtocolError`` for a client id of another owner or too many subscriptions."""
         if len(groups) > MAX_GROUPS_PER_CLIENT:
             raise ValueError(f"a client may be in at most {MAX_GROUPS_PER_CLIENT} groups")
         topics_total = sum(len(t) for _g, _m, t in groups)
         if topics_total > MAX_TOPICS_PER_CLIENT:
-            raise MembershipError(
+            raise ProtocolError(
                 "TOO_MANY_SUBSCRIPTIONS", f"a client subscribes to at most {MAX_TOPICS_PER_CLIENT} topics", 400
             )
         holder = self._owner.get(client_id)
         if holder is not None and holder != owner and not admin:
-            raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
+            raise ProtocolError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
         old = self._client_groups.get(client_id)
         if old is None and len(self._client_groups) >= MAX_CLIENTS:
             return False
         if holder is None and owner != ANYONE and self._owned.get(owner, 0) >= MAX_CLIENTS_PER_OWNER:
-            raise MembershipError("TOO_MANY_CLIENTS", f"{owner!r} already holds {MAX_CLIENTS_PER_OWNER} client ids")
+            raise ProtocolError("TOO_MANY_CLIENTS", f"{owner!r} already holds {MAX_CLIENTS_PER_OWNER} client ids", 429)
         current = sum(len(self._groups[g][client_id].topics) for g in old or ())
         if self.subscriptions - current + topics_total > MAX_SUBSCRIPTIONS:
-            raise MembershipError("TOO_MANY_SUBSCRIPTIONS", f"the broker tracks {MAX_SUBSCRIPTIONS} subscriptions")
+            raise ProtocolError("TOO_MANY_SUBSCRIPTIONS", f"the broker tracks {MAX_SUBSCRIPTIONS} subscriptions", 429)
         named = {g for g, _m, _t in groups}
         for group in (old or set()) - named:
             self._leave(group, client_id)
@@ -143,7 +135,7 @@ class ConsumerManager:
     def unregister(self, client_id: str, owner: str = ANYONE, *, admin: bool = False) -> int:
         holder = self._owner.get(client_id)
         if holder is not None and holder != owner and not admin:
-            raise MembershipError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
+            raise ProtocolError("CLIENT_ID_TAKEN", f"client id {client_id!r} belongs to another account", 403)
         return sum(self._leave(g, client_id) for g in list(self._client_groups.get(client_id, ())))
 
     def expire(self, now_ms: int) -> int:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import PULL_BYTES_MAX, PULL_COUNT_MAX, PULL_SUSPEND_MS_MAX
 from broker.protocol.sql_filter import SqlFilter, SqlFilterError, compile_filter, message_properties
-from broker.service.base import INT64_MAX, ServiceBase, ServiceError, translated, translated_sync
+from broker.service.base import INT64_MAX, ServiceBase, translated, translated_sync
 from broker.store.consume_queue import QueueReader
 from broker.store.message import (
     StoredMessage,
@@ -87,7 +88,7 @@ def tag_filter(expr: Any) -> TagFilter | None:
     if expr is None or expr in ("", "*"):
         return None
     if not isinstance(expr, str) or len(expr) > 4096 or not encodable(expr):
-        raise ServiceError(400, "INVALID_TAGS", "tags must be '*' or 'a||b' (at most 4096 UTF-8 chars)")
+        raise ProtocolError("INVALID_TAGS", "tags must be '*' or 'a||b' (at most 4096 UTF-8 chars)", 400)
     tags = {t.strip() for t in expr.split("||") if t.strip()}
     if not tags:
         return None
@@ -99,17 +100,17 @@ def sql_filter(expr: Any, tags: Any, enabled: bool) -> SqlFilter | None:
     if expr is None:
         return None
     if not enabled:
-        raise ServiceError(
-            400, "FILTER_NOT_SUPPORTED", "this broker does not filter by SQL92 (enablePropertyFilter=false)"
+        raise ProtocolError(
+            "FILTER_NOT_SUPPORTED", "this broker does not filter by SQL92 (enablePropertyFilter=false)", 400
         )
     if tags not in (None, "", "*"):
-        raise ServiceError(400, "BAD_REQUEST", "a pull filters by tags or by sql, not both")
+        raise ProtocolError("BAD_REQUEST", "a pull filters by tags or by sql, not both", 400)
     if not isinstance(expr, str) or not encodable(expr):
-        raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED", "sql must be a UTF-8 string", position=0)
+        raise ProtocolError("SUBSCRIPTION_PARSE_FAILED", "sql must be a UTF-8 string", 400, position=0)
     try:
         return compile_filter(expr)
     except SqlFilterError as exc:
-        raise ServiceError(400, "SUBSCRIPTION_PARSE_FAILED", str(exc), position=exc.position) from None
+        raise ProtocolError("SUBSCRIPTION_PARSE_FAILED", str(exc), 400, position=exc.position) from None
 
 
 class QueryOps(ServiceBase):
@@ -140,10 +141,10 @@ class QueryOps(ServiceBase):
         if group is not None:
             gc = s.store.group(group)
             if gc is not None and not gc.consume_enable:
-                raise ServiceError(403, "NO_PERMISSION", f"group {gc.group!r} has consume_enable=false")
+                raise ProtocolError("NO_PERMISSION", f"group {gc.group!r} has consume_enable=false", 403)
         tc = self.topic(topic)
         if not tc.readable:
-            raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not readable (perm {tc.perm})")
+            raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not readable (perm {tc.perm})", 403)
         qid = check_int(queue_id, "queue_id", 0, tc.read_queue_nums - 1, "INVALID_QUEUE_ID")
         offset = check_int(offset, "offset", 0, INT64_MAX)
         max_count = check_int(max_count, "max_count", 1, PULL_COUNT_MAX)
@@ -234,8 +235,8 @@ class QueryOps(ServiceBase):
         self.require_state()
         name, position = parse_msg_id(msg_id)
         if name != self.s.cfg.broker_name:
-            raise ServiceError(404, "MESSAGE_NOT_FOUND", f"msg id belongs to broker group {name!r}, this is "
-                               f"{self.s.cfg.broker_name!r}")
+            raise ProtocolError("MESSAGE_NOT_FOUND", f"msg id belongs to broker group {name!r}, this is "
+                               f"{self.s.cfg.broker_name!r}", 404)
         return self.message_at(position)
 
     @translated_sync
@@ -245,12 +246,12 @@ class QueryOps(ServiceBase):
             m = store.read_message(position)
         except MessageNotFound:
             if position < store.applied_end_position and position < self.s.first_log_position():
-                raise ServiceError(410, "MESSAGE_REMOVED", f"position {position} was removed by retention") from None
-            raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}") from None
+                raise ProtocolError("MESSAGE_REMOVED", f"position {position} was removed by retention", 410) from None
+            raise ProtocolError("MESSAGE_NOT_FOUND", f"no message at position {position}", 404) from None
         cq = store.queue(m.topic, m.queue_id)
         offset = cq.search_by_position(position) if cq is not None else None
         if offset is None:
-            raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}")
+            raise ProtocolError("MESSAGE_NOT_FOUND", f"no message at position {position}", 404)
         unit = cq.get(offset) if cq is not None else None
         return PulledMessage(m, position, unit.size if unit else 0, offset)
 
@@ -285,11 +286,11 @@ class QueryOps(ServiceBase):
         cq = self.s.store.queue(topic, queue_id)
         unit = cq.get(offset) if cq is not None else None
         if unit is None:
-            raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at {topic}/{queue_id} offset {offset}")
+            raise ProtocolError("MESSAGE_NOT_FOUND", f"no message at {topic}/{queue_id} offset {offset}", 404)
         try:
             m = self.s.store.read_message(unit.position, unit.size)
         except MessageNotFound:
-            raise ServiceError(410, "MESSAGE_REMOVED", f"{topic}/{queue_id} offset {offset} was removed") from None
+            raise ProtocolError("MESSAGE_REMOVED", f"{topic}/{queue_id} offset {offset} was removed", 410) from None
         return PulledMessage(m, unit.position, unit.size, offset)
 
     @translated_sync

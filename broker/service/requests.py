@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.protocol.auth import AuthError
-from broker.service.base import ServiceError
+from broker.protocol.errors import ProtocolError
 from broker.serving.acl import Perm
-from broker.store.message import InvalidInput, check_group, check_topic
+from broker.store.message import check_group, check_topic
 
 if TYPE_CHECKING:
     from broker.service.broker_service import BrokerService
@@ -27,10 +26,10 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str], required: tuple[
     """A request map's fields: every ``required`` one present, none outside ``allowed``."""
     for name in required:
         if name not in body:
-            raise ServiceError(400, "MISSING_FIELD", f"field {name!r} is required")
+            raise ProtocolError("MISSING_FIELD", f"field {name!r} is required", 400)
     unknown = [str(k) for k in body if k not in allowed]
     if unknown:
-        raise ServiceError(400, "UNKNOWN_FIELD", f"unknown field(s) {sorted(unknown)[:5]}")
+        raise ProtocolError("UNKNOWN_FIELD", f"unknown field(s) {sorted(unknown)[:5]}", 400)
 
 
 class Require(Protocol):
@@ -50,7 +49,7 @@ async def send_request(
         check_fields(body, SEND_FIELDS, ("topic", "messages"))
         topic = check_topic(body["topic"])
         require(topics={topic: Perm.PUB})
-    except (InvalidInput, AuthError) as exc:
+    except ProtocolError as exc:  # AuthError included
         refused(exc.code)
         raise
     sent = await svc.send(

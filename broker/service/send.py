@@ -17,19 +17,12 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_topic
 from broker.protocol.properties import DLQ_PREFIX, dlq_topic, retry_topic
-from broker.service.base import (
-    DLEDGER_ERRORS,
-    ServiceBase,
-    ServiceError,
-    raise_if_refused,
-    refusal_error,
-    translated,
-)
+from broker.service.base import DLEDGER_ERRORS, ServiceBase, raise_if_refused, refusal_error, translated
 from broker.store.dedup import FirstSend, SendDeduper
 from broker.store.message import (
-    InvalidInput,
     StoredMessage,
     build_messages,
     check_group,
@@ -143,7 +136,7 @@ class SendOps(ServiceBase):
         except NotLeaderError:
             self.s.metrics.send_failed("NOT_LEADER")
             raise
-        except InvalidInput as exc:  # ServiceError included
+        except ProtocolError as exc:  # every coded refusal
             self.s.metrics.send_failed(exc.code)
             raise
         except DLedgerError as exc:
@@ -184,10 +177,11 @@ class SendOps(ServiceBase):
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
-            raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
+            raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})", 403)
         if max(qid, highest_qid) >= tc.write_queue_nums:
-            raise ServiceError(400, "INVALID_QUEUE_ID",
-                               f"queue_id {max(qid, highest_qid)} >= write_queue_nums {tc.write_queue_nums}")
+            raise ProtocolError("INVALID_QUEUE_ID",
+                                f"queue_id {max(qid, highest_qid)} >= write_queue_nums {tc.write_queue_nums}",
+                                400)
         s.counters["send_requests"] += 1
         uids = [m.unique_id for m in msgs]
         waited_from = s.clock.monotonic()
@@ -249,7 +243,7 @@ class SendOps(ServiceBase):
         if tc is not None:
             return tc
         if not s.cfg.auto_create_topic:
-            raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} does not exist (autoCreateTopicEnable=false)")
+            raise ProtocolError("TOPIC_NOT_EXIST", f"topic {topic!r} does not exist (autoCreateTopicEnable=false)", 404)
         pending = s.creating.get(topic)
         if pending is None:
             n = s.cfg.default_topic_queue_nums
@@ -260,13 +254,13 @@ class SendOps(ServiceBase):
         await pending
         tc = s.store.topic(topic)
         if tc is None:
-            raise ServiceError(503, "SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created")
+            raise ProtocolError("SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created", 503)
         return tc
 
     # -- retries and DLQs (broker/store/retry.py) -----------------------------------------------------------
     async def _ensure_topic(self, topic: str, perm: int) -> TopicConfig:
         if not is_topic(topic):  # a derived name is validated like any other before it is appended
-            raise ServiceError(400, "INVALID_GROUP", f"the group's retry/DLQ topic {topic[:140]!r} is no valid topic")
+            raise ProtocolError("INVALID_GROUP", f"the group's retry/DLQ topic {topic[:140]!r} is no valid topic", 400)
         tc = self.s.store.topic(topic)
         if tc is None:
             await self.command(
@@ -275,16 +269,16 @@ class SendOps(ServiceBase):
             )
             tc = self.s.store.topic(topic)
         if tc is None:
-            raise ServiceError(503, "SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created")
+            raise ProtocolError("SERVICE_UNAVAILABLE", f"topic {topic!r} could not be created", 503)
         if not tc.writable:
-            raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
+            raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})", 403)
         return tc
 
     def _read_for_retry(self, position: int) -> StoredMessage:
         try:
             return self.s.store.read_message(position)
         except MessageNotFound:
-            raise ServiceError(404, "MESSAGE_NOT_FOUND", f"no message at position {position}") from None
+            raise ProtocolError("MESSAGE_NOT_FOUND", f"no message at position {position}", 404) from None
 
     async def _append_one(self, m: StoredMessage) -> int:
         locs = await self.s.node.append([encode_message(m)], timeout_s=self.s.send_timeout_s)
@@ -296,7 +290,7 @@ class SendOps(ServiceBase):
         """The log position of a message id of this broker group (``INVALID_MSG_ID`` otherwise)."""
         name, position = parse_msg_id(msg_id)
         if name != self.s.cfg.broker_name:
-            raise ServiceError(400, "INVALID_MSG_ID", f"msg id of {name!r}, this is {self.s.cfg.broker_name!r}")
+            raise ProtocolError("INVALID_MSG_ID", f"msg id of {name!r}, this is {self.s.cfg.broker_name!r}", 400)
         return position
 
     def group_consumes(self, group: str, topic: str) -> bool:
@@ -332,10 +326,11 @@ class SendOps(ServiceBase):
         if may_read is not None:
             may_read(m.topic)
         if not self.group_consumes(group, m.topic):
-            raise ServiceError(
-                403, "NOT_SUBSCRIBED",
+            raise ProtocolError(
+                "NOT_SUBSCRIBED",
                 f"group {group!r} does not consume topic {m.topic!r} (no member subscribes to it here, no offsets "
                 "committed on it): only a message the group consumed can be sent back",
+                403,
             )
         sb = send_back(
             m, make_msg_id(s.cfg.broker_name, position), group=group, max_reconsume_times=max_reconsume_times,
@@ -355,8 +350,8 @@ class SendOps(ServiceBase):
         self.require_writable()
         m = self._read_for_retry(position)
         if m.topic != dlq_topic(group):
-            raise ServiceError(
-                400, "NOT_IN_DLQ", f"the message at {position} is in {m.topic!r}, not {DLQ_PREFIX}{group}"
+            raise ProtocolError(
+                "NOT_IN_DLQ", f"the message at {position} is in {m.topic!r}, not {DLQ_PREFIX}{group}", 400
             )
         await self._ensure_topic(retry_topic(group), RETRY_PERM)
         new_position = await self._append_one(resend_from_dlq(m, group, s.wall_ms()))

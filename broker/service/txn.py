@@ -10,7 +10,7 @@ messages"), transport-independent like the rest of ``BrokerService``:
 - ``pending_halves(*, group, topic, limit) -> dict``: the halves still pending (admin).
 
 Writes and check-backs are the ready leader's; every method validates its own arguments and raises
-``ServiceError`` only. ACL is the transport's (PUB on the topic for all but ``pending_halves``).
+``ProtocolError`` only. ACL is the transport's (PUB on the topic for all but ``pending_halves``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import PROP_PGROUP, PROP_REAL_TOPIC
-from broker.service.base import ServiceError, raise_if_refused, translated, translated_sync
+from broker.service.base import raise_if_refused, translated, translated_sync
 from broker.service.send import MessageIn, SendAnswer, SendOps, SendResult
 from broker.store.dedup import half_key
 from broker.store.message import (
@@ -82,16 +83,16 @@ class TxnOps(SendOps):
             new_unique_id=lambda: uuid.uuid4().hex.upper(), default_born_host=client_addr, queue_ids_max=queue_nums,
         )
         if len(msgs) != 1:
-            raise ServiceError(400, "TRANSACTION_BATCH_UNSUPPORTED", "a transaction sends exactly one message")
+            raise ProtocolError("TRANSACTION_BATCH_UNSUPPORTED", "a transaction sends exactly one message", 400)
         m = msgs[0]
         # RocketMQ: transactional messages are neither delayed nor batched (reserved names are refused).
         if s.schedule.policy.due_of(m.properties, m.store_ts, "messages[0]") is not None:
-            raise ServiceError(400, "TRANSACTION_DELAY_UNSUPPORTED", "a transactional message cannot be delayed")
+            raise ProtocolError("TRANSACTION_DELAY_UNSUPPORTED", "a transactional message cannot be delayed", 400)
         immunity_ms(m.properties, "messages[0]")
         record = encode_message(to_half(m, group))
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
-            raise ServiceError(403, "NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})")
+            raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})", 403)
         key = half_key(topic)
         await self.dedup.wait_in_flight(key, [m.unique_id], s.send_timeout_s)
         (first,) = self.dedup.known(key, [m.unique_id])
@@ -121,13 +122,13 @@ class TxnOps(SendOps):
         group = check_group(producer_group)
         resolution = STATES.get(state) if isinstance(state, str) else None
         if resolution is None:
-            raise ServiceError(400, "BAD_REQUEST", f"state must be one of {sorted(STATES)}")
+            raise ProtocolError("BAD_REQUEST", f"state must be one of {sorted(STATES)}", 400)
         if not isinstance(msg_id, str):
-            raise ServiceError(400, "INVALID_MSG_ID", "msg_id must be a string")
+            raise ProtocolError("INVALID_MSG_ID", "msg_id must be a string", 400)
         position = self.position_of(msg_id)
         tid = check_unique_id(transaction_id) if transaction_id is not None else None
         if not isinstance(from_check, bool):
-            raise ServiceError(400, "BAD_REQUEST", "from_check must be a boolean")
+            raise ProtocolError("BAD_REQUEST", "from_check must be a boolean", 400)
         self.require_writable()
         s.transactions.counters["ends"] += 1
         done = self._resolved(position, resolution)
@@ -141,10 +142,11 @@ class TxnOps(SendOps):
         except MessageNotFound:
             raise _not_found(msg_id) from None
         if m.properties.get(PROP_REAL_TOPIC) != topic or m.properties.get(PROP_PGROUP) != group:
-            raise ServiceError(400, "TRANSACTION_MISMATCH",
-                               f"the half at {msg_id} belongs to topic {half.topic!r}, group {half.group!r}")
+            raise ProtocolError("TRANSACTION_MISMATCH",
+                                f"the half at {msg_id} belongs to topic {half.topic!r}, group {half.group!r}",
+                                400)
         if tid is not None and tid != m.unique_id:
-            raise ServiceError(400, "TRANSACTION_MISMATCH", f"transaction_id {tid} is not the half's {m.unique_id}")
+            raise ProtocolError("TRANSACTION_MISMATCH", f"transaction_id {tid} is not the half's {m.unique_id}", 400)
         if resolution == "UNKNOW":  # RocketMQ logs it; the half stays pending and is checked back
             return EndAnswer("UNKNOW", pending=True)
         if resolution == ROLLBACK:
@@ -156,7 +158,7 @@ class TxnOps(SendOps):
             return self._resolved(position, resolution) or _raise(_not_found(msg_id))
         tc = s.store.topic(topic)
         if tc is None:  # deleted since the half was sent: roll back or let the check-backs end it
-            raise ServiceError(404, "TOPIC_NOT_EXIST", f"topic {topic!r} of the transaction no longer exists")
+            raise ProtocolError("TOPIC_NOT_EXIST", f"topic {topic!r} of the transaction no longer exists", 404)
         copy = committed_copy(m, position, s.wall_ms(), tc.write_queue_nums)
         (loc,) = await s.node.append([encode_message(copy)], timeout_s=s.send_timeout_s)
         raise_if_refused(loc.result, "commit")
@@ -181,7 +183,7 @@ class TxnOps(SendOps):
             return EndAnswer("UNKNOW", pending=False, resolved=res.state)
         code, what = _REFUSED[res.state]
         verb = "committed" if state == COMMIT else "rolled back"
-        raise ServiceError(409, code, f"the transaction {what}; it cannot be {verb} now")
+        raise ProtocolError(code, f"the transaction {what}; it cannot be {verb} now", 409)
 
     @translated
     async def transaction_checks(
@@ -190,7 +192,7 @@ class TxnOps(SendOps):
         s = self.s
         group = check_group(producer_group)
         if not isinstance(topics, (list, tuple)) or not 1 <= len(topics) <= CHECK_TOPICS_MAX:
-            raise ServiceError(400, "BAD_REQUEST", f"topics must be a list of 1..{CHECK_TOPICS_MAX} topics")
+            raise ProtocolError("BAD_REQUEST", f"topics must be a list of 1..{CHECK_TOPICS_MAX} topics", 400)
         wanted = frozenset(check_topic(t) for t in topics)
         max_count = check_int(max_count, "max_count", 1, CHECKS_COUNT_MAX)
         wait_ms = min(check_int(wait_ms, "wait_ms", 0, 3_600_000), s.cfg.long_polling_max_ms)
@@ -223,9 +225,9 @@ class TxnOps(SendOps):
         }
 
 
-def _not_found(msg_id: str) -> ServiceError:
-    return ServiceError(404, "TRANSACTION_NOT_FOUND", f"no half message at {msg_id}")
+def _not_found(msg_id: str) -> ProtocolError:
+    return ProtocolError("TRANSACTION_NOT_FOUND", f"no half message at {msg_id}", 404)
 
 
-def _raise(exc: ServiceError) -> EndAnswer:
+def _raise(exc: ProtocolError) -> EndAnswer:
     raise exc

@@ -32,8 +32,9 @@ Wiring: ``EdgeRunner(app, guard)`` instead of ``web.AppRunner``, ``EdgeSite`` in
 
 Errors and parameters, one implementation for every HTTP server of the project (the broker, the
 NameServer, the stand-alone ``dledger-node``): ``error_middleware`` answers every exception a
-handler raises as ``{code, message, ...}`` (the server's ``classify`` maps its own error types,
-``RequestError`` and aiohttp's HTTP errors are mapped here, anything else is a logged 500), and
+handler raises as ``{code, message, ...}`` (the coded ``ProtocolError`` with its status and
+aiohttp's HTTP errors are mapped here, the server's ``classify`` maps its own error types, anything
+else is a logged 500), and
 ``query_int`` parses a bounded integer query parameter (400 ``BAD_PARAMETER`` / ``MISSING_FIELD``).
 """
 
@@ -52,6 +53,8 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
+from broker.protocol.errors import ProtocolError
+
 log = logging.getLogger("http_edge")
 
 BODY_KEY: Final = web.RequestKey("edge.body", bytes)
@@ -59,18 +62,15 @@ _RESERVED_KEY: Final = web.RequestKey("edge.reserved", int)
 ErrorBody = Callable[[str, str], dict[str, Any]]
 
 
-class EdgeError(Exception):
-    """A request refused at the edge: HTTP ``status`` and ``code``; ``close``: end the connection
-    after the answer (its body was never read, so nothing after it can be parsed); ``extra``: more
-    fields of the answer."""
+class EdgeError(ProtocolError):
+    """A request refused by the edge itself (its encoding, size, the body budget, time, a signature
+    refused before the body was read): answered by the guard's middleware (outermost), with
+    ``extra`` fields in the answer; ``close``: end the connection after the answer (its body was
+    never read, so nothing after it can be parsed)."""
 
     def __init__(self, status: int, code: str, message: str, *, close: bool = False, **extra: Any):
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(code, message, status, **extra)
         self.close = close
-        self.extra = extra
 
 
 class ClientGone(Exception):
@@ -88,15 +88,6 @@ class ErrorAnswer:
 
     def body(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, **self.extra}
-
-
-class RequestError(Exception):
-    """A request refused by the handler's own parsing (a bad parameter): answered by
-    ``error_middleware`` with ``status`` and ``code``, the connection kept."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any):
-        super().__init__(f"{code}: {message}")
-        self.answer = ErrorAnswer(status, code, message, extra)
 
 
 # aiohttp's own HTTP errors (router misses, its body limit) get the codes clients already know
@@ -117,6 +108,14 @@ def internal_error(exc: Exception) -> ErrorAnswer:
     return ErrorAnswer(500, "INTERNAL", "internal error (logged by the server)")
 
 
+def coded_answer(exc: BaseException) -> ErrorAnswer | None:
+    """The answer to a ``ProtocolError`` that carries its status (None otherwise): the one mapping
+    of the coded error to HTTP."""
+    if isinstance(exc, ProtocolError) and exc.status:
+        return ErrorAnswer(exc.status, exc.code, exc.message, exc.extra)
+    return None
+
+
 def error_middleware(
     classify: Classify | None = None,
     respond: Respond = json_error,
@@ -126,7 +125,8 @@ def error_middleware(
 ) -> Any:
     """The middleware that turns every exception a handler raises into a ``{code, message}``
     answer: ``EdgeError`` / ``ClientGone`` pass through to the guard's middleware (outermost);
-    ``RequestError`` and ``classify(exc)`` answer as they say; aiohttp's HTTP errors (>= 400) keep
+    a ``ProtocolError`` that carries its status is answered with it (``coded_answer``), else
+    ``classify(exc)`` answers as it says; aiohttp's HTTP errors (>= 400) keep
     their status with a code from ``HTTP_ERROR_CODES`` (else the reason, upper-cased); anything
     else is logged with its traceback and answered ``internal(exc)``."""
 
@@ -136,14 +136,12 @@ def error_middleware(
             return await handler(request)
         except (EdgeError, ClientGone):
             raise
-        except RequestError as exc:
-            return respond(request, exc.answer)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             return respond(request, http_error_answer(exc))
         except Exception as exc:
-            answer = classify(exc) if classify is not None else None
+            answer = coded_answer(exc) or (classify(exc) if classify is not None else None)
             if answer is None:
                 logger.exception("unexpected error in %s %s", request.method, request.path)
                 answer = internal(exc)
@@ -159,13 +157,13 @@ def query_int(request: web.Request, name: str, default: int | None, lo: int, hi:
     raw = request.query.get(name)
     if raw is None:
         if default is None:
-            raise RequestError(400, "MISSING_FIELD", f"query parameter {name!r} is required")
+            raise ProtocolError("MISSING_FIELD", f"query parameter {name!r} is required", 400)
         return default
     if _DECIMAL.fullmatch(raw) is None:
-        raise RequestError(400, "BAD_PARAMETER", f"{name} must be an integer in [{lo}, {hi}], got {raw[:40]!r}")
+        raise ProtocolError("BAD_PARAMETER", f"{name} must be an integer in [{lo}, {hi}], got {raw[:40]!r}", 400)
     value = int(raw)
     if not lo <= value <= hi:
-        raise RequestError(400, "BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}")
+        raise ProtocolError("BAD_PARAMETER", f"{name} must be in [{lo}, {hi}], got {value}", 400)
     return value
 
 

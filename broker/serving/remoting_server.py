@@ -14,9 +14,12 @@ RemotingCommand | None``. Per request, in one place (``dispatch``):
 - the sender is authenticated (``remoting_acl.RemotingAuthenticator``) before the handler runs; a
   refusal answers NO_PERMISSION with the reason as remark (as RocketMQ 5.3's authorization does; its
   ACL 1.0 check answers SYSTEM_ERROR with the exception text);
-- a handler's ``CommandError`` answers its code and remark; a ``RemotingError`` from reading a header
-  or body answers SYSTEM_ERROR with ``CODE: message``; ``map_error`` turns the server's own error types
-  into a ``CommandError``; anything else is a bug: logged with its traceback, answered SYSTEM_ERROR.
+- a handler's ``CommandError`` answers its response code and remark (a RocketMQ answer the handler
+  chose); the coded ``ProtocolError`` (the project's one error type: a ``RemotingError`` from reading a
+  header or body, the NameServer's and the service's refusals) is mapped here and only here
+  (``response_code``): SYSTEM_BUSY for the codes in ``RESPONSE_CODES``, SYSTEM_ERROR for the rest,
+  the remark ``CODE: message``; anything else is a bug: logged with its traceback, answered
+  SYSTEM_ERROR.
 
 Bounds (``RemotingLimits``), each connection unless said otherwise:
 
@@ -50,6 +53,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
 from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq import header_fields
 from broker.protocol.rocketmq.codes import (
@@ -71,12 +75,28 @@ UNAUTHENTICATED_BYTES_MAX_DEFAULT: Final = 64 << 20
 
 
 class CommandError(Exception):
-    """An answer other than SUCCESS: a RocketMQ response ``code`` and its ``remark``."""
+    """An answer other than SUCCESS that a handler chose: a RocketMQ response ``code`` (an int of
+    ``ResponseCode``, not one of the project's error codes) and its ``remark``. Not a coded error: a
+    refusal the project names raises ``ProtocolError``, answered by ``response_code``."""
 
     def __init__(self, code: int, remark: str):
         super().__init__(f"{code}: {remark}")
         self.code = code
         self.remark = remark
+
+
+# The response code of a coded error (``ProtocolError.code``) that a client should treat otherwise than
+# SYSTEM_ERROR: back-pressure is SYSTEM_BUSY (RocketMQ's clients retry it later).
+RESPONSE_CODES: Final[Mapping[str, int]] = {"BUSY": ResponseCode.SYSTEM_BUSY, "SHUTTING_DOWN": ResponseCode.SYSTEM_BUSY}
+
+
+def response_code(exc: ProtocolError) -> int:
+    """The one mapping of the coded error to a RocketMQ response code (the remark is ``CODE: message``):
+    a refused signature or permission is NO_PERMISSION, the codes of ``RESPONSE_CODES`` theirs, the
+    rest SYSTEM_ERROR."""
+    if isinstance(exc, AuthError):
+        return ResponseCode.NO_PERMISSION
+    return RESPONSE_CODES.get(exc.code, ResponseCode.SYSTEM_ERROR)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,7 +186,6 @@ class Request:
 
 
 Handler = Callable[[Request], Awaitable[RemotingCommand | None]]
-ErrorMapper = Callable[[Exception], CommandError | None]
 
 
 class Authenticator:
@@ -192,11 +211,10 @@ class RemotingServer:
     """Serves the registered routes to every connection made with it (it is the protocol factory)."""
 
     def __init__(self, *, authenticator: Authenticator | None = None, limits: RemotingLimits | None = None,
-                 budget: ByteBudget | None = None, map_error: ErrorMapper | None = None):
+                 budget: ByteBudget | None = None):
         self.limits = limits or RemotingLimits()
         self.authenticator = authenticator or Authenticator()
         self.budget = budget or ByteBudget()
-        self.map_error = map_error or (lambda exc: None)
         self.routes: dict[int, Route] = {}
         self.connections: set[RemotingConnection] = set()
         self.stats = Stats()
@@ -244,22 +262,19 @@ class RemotingServer:
             finally:
                 self.budget.release(held_bytes)  # checked (or refused): no longer unauthenticated input
             return await route.handler(Request(cmd, principal, conn))
-        except AuthError as exc:
-            self.stats.auth_refused += 1
-            log.debug("%s: %s refused: %s", conn.peer, request_code_name(cmd.code), exc)
-            return rc.response_to(cmd, ResponseCode.NO_PERMISSION, f"{exc.code}: {exc.message}")
         except CommandError as exc:
             return rc.response_to(cmd, exc.code, exc.remark)
-        except RemotingError as exc:
-            self.stats.errors += 1
-            return rc.response_to(cmd, ResponseCode.SYSTEM_ERROR, f"{exc.code}: {exc.message}")
+        except ProtocolError as exc:
+            if isinstance(exc, AuthError):
+                self.stats.auth_refused += 1
+                log.debug("%s: %s refused: %s", conn.peer, request_code_name(cmd.code), exc)
+            else:
+                self.stats.errors += 1
+            return rc.response_to(cmd, response_code(exc), f"{exc.code}: {exc.message}")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            mapped = self.map_error(exc)
+        except Exception:
             self.stats.errors += 1
-            if mapped is not None:
-                return rc.response_to(cmd, mapped.code, mapped.remark)
             log.exception("unexpected error in remoting request %s from %s", request_code_name(cmd.code), conn.peer)
             return rc.response_to(cmd, ResponseCode.SYSTEM_ERROR, INTERNAL_REMARK)
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import re
 import struct
+import typing
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.limits import (
     BATCH_MESSAGES_MAX,
     BORN_HOST_CHARS_MAX,
@@ -66,19 +68,31 @@ POSITION_MAX = 2**63 - 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WS_RE = re.compile(r"\s")
 
-# topic, queue_id, flag, tags, keys, properties, born_ts, born_host, store_ts, unique_id, body_len
-_HEADER_TYPES = (str, int, int, str, list, dict, int, str, int, str, int)
 
 
+class RecordHeader(NamedTuple):
+    """A message record's header, as the log stores it (a msgpack array of these eleven fields, in
+    this order). A named tuple, not a frozen dataclass: every replica builds one per message it
+    applies, at a fifth of the cost (0.15-0.22 against 0.9-1.2 µs with timeit on a busy 2-core
+    machine; the commit that introduced it has the benchmark)."""
 
-class InvalidInput(Exception):
-    """Bad client input: ``code`` is the API error code, ``status`` the HTTP status."""
+    topic: str
+    queue_id: int
+    flag: int
+    tags: str
+    keys: list[str]
+    properties: dict[str, str]
+    born_ts: int
+    born_host: str
+    store_ts: int
+    unique_id: str
+    body_len: int
 
-    def __init__(self, code: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
+
+_HEADER_FIELDS = len(RecordHeader._fields)
+# the fields' types, in order (what ``_header_types_ok`` checks, spelled out)
+_HEADER_TYPES = tuple(typing.get_origin(t) or t for t in typing.get_type_hints(RecordHeader).values())
+
 
 
 class StoredMessage(NamedTuple):
@@ -132,8 +146,8 @@ def record_size(magic: bytes, header_bytes: int, body_len: int) -> int:
     return 5 + header_bytes + body_len + (_CRC.size if magic == MESSAGE_MAGIC else 0)
 
 
-def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
-    """The header array and where the body starts; raises ValueError on a malformed record."""
+def decode_header(record: bytes | memoryview) -> tuple[RecordHeader, int]:
+    """The header and where the body starts; raises ValueError on a malformed record."""
     if len(record) < 5 or bytes(record[0:1]) not in MESSAGE_MAGICS:
         raise ValueError("not a message record")
     (hlen,) = _HLEN.unpack_from(record, 1)
@@ -144,16 +158,16 @@ def decode_header(record: bytes | memoryview) -> tuple[list[Any], int]:
         header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ValueError(f"undecodable message header: {exc}") from None
-    if not isinstance(header, list) or len(header) < 11:
+    if not isinstance(header, list) or len(header) < _HEADER_FIELDS:
         raise ValueError("malformed message header")
     if not _header_types_ok(header):
         raise ValueError("message header fields have the wrong types")
-    return header, end
+    return RecordHeader._make(header if len(header) == _HEADER_FIELDS else header[:_HEADER_FIELDS]), end
 
 
 def _header_types_ok(h: list[Any]) -> bool:
-    """The fields' types (``_HEADER_TYPES``), spelled out: every replica checks every message it
-    applies, and this is a third of the cost of a loop over the pairs."""
+    """The fields' types (``RecordHeader``'s, in its order), spelled out: every replica checks every
+    message it applies, and this is a third of the cost of a loop over the pairs."""
     return (
         isinstance(h[0], str)
         and isinstance(h[1], int)
@@ -177,19 +191,19 @@ def decode_message(record: bytes) -> StoredMessage:
         end -= _CRC.size
         if end < start or zlib.crc32(memoryview(record)[:end]) != _CRC.unpack_from(record, end)[0]:
             raise CorruptRecordError("the message record does not match its CRC")
-    if end - start != h[10]:
-        raise CorruptRecordError(f"the message body is {end - start} bytes, its header says {h[10]}")
+    if end - start != h.body_len:
+        raise CorruptRecordError(f"the message body is {end - start} bytes, its header says {h.body_len}")
     return StoredMessage(
-        topic=h[0],
-        queue_id=h[1],
-        flag=h[2],
-        tags=h[3],
-        keys=tuple(h[4]),
-        properties=dict(h[5]),
-        born_ts=h[6],
-        born_host=h[7],
-        store_ts=h[8],
-        unique_id=h[9],
+        topic=h.topic,
+        queue_id=h.queue_id,
+        flag=h.flag,
+        tags=h.tags,
+        keys=tuple(h.keys),
+        properties=dict(h.properties),
+        born_ts=h.born_ts,
+        born_host=h.born_host,
+        store_ts=h.store_ts,
+        unique_id=h.unique_id,
         body=bytes(record[start:end]),
     )
 
@@ -217,34 +231,34 @@ def make_msg_id(broker_name: str, position: int) -> str:
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
     name, sep, hexpos = msg_id.rpartition(":")
     if not sep or not is_name(name) or not is_hex16(hexpos):
-        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>")
+        raise ProtocolError("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} is not <brokerName>:<16 hex digits>", 400)
     position = int(hexpos, 16)
     if position > POSITION_MAX:  # log positions are signed 64-bit (the indexes bind them into sqlite)
-        raise InvalidInput("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} has a position beyond {POSITION_MAX:X}")
+        raise ProtocolError("INVALID_MSG_ID", f"msg id {msg_id[:80]!r} has a position beyond {POSITION_MAX:X}", 400)
     return name, position
 
 
 # -- validation ---------------------------------------------------------------------------------
 def check_topic(topic: Any) -> str:
     if not is_topic(topic):
-        raise InvalidInput("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}")
+        raise ProtocolError("INVALID_TOPIC", f"topic {str(topic)[:140]!r} must match {TOPIC_RULE}", 400)
     return topic
 
 
 def check_group(group: Any) -> str:
     if not is_group(group):
-        raise InvalidInput(
+        raise ProtocolError(
             "INVALID_GROUP",
             f"group {str(group)[:270]!r} must match {GROUP_RULE}: at most {GROUP_CHARS_MAX} characters, so that "
             f"its retry and dead-letter topics (%RETRY%<group>, %DLQ%<group>) fit the {TOPIC_CHARS_MAX}-character "
-            "topic limit",
+            "topic limit", 400,
         )
     return group
 
 
 def check_int(value: Any, name: str, lo: int, hi: int, code: str = "BAD_REQUEST") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidInput(code, f"{name} must be an integer in [{lo}, {hi}], got {str(value)[:40]!r}")
+        raise ProtocolError(code, f"{name} must be an integer in [{lo}, {hi}], got {str(value)[:40]!r}", 400)
     return value
 
 
@@ -267,8 +281,9 @@ def check_tags(tags: Any) -> str:
         or "||" in tags
         or not encodable(tags)
     ):
-        raise InvalidInput(
-            "INVALID_TAGS", f"tags must be a string of at most {TAGS_CHARS_MAX} chars without '||' or control chars"
+        raise ProtocolError(
+            "INVALID_TAGS", f"tags must be a string of at most {TAGS_CHARS_MAX} chars without '||' or control chars",
+            400,
         )
     return tags
 
@@ -279,11 +294,11 @@ def check_keys(keys: Any) -> tuple[str, ...]:
     if isinstance(keys, str):
         keys = keys.split()
     if not isinstance(keys, (list, tuple)) or len(keys) > KEYS_MAX:
-        raise InvalidInput("INVALID_KEYS", f"keys must be a list of at most {KEYS_MAX} strings")
+        raise ProtocolError("INVALID_KEYS", f"keys must be a list of at most {KEYS_MAX} strings", 400)
     for k in keys:
         if not isinstance(k, str) or not 1 <= len(k) <= KEY_CHARS_MAX or _WS_RE.search(k) or not encodable(k):
-            raise InvalidInput(
-                "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{KEY_CHARS_MAX} chars without whitespace"
+            raise ProtocolError(
+                "INVALID_KEYS", f"key {str(k)[:40]!r} must be 1..{KEY_CHARS_MAX} chars without whitespace", 400
             )
     return tuple(keys)
 
@@ -292,30 +307,31 @@ def check_properties(props: Any) -> dict[str, str]:
     if props is None:
         return {}
     if not isinstance(props, dict) or len(props) > PROPERTIES_MAX:
-        raise InvalidInput("INVALID_PROPERTIES", f"properties must be a map of at most {PROPERTIES_MAX} entries")
+        raise ProtocolError("INVALID_PROPERTIES", f"properties must be a map of at most {PROPERTIES_MAX} entries", 400)
     total = 0
     for k, v in props.items():
         if not is_property_name(k):
-            raise InvalidInput("INVALID_PROPERTIES", f"property name {str(k)[:70]!r} must match {PROPERTY_NAME_RULE}")
+            raise ProtocolError("INVALID_PROPERTIES",
+                                f"property name {str(k)[:70]!r} must match {PROPERTY_NAME_RULE}", 400)
         if not isinstance(v, str) or not encodable(v):
-            raise InvalidInput("INVALID_PROPERTIES", f"property {k!r} must have a UTF-8 string value")
+            raise ProtocolError("INVALID_PROPERTIES", f"property {k!r} must have a UTF-8 string value", 400)
         total += len(v.encode("utf-8"))
     if total > PROPERTY_BYTES_MAX:
-        raise InvalidInput("INVALID_PROPERTIES", f"property values exceed {PROPERTY_BYTES_MAX} bytes together")
+        raise ProtocolError("INVALID_PROPERTIES", f"property values exceed {PROPERTY_BYTES_MAX} bytes together", 400)
     return dict(props)
 
 
 def check_unique_id(value: Any) -> str:
     if not is_unique_id(value):
-        raise InvalidInput("INVALID_UNIQUE_ID", f"unique_id {str(value)[:70]!r} must match {UNIQUE_ID_RULE}")
+        raise ProtocolError("INVALID_UNIQUE_ID", f"unique_id {str(value)[:70]!r} must match {UNIQUE_ID_RULE}", 400)
     return value
 
 
 def check_body(body: Any, max_size: int) -> bytes:
     if not isinstance(body, (bytes, bytearray)) or len(body) == 0:
-        raise InvalidInput("INVALID_BODY", "body must be non-empty bytes (msgpack bin)")
+        raise ProtocolError("INVALID_BODY", "body must be non-empty bytes (msgpack bin)", 400)
     if len(body) > max_size:
-        raise InvalidInput("MESSAGE_TOO_LARGE", f"body of {len(body)} bytes exceeds {max_size}", 413)
+        raise ProtocolError("MESSAGE_TOO_LARGE", f"body of {len(body)} bytes exceeds {max_size}", 413)
     return bytes(body)
 
 
@@ -339,20 +355,21 @@ def build_messages(
     A message's own ``queue_id`` (below ``queue_ids_max``) overrides ``queue_id``: one request may
     carry messages for several queues of the topic (the SDK's auto-batches)."""
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or not 1 <= len(items) <= BATCH_MESSAGES_MAX:
-        raise InvalidInput("INVALID_BATCH", f"messages must be a list of 1..{BATCH_MESSAGES_MAX} messages")
+        raise ProtocolError("INVALID_BATCH", f"messages must be a list of 1..{BATCH_MESSAGES_MAX} messages", 400)
     out: list[StoredMessage] = []
     total = 0
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise InvalidInput("INVALID_BATCH", f"messages[{i}] must be a map")
+            raise ProtocolError("INVALID_BATCH", f"messages[{i}] must be a map", 400)
         if not _MESSAGE_FIELDS.issuperset(item):
             unknown = set(item) - _MESSAGE_FIELDS
-            raise InvalidInput("UNKNOWN_FIELD", f"messages[{i}] has unknown field(s) {sorted(map(str, unknown))[:5]}")
+            raise ProtocolError("UNKNOWN_FIELD",
+                                f"messages[{i}] has unknown field(s) {sorted(map(str, unknown))[:5]}", 400)
         body = check_body(item.get("body"), max_size)
         total += len(body)
         born_host = item.get("born_host", default_born_host)
         if not isinstance(born_host, str) or len(born_host) > BORN_HOST_CHARS_MAX:
-            raise InvalidInput("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {BORN_HOST_CHARS_MAX}")
+            raise ProtocolError("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {BORN_HOST_CHARS_MAX}", 400)
         uid = item.get("unique_id")
         qid = item.get("queue_id")
         out.append(
@@ -372,7 +389,7 @@ def build_messages(
             )
         )
     if total > max_size:
-        raise InvalidInput("MESSAGE_TOO_LARGE", f"batch bodies of {total} bytes exceed {max_size}", 413)
+        raise ProtocolError("MESSAGE_TOO_LARGE", f"batch bodies of {total} bytes exceed {max_size}", 413)
     return out
 
 

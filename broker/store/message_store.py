@@ -320,11 +320,11 @@ class MessageStore(StoreStateEntries):
         if h is None:
             assert refusal is not None
             return self._refuse(position, "message", refusal)
-        topic, qid, tags, keys, store_ts, uid = h[0], h[1], h[3], h[4], h[8], h[9]
-        if not self.schedule.on_message(position, len(body), topic, h[5]):
+        topic, qid, tags, keys, store_ts, uid = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id
+        if not self.schedule.on_message(position, len(body), topic, h.properties):
             self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
             return None
-        if not self.txn.on_message(position, len(body), topic, h[5], store_ts):
+        if not self.txn.on_message(position, len(body), topic, h.properties, store_ts):
             self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
             return None
         key = (topic, qid)
@@ -333,10 +333,12 @@ class MessageStore(StoreStateEntries):
             cq = self.cqs.get_or_create(topic, qid)
             self._queue_cache[key] = cq
         offset = cq.append(position, len(body), tag_hash(tags), store_ts)
-        if PROP_HALF_POS in h[5]:
-            self.txn.on_dispatched(position, h[5], offset)
+        if PROP_HALF_POS in h.properties:
+            self.txn.on_dispatched(position, h.properties, offset)
         # Added to the window once the whole apply call is done (one lock for all; apply()).
-        self._dedup_adds.append((sent_topic(topic, h[5]), uid, position, qid, offset, store_ts, self._entry_index))
+        self._dedup_adds.append(
+            (sent_topic(topic, h.properties), uid, position, qid, offset, store_ts, self._entry_index)
+        )
         self._units_since_write_out += 1
         for k in keys:
             self.index.put(topic, k, position, store_ts)
@@ -525,10 +527,10 @@ class MessageStore(StoreStateEntries):
                 if hlen > 1 << 20 or position + 5 + hlen > self.applied_end_position:
                     raise MessageNotFound(f"no message record at position {position}")
                 header, _ = decode_header(head + self._log.read_at_position(position + 5, hlen))
-                size = record_size(head[:1], hlen, int(header[10]))
+                size = record_size(head[:1], hlen, int(header.body_len))
                 # Read by position alone (a msg id): it may be a record applying refused, which no
                 # queue holds and nobody may read (queues and indexes point at admitted ones only).
-                refusal = message_refusal(header[0], header[1], header[8], header[5])
+                refusal = message_refusal(header.topic, header.queue_id, header.store_ts, header.properties)
                 if refusal is not None:
                     raise MessageNotFound(f"the record at position {position} was refused when applied: {refusal}")
             if position + size > self.applied_end_position:

@@ -68,11 +68,11 @@ class StoreRebuild:
                     h = admitted_header(body)
                     if h is None:  # refused when applied: never in the window
                         continue
-                    cq = self.cqs.get(h[0], int(h[1]))
+                    cq = self.cqs.get(h.topic, int(h.queue_id))
                     offset = cq.search_by_position(position) if cq is not None else None
                     self.dedup.add(
-                        sent_topic(h[0], h[5]), h[9], position=position, queue_id=int(h[1]),
-                        queue_offset=-1 if offset is None else offset, store_ts=int(h[8]), index=entry.index,
+                        sent_topic(h.topic, h.properties), h.unique_id, position=position, queue_id=int(h.queue_id),
+                        queue_offset=-1 if offset is None else offset, store_ts=int(h.store_ts), index=entry.index,
                     )
             index = raw[-1].index + 1
         if not self.dedup.end_restore():
@@ -150,17 +150,17 @@ class StoreRebuild:
             h = admitted_header(body)
             if h is None:  # refused when applied (broker/store/record_rules.py): in no queue
                 continue
-            sched_pos = h[5].get(PROP_SCHED_POS) if isinstance(h[5], dict) else None
+            sched_pos = h.properties.get(PROP_SCHED_POS) if isinstance(h.properties, dict) else None
             if sched_pos is not None:
                 if sched_pos in copies:
                     continue
                 copies.add(sched_pos)
-            half_pos = h[5].get(PROP_HALF_POS) if isinstance(h[5], dict) else None
+            half_pos = h.properties.get(PROP_HALF_POS) if isinstance(h.properties, dict) else None
             if half_pos is not None:  # a commit: only the first, and none after a rollback
                 if "T" + half_pos in copies or txn_ended_at.get(half_pos, position + 1) < position:
                     continue
                 copies.add("T" + half_pos)
-            key = (h[0], int(h[1]))
+            key = (h.topic, int(h.queue_id))
             if key in wanted and position > deleted_at.get(key[0], -1):
                 yield key, position, body
 
@@ -183,7 +183,7 @@ class StoreRebuild:
             queues[key] = cq
         for key, position, body in self._queue_members(set(want_max)):
             h, _ = decode_header(body)  # admitted by _queue_members
-            queues[key].append(position, len(body), tag_hash(h[3]), int(h[8]))
+            queues[key].append(position, len(body), tag_hash(h.tags), int(h.store_ts))
         for cq in queues.values():
             cq.flush()
         self.counters["rebuilt_queues"] += len(queues)
@@ -196,8 +196,8 @@ class StoreRebuild:
             h = admitted_header(body)
             if h is None:  # refused when applied: not indexed
                 continue
-            for k in h[4]:
-                self.index.put(h[0], k, position, int(h[8]))
-            if h[9]:
-                self.index.put(h[0], h[9], position, int(h[8]))
+            for k in h.keys:
+                self.index.put(h.topic, k, position, int(h.store_ts))
+            if h.unique_id:
+                self.index.put(h.topic, h.unique_id, position, int(h.store_ts))
         self.index.flush()

@@ -49,7 +49,7 @@ from broker.protocol.properties import (
     PROP_SCHED_POS,
     SCHEDULE_TOPIC,
 )
-from broker.store.message import decode_command, decode_header
+from broker.store.message import RecordHeader, decode_command, decode_header
 from dledger.records import Refused
 
 RECORD_REFUSED: Final = "RECORD_REFUSED"
@@ -92,15 +92,13 @@ def _properties_refusal(topic: str, props: Mapping[Any, Any]) -> str | None:
     return None
 
 
-def admit_message(record: bytes) -> tuple[list[Any] | None, Refused | None]:
-    """(header, None) for a message record the store can apply, (None, refusal) otherwise. The
-    header is ``broker.store.message``'s array: topic, queue id, flag, tags, keys, properties, born ts,
-    born host, store ts, unique id, body length."""
+def admit_message(record: bytes) -> tuple[RecordHeader | None, Refused | None]:
+    """(header, None) for a message record the store can apply, (None, refusal) otherwise."""
     try:
         h, _start = decode_header(record)
     except ValueError as exc:
         return None, refused(f"undecodable message record: {exc}")
-    reason = message_refusal(h[0], h[1], h[8], h[5])
+    reason = message_refusal(h.topic, h.queue_id, h.store_ts, h.properties)
     if reason is not None:
         return None, refused(reason)
     return h, None
@@ -118,7 +116,7 @@ def message_refusal(topic: str, queue_id: int, store_ts: int, props: Mapping[Any
     return _properties_refusal(topic, props)
 
 
-def admitted_header(record: bytes) -> list[Any] | None:
+def admitted_header(record: bytes) -> RecordHeader | None:
     """The header of a message record admission accepts, else None: what the rebuilders (queues,
     key index, de-duplication window, schedule and transaction indexes) read, skipping what applying
     refused."""

@@ -30,8 +30,9 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_decimal, is_topic
 from broker.protocol.properties import (
     BROKER_TOPICS,
@@ -50,11 +51,9 @@ from broker.protocol.properties import (
     SCHEDULE_TOPIC,
 )
 from broker.protocol.routes import TopicConfig
-from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message
+from broker.store.host import LeaderHost
+from broker.store.message import StoredMessage, encode_command, encode_message
 from broker.store.snapshot_index import SnapshotIndex
-
-if TYPE_CHECKING:
-    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.schedule")
 
@@ -92,7 +91,7 @@ class SchedulePolicy:
         """(due ms, level; 0 for a deliver time) of a message sent at ``store_ts``, None: not delayed."""
         for name in RESERVED_PROPS:
             if name in props:
-                raise InvalidInput("BAD_REQUEST", f"{where}: property {name} is reserved for the broker")
+                raise ProtocolError("BAD_REQUEST", f"{where}: property {name} is reserved for the broker", 400)
         timer = None
         for name, scale, absolute in (
             (PROP_TIMER_DELIVER_MS, 1, True),
@@ -106,10 +105,10 @@ class SchedulePolicy:
                 break
         if timer is not None:
             if timer - store_ts > self.timer_max_delay_ms:
-                raise InvalidInput(
+                raise ProtocolError(
                     "TIMER_DELAY_TOO_LONG",
                     f"{where}: deliver time {timer} is more than timerMaxDelaySec "
-                    f"({self.timer_max_delay_ms // 1000} s) after the store time {store_ts}",
+                    f"({self.timer_max_delay_ms // 1000} s) after the store time {store_ts}", 400,
                 )
             return (timer, 0) if timer > store_ts else None
         if PROP_DELAY in props:
@@ -123,7 +122,7 @@ class SchedulePolicy:
     def prepare(self, m: StoredMessage, where: str) -> StoredMessage:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
         if m.topic in BROKER_TOPICS:
-            raise InvalidInput("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
+            raise ProtocolError("NO_PERMISSION", f"{where}: topic {m.topic} is the broker's own", 403)
         if not m.properties:  # most messages: nothing reserved, nothing delayed
             return m
         due = self.due_of(m.properties, m.store_ts, where)
@@ -147,7 +146,7 @@ def _int_prop(value: str, name: str, where: str) -> int:
     text = value.strip()
     # ASCII digits only: str.isdigit() also accepts '²', which int() refuses (a 500 once).
     if not is_decimal(text.removeprefix("-")) or len(text) > 19:
-        raise InvalidInput("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}")
+        raise ProtocolError("BAD_REQUEST", f"{where}: property {name} must be an integer, got {value[:40]!r}", 400)
     return int(text)
 
 
@@ -258,7 +257,7 @@ class ScheduleIndex(SnapshotIndex):
                 h = admitted_header(body)
                 if h is None:
                     continue
-                self.on_message(position, len(body), h[0], h[5])
+                self.on_message(position, len(body), h.topic, h.properties)
             elif kind == COMMAND_MAGIC:
                 cmd, _refused = admit_command(body)
                 if cmd is None:
@@ -293,20 +292,11 @@ class DeliveryStore(Protocol):
     def topic(self, name: str) -> TopicConfig | None: ...
 
 
-class DeliveryHost(Protocol):
+class DeliveryHost(LeaderHost, Protocol):
     """What the delivery loop uses of the replica it runs on (``BrokerServer`` is one)."""
 
     @property
-    def node(self) -> DLedgerNode: ...
-    @property
     def store(self) -> DeliveryStore: ...
-    @property
-    def send_timeout_s(self) -> float: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
-    def wall_ms(self) -> int: ...
 
 
 class ScheduleService:

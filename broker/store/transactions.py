@@ -46,6 +46,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.protocol.errors import ProtocolError
 from broker.protocol.names import is_decimal
 from broker.protocol.properties import (
     HALF_TOPIC,
@@ -57,12 +58,12 @@ from broker.protocol.properties import (
     PROP_REAL_TOPIC,
     PROP_TRAN_MSG,
 )
-from broker.store.message import InvalidInput, StoredMessage
+from broker.store.host import LeaderHost
+from broker.store.message import StoredMessage
 from broker.store.snapshot_index import SnapshotIndex
 
 if TYPE_CHECKING:
     from dledger.clock import Clock
-    from dledger.node import DLedgerNode
 
 log = logging.getLogger("broker.transactions")
 
@@ -87,8 +88,8 @@ def immunity_ms(props: Mapping[str, str], where: str) -> int | None:
         return None
     text = raw.strip()
     if not is_decimal(text) or not 0 <= int(text) <= IMMUNITY_MAX_S:  # ASCII digits ('²'.isdigit() holds)
-        raise InvalidInput(
-            "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}"
+        raise ProtocolError(
+            "BAD_REQUEST", f"{where}: {PROP_CHECK_IMMUNITY} must be 0..{IMMUNITY_MAX_S} seconds, got {raw[:40]!r}", 400
         )
     return int(text) * 1000
 
@@ -265,7 +266,7 @@ class TransactionIndex(SnapshotIndex):
             return
         try:
             immunity = immunity_ms(props, "half")
-        except InvalidInput:
+        except ProtocolError:
             immunity = None
         with self._lock:
             self._db.execute(
@@ -332,7 +333,7 @@ class TransactionIndex(SnapshotIndex):
             if body[:1] in MESSAGE_MAGICS:
                 h = admitted_header(body)
                 if h is not None:
-                    self.on_message(position, len(body), h[0], h[5], h[8])
+                    self.on_message(position, len(body), h.topic, h.properties, h.store_ts)
             elif body[:1] == COMMAND_MAGIC:
                 cmd, _refused = admit_command(body)
                 if cmd is not None and str(cmd.get("op", "")).startswith("txn."):
@@ -480,24 +481,15 @@ class NamedBroker(Protocol):
     def broker_name(self) -> str: ...
 
 
-class CheckHost(Protocol):
+class CheckHost(LeaderHost, Protocol):
     """What the check-back service uses of the replica it runs on (``BrokerServer`` is one)."""
 
-    @property
-    def node(self) -> DLedgerNode: ...
+    clock: Clock
+
     @property
     def store(self) -> CheckStore: ...
     @property
     def cfg(self) -> NamedBroker: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def send_timeout_s(self) -> float: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def ready(self) -> bool: ...  # the leader of the current term, applied up to its log end then
-    def wall_ms(self) -> int: ...
 
 
 class TransactionService:

@@ -25,6 +25,7 @@ from typing import Any
 
 from broker.client.transport import FROM_ENV, ClientError, Transport
 from broker.protocol.auth import load_credentials
+from broker.protocol.frames import Op
 from broker.tools.cli import add_local_cluster_arguments
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 
@@ -200,8 +201,8 @@ async def _missing(t: Transport, args: argparse.Namespace, acked: set[bytes]) ->
     for qid in range(8):
         offset = 0
         while True:
-            r = await t.call(addr, "POST", "/v1/pull",
-                             {"topic": args.topic, "queue_id": qid, "offset": offset, "max_count": 1024})
+            r = await t.operation(addr, Op.PULL,
+                                  {"topic": args.topic, "queue_id": qid, "offset": offset, "max_count": 1024})
             if r["status"] != "FOUND":
                 break
             stored.update(m["body"] for m in r["messages"])

@@ -16,6 +16,7 @@ from broker.client.admin_checks import (
 )
 from broker.client.admin_records import InvalidArgument
 from broker.client.transport import ClientError
+from broker.protocol.frames import Op
 from broker.tools.mqadmin_format import (
     Output,
     format_table,
@@ -138,7 +139,7 @@ async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:
         for _ in range(args.amount):
             started = clock.monotonic()
             try:
-                await admin.write(bd, "POST", "/v1/send", body)
+                await admin.operation(bd, Op.SEND, body)
             except ClientError as exc:
                 errors += 1
                 last_error = f"{exc.code}: {exc.message}"

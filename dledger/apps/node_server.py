@@ -35,7 +35,8 @@ import sys
 import msgpack
 from aiohttp import web
 
-from broker.serving.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
+from broker.protocol.errors import ProtocolError
+from broker.serving.http_edge import ErrorAnswer, error_middleware, query_int
 from broker.serving.process_main import run_until_signalled, setup_logging
 from dledger.apps.checkpoint import ApplyCheckpoint
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
@@ -112,19 +113,19 @@ class HttpApi:
         try:
             payload = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
-            raise RequestError(400, "BAD_MSGPACK", f"request body is not msgpack: {exc}") from None
+            raise ProtocolError("BAD_MSGPACK", f"request body is not msgpack: {exc}", 400) from None
         if (
             not isinstance(payload, dict)
             or not isinstance(payload.get("bodies"), list)
             or not payload["bodies"]
         ):
-            raise RequestError(400, "BAD_REQUEST", "expected a map with a non-empty 'bodies' array")
+            raise ProtocolError("BAD_REQUEST", "expected a map with a non-empty 'bodies' array", 400)
         bodies = payload["bodies"]
         if not all(isinstance(b, bytes) for b in bodies):
-            raise RequestError(400, "BAD_REQUEST", "every body must be binary (msgpack bin)")
+            raise ProtocolError("BAD_REQUEST", "every body must be binary (msgpack bin)", 400)
         timeout_s = payload.get("timeout_ms", 3000)
         if not isinstance(timeout_s, int) or not 1 <= timeout_s <= 60_000:
-            raise RequestError(400, "BAD_REQUEST", "timeout_ms must be an integer in 1..60000")
+            raise ProtocolError("BAD_REQUEST", "timeout_ms must be an integer in 1..60000", 400)
         locations = await self.node.append(bodies, timeout_s=timeout_s / 1000)
         body = msgpack.packb(
             {
@@ -166,10 +167,10 @@ class HttpApi:
             try:
                 payload = await request.json()
             except (json.JSONDecodeError, ValueError):
-                raise RequestError(400, "BAD_JSON", "request body is not JSON") from None
+                raise ProtocolError("BAD_JSON", "request body is not JSON", 400) from None
             target = payload.get("target") if isinstance(payload, dict) else None
             if target is not None and not isinstance(target, str):
-                raise RequestError(400, "BAD_REQUEST", "target must be a peer id string")
+                raise ProtocolError("BAD_REQUEST", "target must be a peer id string", 400)
         leader = await self.node.transfer_leadership(target)
         return web.json_response({"leader_id": leader})
 

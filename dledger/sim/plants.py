@@ -15,6 +15,9 @@ out again; the simulator runs in one thread, so the patch affects only the run i
 - ``vote-not-durable``: a vote reaches memory only; a crash forgets it (and the term).
 - ``apply-raises``: the state machine raises on a poison body instead of refusing it (the broker
   before issue 23: every replica stopped at the same committed entry).
+- ``ignore-fsync-error``: a flush that failed (EIO) counts as done: the leader counts the entries
+  it covered, a follower acknowledges them (issue 27: fsyncgate). Turns the fsync-error fault on
+  (``world.FSYNC_ERROR_EVERY_S``), which loses the pages the failed fsync did not write.
 - ``refuse-on-local-state``: the refusal of a poison body depends on the replica's own history
   (every other poison body it judged), not on the body alone: replicas reach different outcomes.
 """
@@ -31,6 +34,7 @@ from dledger.meta_store import MemoryMetaStore
 from dledger.records import Refused
 from dledger.replica import ReplicaCore
 from dledger.sim import replica as sim_replica
+from dledger.sim import world as sim_world
 from dledger.sim.world import SimOptions, SimResult, run_seed
 
 
@@ -104,6 +108,17 @@ def _vote_not_durable() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _ignore_fsync_error() -> Iterator[None]:
+    original = ReplicaCore._flush_done
+
+    def flush_done(core: ReplicaCore, target: int, epoch: int, took: list[float], exc: BaseException | None) -> None:
+        original(core, target, epoch, took, None)
+
+    with _patched(ReplicaCore, "_flush_done", flush_done), _patched(sim_world, "FSYNC_ERROR_EVERY_S", 0.5):
+        yield
+
+
 def _apply_raises(body: bytes) -> Refused | None:
     if body.startswith(sim_replica.POISON):
         raise ValueError("poison body: no queue can hold it")  # what an unchecked effect does
@@ -132,6 +147,7 @@ PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "vote-not-durable": _vote_not_durable,
     "apply-raises": lambda: _patched(sim_replica, "refusal_of", _apply_raises),
     "refuse-on-local-state": _refuse_on_local_state,
+    "ignore-fsync-error": _ignore_fsync_error,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import random
 import zlib
 from collections.abc import Callable, Sequence
@@ -126,6 +127,9 @@ class SimReplica:
         self._poke = poke
         self.after = after  # the world's event queue: (delay from now, action)
         self.fsync_delay_s = FSYNC_DELAY_S  # how long a flush job takes (the nemesis slows it down)
+        self.fsync_fails_next = False  # the next flush job fails with EIO (the fsync-error fault)
+        # The world's fail-stop: the replica raised out of a flush completion (its process exits).
+        self.on_fatal: Callable[[BaseException], None] | None = None
         self.store = MemoryLogStore(segment_bytes, clock, name=node_id)
         self.meta = MemoryMetaStore()
         self.sm = SimStateMachine(node_id, checker, rng.randint(1, 20), self._commit_index)
@@ -278,8 +282,19 @@ class _SimFlusher:
             if r.core is not core:
                 return  # crashed (and maybe restarted) meanwhile: the job died with the process
             dl_clock.use(r.clock)
-            job()
-            done(None)
+            if r.fsync_fails_next:  # EIO: nothing synced, and the unsynced pages are gone
+                r.fsync_fails_next = False
+                r.store.lose_unsynced()
+                try:
+                    done(OSError(errno.EIO, "Input/output error (simulated fsync failure)"))
+                except Exception as exc:  # the replica fails stop, as DLedgerNode.fatal does
+                    if r.on_fatal is None:
+                        raise
+                    r.on_fatal(exc)
+                    return
+            else:
+                job()
+                done(None)
             r.poke()
 
         r.after(r.fsync_delay_s, complete)

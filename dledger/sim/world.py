@@ -48,6 +48,9 @@ from dledger.sim.checker import Checker, Violation
 from dledger.sim.network import LinkModel, SimNetwork
 from dledger.sim.replica import FSYNC_DELAY_S, POISON, ClientOp, SimClock, SimReplica
 
+# Failed fsyncs (see SimOptions.fsync_error_every_s): off unless a run (or a plant) asks.
+FSYNC_ERROR_EVERY_S = 0.0
+
 TICK_S = 0.010
 RAFT_LEADER = 2
 
@@ -62,6 +65,9 @@ class SimOptions:
     crash_after_vote: float = 0.05  # chance that a node crashes right after it sends a vote
     crash_after_ack: float = 0.002  # ... right after a follower acknowledges entries
     poison_share: float = 0.03  # client requests whose body the state machine refuses (sim/replica.py)
+    # Mean seconds between failed fsyncs (EIO; the pages are lost, sim/replica.py) while faults are
+    # on; None: FSYNC_ERROR_EVERY_S (0: off, so existing seeds replay as before).
+    fsync_error_every_s: float | None = None
 
 
 @dataclasses.dataclass
@@ -78,6 +84,7 @@ class SimResult:
     trace_crc: int
     leader_terms: int
     refused: int = 0  # poison bodies committed and refused by every replica
+    fail_stops: int = 0  # replicas that failed stop on a failed fsync (and were restarted)
 
     def line(self) -> str:
         status = "ok" if self.ok else f"FAIL: {self.error}"
@@ -93,6 +100,9 @@ class World:
     def __init__(self, seed: int, options: SimOptions = SimOptions()):
         self.seed = seed
         self.opts = options
+        every = options.fsync_error_every_s
+        self._fsync_error_every_s = FSYNC_ERROR_EVERY_S if every is None else every
+        self.fail_stops = 0
         self.rng = random.Random(seed)
         self.poison_rng = random.Random(seed ^ 0x9015)  # its own stream: the rest of a run draws as before
         self.now = 0.0
@@ -146,6 +156,8 @@ class World:
                 segment_bytes,
                 self.after,
             )
+        for nid, r in self.replicas.items():
+            r.on_fatal = lambda exc, nid=nid: self._fail_stop(nid, exc)
         self._install_targeted_crashes()
 
     # -- the event queue ------------------------------------------------------------------------------
@@ -372,6 +384,24 @@ class World:
             self.after(duration, self._fast_fsync)
         self.after(rng.uniform(0.1, 1.0), self._nemesis)
 
+    def _fsync_error(self) -> None:
+        """The next flush of a node (the leader half the time) fails with EIO."""
+        if not self._faults_on:
+            return
+        leaders = [r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"]
+        pool = leaders if leaders and self.rng.random() < 0.5 else list(self.replicas.values())
+        r = self.rng.choice(pool)
+        r.fsync_fails_next = True
+        self._trace("fsync_error", r.id, round(self.now, 6))
+        self.after(self.rng.expovariate(1 / self._fsync_error_every_s), self._fsync_error)
+
+    def _fail_stop(self, node: str, exc: BaseException) -> None:
+        """A replica raised out of a flush completion (a failed fsync): its process exits and a
+        supervisor restarts it from what reached the disk."""
+        self.fail_stops += 1
+        self._trace("fatal", node, round(self.now, 6), type(exc).__name__)
+        self._crash(node, self.rng.uniform(0.05, 1.0))
+
     def _clean_network(self) -> None:
         self.network.model = LinkModel()
 
@@ -386,6 +416,7 @@ class World:
         self._fast_fsync()
         for node, r in self.replicas.items():
             r.paused_until = 0.0
+            r.fsync_fails_next = False
             if r.core is None:
                 self._start(node)
             self._schedule_tick(node, 0.0)
@@ -412,6 +443,7 @@ class World:
             trace_crc=self.trace_crc,
             leader_terms=len(self.checker.leaders),
             refused=self.checker.refused,
+            fail_stops=self.fail_stops,
         )
 
     def _run_phases(self) -> None:
@@ -422,6 +454,8 @@ class World:
         self.after(0.5, self._client)
         if self._faults_on:
             self.after(1.0, self._nemesis)
+            if self._fsync_error_every_s > 0:
+                self.after(self.rng.expovariate(1 / self._fsync_error_every_s), self._fsync_error)
         while self.events < self.opts.steps and self._run_one():
             pass
         self._heal()

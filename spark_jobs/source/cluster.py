@@ -23,6 +23,7 @@ from urllib.parse import quote
 from broker.client.message import MessageQueue
 from broker.client.route_cache import subscribe_queues
 from broker.client.transport import ClientError, NamesrvClient, Transport
+from broker.protocol.frames import Op
 from broker.protocol.routes import BrokerData
 from spark_jobs.source.options import SourceOptionError, SourceOptions
 from spark_jobs.source.plan import ClusterView, QueueView, ReplicaRange
@@ -158,7 +159,7 @@ async def first_readable(
             body = {"topic": mq.topic, "queue_id": mq.queue_id, "offset": offset, "max_count": 1024, "max_bytes": 1}
             try:
                 async with in_flight:
-                    ans = await transport.call(r.addr, "POST", "/v1/pull", body, timeout_s=CALL_TIMEOUT_S)
+                    ans = await transport.operation(r.addr, Op.PULL, body, timeout_s=CALL_TIMEOUT_S)
             except ClientError:
                 return None
             status = ans.get("status")

@@ -36,6 +36,7 @@ from typing import Any
 
 from broker.client.message import MessageQueue
 from broker.client.transport import ClientError, NamesrvClient
+from broker.protocol.frames import Op
 from spark_jobs.source.options import SourceOptions
 from spark_jobs.source.plan import DataLossError, ReadRange
 from spark_jobs.source.schema import to_record_batch
@@ -208,8 +209,8 @@ class RangeReader:
                 if remaining <= 0:
                     break
                 try:
-                    ans = await self.transport.call(
-                        addr, "POST", "/v1/pull", body, timeout_s=min(CALL_TIMEOUT_S_MAX, remaining)
+                    ans = await self.transport.operation(
+                        addr, Op.PULL, body, timeout_s=min(CALL_TIMEOUT_S_MAX, remaining)
                     )
                 except ClientError as exc:
                     last = f"{addr}: {exc.code} {exc.message}"[:300]

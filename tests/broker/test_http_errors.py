@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from broker.serving.http_edge import ErrorAnswer, RequestError, error_middleware, query_int
+from broker.protocol.errors import ProtocolError
+from broker.serving.http_edge import ErrorAnswer, coded_answer, error_middleware, query_int
 
 
 class _Mine(Exception):
@@ -87,6 +88,9 @@ async def test_errors_are_classified_mapped_or_logged_as_a_500_without_details()
         await client.close()
 
 
-def test_request_error_carries_its_answer() -> None:
-    exc = RequestError(400, "BAD_PARAMETER", "n must be ...", field="n")
-    assert exc.answer.body() == {"code": "BAD_PARAMETER", "message": "n must be ...", "field": "n"}
+def test_the_coded_error_carries_its_answer() -> None:
+    exc = ProtocolError("BAD_PARAMETER", "n must be ...", 400, field="n")
+    assert exc.body() == {"code": "BAD_PARAMETER", "message": "n must be ...", "field": "n"}
+    answer = coded_answer(exc)
+    assert answer is not None and (answer.status, answer.body()) == (400, exc.body())
+    assert coded_answer(ProtocolError("NOT_FOUND", "no status given")) is None  # the server's classify maps it

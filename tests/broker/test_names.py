@@ -16,9 +16,10 @@ from broker.client.admin_records import InvalidArgument
 from broker.client.message import Message, check_group, check_message
 from broker.client.transport import ClientError
 from broker.protocol import names
+from broker.protocol.errors import ProtocolError
 from broker.store.consume_queue import ConsumeQueueStore
-from broker.store.message import InvalidInput, check_topic, check_unique_id, parse_msg_id
 from broker.store.message import check_group as broker_check_group
+from broker.store.message import check_topic, check_unique_id, parse_msg_id
 from namesrv.route_table import InvalidRecordError, validate_name, validate_topic
 
 TRAILING = ["\n", "\r\n", "\x00", " "]
@@ -54,13 +55,13 @@ def test_decimal_refuses_unicode_digits() -> None:
 @pytest.mark.parametrize("tail", TRAILING)
 def test_broker_namesrv_and_sdk_agree(tail: str, tmp_path: Any) -> None:
     bad = "Evil" + tail
-    with pytest.raises(InvalidInput):
+    with pytest.raises(ProtocolError):
         check_topic(bad)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(ProtocolError):
         broker_check_group(bad)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(ProtocolError):
         check_unique_id("U1" + tail)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(ProtocolError):
         parse_msg_id("RaftNode00" + tail + ":00000000000000FF")
     with pytest.raises(InvalidRecordError):
         validate_topic(bad)
@@ -84,7 +85,7 @@ def test_a_group_is_at_most_120_characters_so_its_retry_topic_is_a_topic() -> No
     assert not names.is_topic("%RETRY%" + "g" * 121)
     for bad in ("g" * 121, "g" * 255):
         assert not names.is_group(bad)
-        with pytest.raises(InvalidInput, match="at most 120 characters"):
+        with pytest.raises(ProtocolError, match="at most 120 characters"):
             broker_check_group(bad)
         with pytest.raises(ClientError):
             check_group(bad)  # the SDK refuses it before any request
@@ -97,5 +98,5 @@ def test_a_group_is_at_most_120_characters_so_its_retry_topic_is_a_topic() -> No
 def test_a_msg_id_names_a_broker_and_a_64_bit_position() -> None:
     assert parse_msg_id("RaftNode00:7FFFFFFFFFFFFFFF") == ("RaftNode00", 2**63 - 1)
     for bad in ("RaftNode00:8000000000000000", "RaftNode00:FFFFFFFFFFFFFFFF", "%RETRY%g:0000000000000001"):
-        with pytest.raises(InvalidInput, match="msg id"):
+        with pytest.raises(ProtocolError, match="msg id"):
             parse_msg_id(bad)

@@ -22,13 +22,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from broker.edge.http_api import BrokerApi
+from broker.protocol.errors import ProtocolError
 from broker.protocol.routes import BrokerRegistration
 from broker.server.registration import Registrar
 from broker.service.broker_service import BrokerService
 from broker.service.consumers import MAX_GROUPS_PER_CLIENT, ConsumerManager
 from broker.serving.http_edge import Guard, Limits
 from broker.serving.security import Security
-from broker.store.message import InvalidInput, StoredMessage, encode_command, encode_message, parse_msg_id
+from broker.store.message import StoredMessage, encode_command, encode_message, parse_msg_id
 from broker.store.message_store import MessageStore
 from dledger import command_codec
 from dledger.clock import SYSTEM
@@ -321,7 +322,7 @@ def test_msg_id_position_must_be_16_hex_digits(hexpos: str) -> None:
 
     Fix: require ``re.fullmatch(r"[0-9A-Fa-f]{16}", hexpos)`` before converting.
     """
-    with pytest.raises(InvalidInput) as e:
+    with pytest.raises(ProtocolError) as e:
         parse_msg_id(f"RaftNode00:{hexpos}")
     assert e.value.code == "INVALID_MSG_ID"
 

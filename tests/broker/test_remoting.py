@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from broker.client.remoting import RemotingConnection
 from broker.client.signer import Signer
 from broker.client.transport import ClientError
-from broker.edge.binary import Call, CallError, RemotingLimits, RemotingServer
+from broker.edge.binary import Call, RemotingLimits, RemotingServer
 from broker.protocol import auth
+from broker.protocol.errors import ProtocolError
 from broker.protocol.frames import (
     FLAG_ERROR,
     FLAG_RESPONSE,
@@ -118,9 +119,11 @@ class Gate:
         self.principals.append(call.principal.name)
         n = int(call.body.get("n", 0))
         if call.body.get("fail"):
-            raise CallError(409, "NOT_LEADER", "not me", leader_addr="10.0.0.1:1")
+            raise ProtocolError("NOT_LEADER", "not me", 409, leader_addr="10.0.0.1:1")
         if call.body.get("crash"):
             raise RuntimeError("boom")
+        if call.body.get("no_status"):  # the NameServer's kind (its classes give the status): a bug here
+            raise ProtocolError("NO_STATUS", "a coded error without a status")
         self.entered.append(n)
         if call.body.get("park"):
             ev = self.release.setdefault(n, asyncio.Event())
@@ -182,10 +185,12 @@ async def test_errors_arrive_as_client_errors_with_status_and_leader(serve: Serv
         with pytest.raises(ClientError) as e:
             await conn.call(Op.SEND, {"fail": True}, 5.0)
         assert (e.value.code, e.value.status, e.value.leader_addr) == ("NOT_LEADER", 409, "10.0.0.1:1")
-        assert not e.value.outcome_unknown
-        with pytest.raises(ClientError) as e:
-            await conn.call(Op.SEND, {"crash": True}, 5.0)
-        assert (e.value.code, e.value.status) == ("INTERNAL", 500)
+        assert not e.value.outcome_unknown and e.value.retryable
+        assert e.value.answer == {"code": "NOT_LEADER", "message": "not me", "status": 409, "leader_addr": "10.0.0.1:1"}
+        for bug in ("crash", "no_status"):
+            with pytest.raises(ClientError) as e:
+                await conn.call(Op.SEND, {bug: True}, 5.0)
+            assert (e.value.code, e.value.status) == ("INTERNAL", 500)
         with pytest.raises(ClientError) as e:
             await conn.call(999, {}, 5.0)
         assert e.value.code == "UNKNOWN_OP"

@@ -14,8 +14,9 @@ import pytest
 from broker.client import Message, MessageExt, MessageQueue, Producer, PushConsumer
 from broker.client.admin_records import message_from_dict
 from broker.client.transport import ClientError
+from broker.protocol.errors import ProtocolError
 from broker.server.config import load_broker_config
-from broker.store.message import InvalidInput, StoredMessage, decode_message, encode_message
+from broker.store.message import StoredMessage, decode_message, encode_message
 from broker.store.schedule import (
     PROP_DUE_MS,
     PROP_SCHED_POS,
@@ -64,9 +65,9 @@ def test_levels_and_deliver_times() -> None:
     assert p.due_of({"TIMER_DELAY_MS": "20"}, 1000, "m") == (1020, 0)
     assert p.due_of({"TIMER_DELIVER_MS": "500"}, 1000, "m") is None  # in the past: at once
     for bad in ({"DELAY": "x"}, {"TIMER_DELAY_SEC": "1e3"}, {PROP_SCHED_POS: "5"}, {PROP_DUE_MS: "5"}):
-        with pytest.raises(InvalidInput):
+        with pytest.raises(ProtocolError):
             p.due_of(bad, 1000, "m")
-    with pytest.raises(InvalidInput) as e:
+    with pytest.raises(ProtocolError) as e:
         p.due_of({"TIMER_DELAY_SEC": str(3 * 86400 + 1)}, 1000, "m")
     assert e.value.code == "TIMER_DELAY_TOO_LONG"
     assert parse_delay_levels("1s 1m 2h 1d") == (1000, 60_000, 7_200_000, 86_400_000)
@@ -97,7 +98,7 @@ def test_prepare_and_the_delivered_copy() -> None:
     assert (c.topic, c.queue_id, c.store_ts, c.unique_id) == ("T", 1, 2_000_000, m.unique_id)
     assert c.properties == {"a": "b", PROP_DUE_MS: s.properties[PROP_DUE_MS], PROP_SCHED_POS: "4242"}
     assert p.prepare(_msg({"a": "b"}), "m").topic == "T"
-    with pytest.raises(InvalidInput) as e:  # the schedule topic is the broker's own
+    with pytest.raises(ProtocolError) as e:  # the schedule topic is the broker's own
         p.prepare(_msg({})._replace(topic=SCHEDULE_TOPIC), "m")
     assert e.value.status == 403
 

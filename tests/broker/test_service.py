@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from broker.protocol.errors import ProtocolError
 from broker.server.broker_server import BrokerServer
 from broker.service.base import ServiceBase
-from broker.service.broker_service import ServiceError
 from broker.store.message_store import CorruptMessage
 from dledger.node import AppendTimeoutError, BusyError, NotLeaderError
 from tests.broker.harness import BrokerCluster
@@ -91,7 +91,7 @@ async def test_one_send_may_name_each_message_s_queue(cluster: BrokerCluster) ->
     # a request naming no queue per message answers as before (no queue per result)
     assert "queue_id" not in (await svc.send("SQ", 3, [{"body": b"e"}])).to_dict()["results"][0]
     for bad in (4, -1, "1", True):
-        with pytest.raises(ServiceError) as e:
+        with pytest.raises(ProtocolError) as e:
             await svc.send("SQ", 0, [{"body": b"x"}, {"body": b"y", "queue_id": bad}])
         assert (e.value.code, e.value.status) == ("INVALID_QUEUE_ID", 400)
         assert "messages[1].queue_id" in e.value.message
@@ -101,26 +101,26 @@ async def test_one_send_may_name_each_message_s_queue(cluster: BrokerCluster) ->
 async def test_every_refusal_is_one_service_error(cluster: BrokerCluster) -> None:
     leader = _leader(cluster)
     svc = leader.service
-    with pytest.raises(ServiceError) as e:
+    with pytest.raises(ProtocolError) as e:
         await svc.send("S3", 0, [{"body": "not bytes"}])
-    assert type(e.value) is ServiceError and e.value.status == 400
-    with pytest.raises(ServiceError) as e:
+    assert type(e.value) is ProtocolError and e.value.status == 400
+    with pytest.raises(ProtocolError) as e:
         await svc.send("S3", 99, [{"body": b"x"}])
     assert e.value.code == "INVALID_QUEUE_ID"
-    with pytest.raises(ServiceError) as e:
+    with pytest.raises(ProtocolError) as e:
         await svc.pull("NO_SUCH_TOPIC", 0, 0)
     assert (e.value.code, e.value.status) == ("TOPIC_NOT_EXIST", 404)
-    with pytest.raises(ServiceError) as e:
+    with pytest.raises(ProtocolError) as e:
         svc.message_by_id("RaftNode00:00000000FFFFFFFF")
     assert e.value.code == "MESSAGE_NOT_FOUND"
     # a follower refuses writes and names the leader to retry at
     follower = _follower(cluster)
-    with pytest.raises(ServiceError) as e:
+    with pytest.raises(ProtocolError) as e:
         await follower.service.send("S3", 0, [{"body": b"x"}])
     assert e.value.code == "NOT_LEADER" and e.value.status == 409
     assert e.value.extra["leader_id"] == leader.cfg.dledger.self_id
     assert e.value.extra["leader_addr"] == leader.cfg.address
-    assert e.value.answer()["leader_addr"] == leader.cfg.address
+    assert e.value.body()["leader_addr"] == leader.cfg.address
 
 
 async def test_a_held_pull_is_woken_by_a_send(cluster: BrokerCluster) -> None:
@@ -192,7 +192,7 @@ async def test_admin_offsets_and_retries(cluster: BrokerCluster) -> None:
     assert got.offsets == {0: 2} and got.reset_generation == 0
     reset = await svc.reset_offsets("G5", "S5", offsets={"0": 1})
     assert reset.offsets == {0: 1} and reset.reset_generation == 1
-    with pytest.raises(ServiceError) as e:  # a commit from before the reset is fenced
+    with pytest.raises(ProtocolError) as e:  # a commit from before the reset is fenced
         await svc.commit_offsets("G5", "S5", {0: 2}, reset_generation=0)
     assert e.value.code == "OFFSET_RESET" and e.value.extra["offsets"] == {"0": 1}
     progress = svc.group_progress("G5")
@@ -203,7 +203,7 @@ async def test_admin_offsets_and_retries(cluster: BrokerCluster) -> None:
     assert dead.topic == "%DLQ%G5" and dead.dlq
     resent = await svc.resend_dlq("G5", svc.position_of(dead.msg_id))
     assert resent.topic == "%RETRY%G5"
-    with pytest.raises(ServiceError) as e:
+    with pytest.raises(ProtocolError) as e:
         await svc.resend_dlq("G5", sent.results[0].position)
     assert e.value.code == "NOT_IN_DLQ"
     assert await svc.delete_group("G5") is True

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from broker.client import LocalTransactionState, Message, MessageExt, TransactionProducer
+from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import HALF_TOPIC, PROP_CHECK_IMMUNITY, PROP_HALF_POS
 from broker.server.config import parse_broker_config
-from broker.store.message import InvalidInput, StoredMessage, decode_message, encode_command, encode_message
+from broker.store.message import StoredMessage, decode_message, encode_command, encode_message
 from broker.store.transactions import (
     COMMIT,
     DISCARDED,
@@ -81,7 +82,7 @@ def test_immunity_property() -> None:
     assert immunity_ms({}, "m") is None
     assert immunity_ms({PROP_CHECK_IMMUNITY: "30"}, "m") == 30_000
     for bad in ("-1", "x", "99999999"):
-        with pytest.raises(InvalidInput):
+        with pytest.raises(ProtocolError):
             immunity_ms({PROP_CHECK_IMMUNITY: bad}, "m")
 
 

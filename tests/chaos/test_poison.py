@@ -120,6 +120,7 @@ async def test_past_a_validation_gap_every_replica_refuses_alike(tmp_path: Path,
     assert len(records[1]["detail"]["deleted"]["RaftNode00"]) == 7
 
 
+@pytest.mark.slow  # ~20 s, nearly all of it waiting for the stopped replicas (24 s measured on main 7787d9f's version)
 async def test_the_check_has_teeth(tmp_path: Path) -> None:
     """With the apply of before issue 23 (a refused record raises) the replicas stop, and the fault's
     check says so. They fail on purpose, so the cluster stops with ``replicas_may_fail`` (a failed

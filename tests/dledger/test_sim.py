@@ -18,8 +18,14 @@ from dledger.sim.plants import PLANTS, plant, run_job
 from dledger.sim.replica import POISON
 from dledger.sim.world import SimOptions, World, run_seed
 
-CI_SEEDS = range(1, 201)
+CI_SEEDS = range(1, 201)  # the slow tier's seeds
+FAST_SEEDS = range(1, 21)  # the fast tier's: every planted bug is caught within them too
 CI_STEPS = 3000
+# the fast tier runs the first 20 seeds, the slow tier all 200 (nothing is left out of the slow tier)
+SEED_SETS = [
+    pytest.param(FAST_SEEDS, id="seeds-1-20"),
+    pytest.param(CI_SEEDS, id="seeds-1-200", marks=pytest.mark.slow),
+]
 
 
 def _run_many(seeds: range, options: SimOptions, planted: str | None = None) -> list:
@@ -28,20 +34,35 @@ def _run_many(seeds: range, options: SimOptions, planted: str | None = None) -> 
         return pool.map(run_job, jobs, chunksize=4)
 
 
-def test_ci_seeds_hold_every_safety_property() -> None:
-    results = _run_many(CI_SEEDS, SimOptions(steps=CI_STEPS))
+@pytest.mark.parametrize("seeds", SEED_SETS)
+def test_ci_seeds_hold_every_safety_property(seeds: range) -> None:
+    results = _run_many(seeds, SimOptions(steps=CI_STEPS))
     failed = [r.line() for r in results if not r.ok]
     assert not failed, "\n".join(failed)
-    assert sum(r.acked for r in results) > 10_000 and sum(r.crashes for r in results) > 200
-    assert sum(r.refused for r in results) > 100  # poison bodies committed, refused alike by every replica
+    # per seed on average: > 50 acknowledged sends, > 1 crash, > 0.5 poison bodies committed and
+    # refused alike by every replica (seeds 1-20: 2316, 56 and 65)
+    assert sum(r.acked for r in results) > 50 * len(seeds) and sum(r.crashes for r in results) > len(seeds)
+    assert sum(r.refused for r in results) > len(seeds) // 2
 
 
+@pytest.mark.parametrize("seeds", SEED_SETS)
 @pytest.mark.parametrize("planted", sorted(PLANTS))
-def test_each_planted_bug_is_caught_within_the_ci_seeds(planted: str) -> None:
-    results = _run_many(CI_SEEDS, SimOptions(steps=CI_STEPS), planted)
+def test_each_planted_bug_is_caught_within_the_ci_seeds(planted: str, seeds: range) -> None:
+    results = _run_many(seeds, SimOptions(steps=CI_STEPS), planted)
     caught = [r for r in results if not r.ok]
-    assert caught, f"the simulator did not catch {planted} in seeds {CI_SEEDS.start}..{CI_SEEDS.stop - 1}"
+    assert caught, f"the simulator did not catch {planted} in seeds {seeds.start}..{seeds.stop - 1}"
     print(f"{planted}: caught by {len(caught)} of {len(results)} seeds; first: {caught[0].line()}")
+
+
+def test_failed_fsyncs_stop_the_replica_and_lose_nothing_acknowledged() -> None:
+    """Issue 27 (fsyncgate): with flushes failing with EIO now and then (the pages they did not
+    write are lost, whatever later flushes report), the replica fails stop and is restarted; every
+    safety property holds. The plant ``ignore-fsync-error`` (the same fault, the error ignored) is
+    caught by ``test_each_planted_bug_is_caught_within_the_ci_seeds``."""
+    results = _run_many(CI_SEEDS, SimOptions(steps=CI_STEPS, fsync_error_every_s=0.5))
+    failed = [r.line() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    assert sum(r.fail_stops for r in results) > 0  # the fault fired and stopped replicas
 
 
 def test_a_seed_replays_bit_for_bit_whatever_the_hash_seed() -> None:

@@ -54,6 +54,18 @@ class AuditedRun:
         return rows
 
 
+# The tests on the synthetic audited runs are the slow tier's: each of those fixtures is a whole Spark
+# audit (planted_run 77-100 s, clean_run 23-47 s of setup on the shared 2-core machine; docs/ARCHITECTURE.md,
+# "Test tiers"). The fast tier keeps the checks against their rules (test_checks*.py).
+AUDITED_RUN_FIXTURES = ("planted_run", "clean_run")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in AUDITED_RUN_FIXTURES):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     import pyspark  # noqa: F401 - the spark extra is installed by .ci/setup.sh: fail loudly without it

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from spark_jobs import checks
 
 SENDS = (
@@ -133,6 +135,7 @@ def test_aborted_read_and_unexpected(spark: Any) -> None:
     assert [r["unique_id"] for r in checks.unexpected(delivered, sends).collect()] == ["ghost"]
 
 
+@pytest.mark.slow  # 11-17 s of Spark jobs (docs/ARCHITECTURE.md, "Test tiers")
 def test_cq_mismatch_kinds_and_topic_delete(spark: Any) -> None:
     """Extra, wrong-sized and misordered units, against the pure rule; a deleted topic's earlier
     messages are out of range."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from broker.edge.export import exported_path, list_files, read_part
-from broker.edge.http_codec import ApiError
+from broker.protocol.errors import ProtocolError
 
 
 @pytest.mark.parametrize("path", [
@@ -29,7 +29,7 @@ def test_exported_paths(path: str) -> None:
 ])
 def test_other_paths_are_refused(path: str) -> None:
     assert not exported_path(path)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(ProtocolError) as e:
         read_part("/nonexistent", path, 0, 10)
     assert (e.value.status, e.value.code) == (400, "BAD_PATH")
 
@@ -57,10 +57,10 @@ def test_list_and_read_a_read_only_replica(tmp_path: Path) -> None:
         data, size = read_part(str(tmp_path), "store/log/00000000000000000000", 250, 20)
         assert (data, size) == ((bytes(range(256)) * 10)[250:270], 2560)
         assert read_part(str(tmp_path), "store/log/00000000000000000000", 5000, 20) == (b"", 2560)
-        with pytest.raises(ApiError) as e:
+        with pytest.raises(ProtocolError) as e:
             read_part(str(tmp_path), "store/log/00000000000000000099", 0, 10)  # a symlink is not followed
         assert e.value.code == "FILE_GONE"
-        with pytest.raises(ApiError) as e:
+        with pytest.raises(ProtocolError) as e:
             read_part(str(tmp_path), "store/log/00000000000000000001", 0, 10)
         assert (e.value.status, e.value.code) == (404, "FILE_GONE")
     finally:
@@ -107,7 +107,7 @@ def test_a_symlink_on_any_component_is_refused(tmp_path: Path, link: str) -> Non
     os.symlink(outside / link, node / link)
     for rel in wanted:
         if rel.startswith(link + "/"):
-            with pytest.raises(ApiError) as e:
+            with pytest.raises(ProtocolError) as e:
                 read_part(str(node), rel, 0, 100)
             assert (e.value.status, e.value.code) == (404, "FILE_GONE"), rel
     listed, _more = list_files(str(node), "", 100)

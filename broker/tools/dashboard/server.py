@@ -48,6 +48,7 @@ from broker.client.admin import Admin
 from broker.client.admin_records import BrokerMember, InvalidArgument, MessageView
 from broker.client.transport import FROM_ENV, ClientError, client_ssl_context
 from broker.protocol.auth import Credentials, CredentialsError
+from broker.protocol.errors import ProtocolError
 from broker.tools.mqadmin_cluster import group_members
 from broker.tools.mqadmin_format import body_text, format_ts, perm_text
 from broker.tools.mqadmin_stats import scrape_metrics
@@ -288,10 +289,11 @@ def admin_of(request: web.Request) -> Admin:
     return request[SESSION_KEY].admin
 
 
-class LoginRefused(Exception):
+class LoginRefused(ProtocolError):
+    """A sign-in refused: shown on the login page with its code and answered with its status."""
+
     def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.status, self.code, self.message = status, code, message
+        super().__init__(code, message, status)
 
 
 def safe_next(value: str) -> str:

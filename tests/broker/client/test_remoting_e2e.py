@@ -11,6 +11,7 @@ import pytest
 
 from broker.client import ClientError, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from broker.client.transport import Transport
+from broker.protocol.frames import Op
 from tests.acl_fixtures import CONSUMER, NOBODY, PRODUCER
 from tests.broker.client.conftest import ClusterFactory
 from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster
@@ -114,8 +115,7 @@ async def test_an_unreachable_binary_port_falls_back_to_http(make_cluster: Clust
     t = Transport(credentials=PRODUCER)
     try:
         t._remoting_addrs[leader.addr] = f"127.0.0.1:{free_ports(1)[0]}"  # advertised, but nobody listens
-        answer = await t.call(leader.addr, "POST", "/v1/send",
-                              {"topic": "T", "queue_id": 0, "messages": [{"body": b"x"}]})
+        answer = await t.operation(leader.addr, Op.SEND, {"topic": "T", "queue_id": 0, "messages": [{"body": b"x"}]})
         assert answer["status"] == "SEND_OK"
         assert len(cluster.all_requests("/v1/send")) == 1
     finally:

@@ -22,6 +22,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from broker.protocol.auth import AuthError
+from broker.protocol.errors import ProtocolError
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq.codes import RequestCode, ResponseCode, SerializeType, not_supported_remark
 from broker.protocol.rocketmq.command import Bounds, RemotingCommand
@@ -44,6 +46,7 @@ PARK = 9002
 FAIL = 9003
 BOOM = 9004
 RECORD = 9005
+CODED = 9006  # raises the coded error its ext fields name
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -98,7 +101,13 @@ def make_server(gate: Gate, limits: RemotingLimits | None = None, budget: ByteBu
     async def record(req: Request) -> None:
         gate.recorded.append(req.cmd)
 
-    for code, handler in ((ECHO, echo), (PARK, park), (FAIL, fail), (BOOM, boom), (RECORD, record)):
+    async def coded(req: Request) -> RemotingCommand:
+        code = req.cmd.ext("code") or ""
+        if req.cmd.ext("auth"):
+            raise AuthError(403, code, "not yours")
+        raise ProtocolError(code, "refused by the handler", int(req.cmd.ext("status") or 0))
+
+    for code, handler in ((ECHO, echo), (PARK, park), (FAIL, fail), (BOOM, boom), (RECORD, record), (CODED, coded)):
         server.route(code, handler)
     return server
 
@@ -194,6 +203,35 @@ def test_both_header_encodings_unknown_codes_and_coded_errors(loop_name: str, ca
     on_both_loops(loop_name, scenario)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 2 and all("unexpected error" in r.getMessage() for r in errors)
+
+
+def test_a_coded_error_is_answered_in_one_place(loop_name: str, caplog: Any) -> None:
+    """A handler's ``ProtocolError`` is answered by the server (``response_code``), never as a bug:
+    SYSTEM_BUSY for back-pressure, NO_PERMISSION for an ACL refusal, SYSTEM_ERROR for the rest, the
+    remark ``CODE: message`` in each; the connection stays usable."""
+
+    async def scenario() -> None:
+        s = await serve(Gate())
+        c = await RmqClient.connect(s.addr)
+        try:
+            for ext, want in (
+                ({"code": "BUSY"}, ResponseCode.SYSTEM_BUSY),
+                ({"code": "SHUTTING_DOWN", "status": "503"}, ResponseCode.SYSTEM_BUSY),
+                ({"code": "NOT_UPDATABLE", "status": "400"}, ResponseCode.SYSTEM_ERROR),
+                ({"code": "INVALID_KV"}, ResponseCode.SYSTEM_ERROR),
+            ):
+                r = await c.call(CODED, ext)
+                assert (r.code, r.remark) == (want, f"{ext['code']}: refused by the handler"), ext
+            r = await c.call(CODED, {"code": "NO_PERMISSION", "auth": "1"})
+            assert (r.code, r.remark) == (ResponseCode.NO_PERMISSION, "NO_PERMISSION: not yours")
+            assert (await c.call(ECHO, {"x": "still"})).ext("echo") == "still"
+            assert (s.server.stats.errors, s.server.stats.auth_refused) == (4, 1)
+        finally:
+            await c.close()
+            await stop(s)
+
+    on_both_loops(loop_name, scenario)
+    no_errors_logged(caplog)
 
 
 def test_partial_frames_byte_by_byte_and_many_frames_in_one_write(loop_name: str) -> None:
