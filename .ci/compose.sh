@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The docker compose cluster (two NameServers + one 3-broker DLedger group), offline-capable.
+# The docker compose cluster (two NameServers + one 3-broker DLedger group; with the profile
+# "fleet" three groups), offline-capable.
 #
 #   bash .ci/compose.sh up        # engine, base image, wheels, image, `compose up`, wait healthy
+#   bash .ci/compose.sh up fleet  # the same with RaftNode01 and RaftNode02 (or COMPOSE_PROFILES=fleet)
 #   bash .ci/compose.sh status    # containers and roles (mqadmin clusterList)
 #   bash .ci/compose.sh down      # `compose down -v` (containers, network and volumes)
 #   bash .ci/compose.sh build     # only the image (prints how long the docker build took)
@@ -27,6 +29,11 @@ WHEELS="$REPO/docker/wheels"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PROJECT="${COMPOSE_PROJECT_NAME:-dledgermq}"
 RUN_DIR="$REPO/docker/run"
+# The services, and each group's client ports on the host (wait_healthy: a writable leader per group).
+BASE_SERVICES=(namesrv1 namesrv2 n0 n1 n2)
+FLEET_SERVICES=(g1n0 g1n1 g1n2 g2n0 g2n1 g2n2)
+GROUP_PORTS=("10911 10921 10931")
+FLEET_GROUP_PORTS=("11011 11021 11031" "11111 11121 11131")
 IMAGE_UID=10001  # the image's dledger user (Dockerfile)
 export DLEDGER_TLS_CA_FILE="$RUN_DIR/tls/ca.pem" DLEDGER_CREDENTIALS_FILE="$RUN_DIR/admin-credentials.yml"
 
@@ -72,6 +79,14 @@ find_compose() {
         COMPOSE=(docker-compose -p "$PROJECT" -f "$REPO/docker-compose.yml")
     fi
 }
+
+# The profile "fleet" (three groups): `up fleet`, or COMPOSE_PROFILES naming it (compose reads it too).
+FLEET=0
+use_fleet() {
+    FLEET=1
+    export COMPOSE_PROFILES="${COMPOSE_PROFILES:+$COMPOSE_PROFILES,}fleet"
+}
+case ",${COMPOSE_PROFILES:-}," in *,fleet,*) FLEET=1 ;; esac
 
 # Prints the base image to build FROM, building the local one when the default is unavailable.
 ensure_base() {
@@ -131,10 +146,12 @@ secrets() {
 }
 
 wait_healthy() {
-    local deadline=$(( $(date +%s) + ${1:-120} )) svc state all
+    local deadline=$(( $(date +%s) + ${1:-120} )) svc state all services=("${BASE_SERVICES[@]}")
+    local groups=("${GROUP_PORTS[@]}")
+    if [ "$FLEET" -eq 1 ]; then services+=("${FLEET_SERVICES[@]}"); groups+=("${FLEET_GROUP_PORTS[@]}"); fi
     while :; do
         all=1
-        for svc in namesrv1 namesrv2 n0 n1 n2; do
+        for svc in "${services[@]}"; do
             state="$(docker inspect -f '{{.State.Health.Status}}' "$("${COMPOSE[@]}" ps -q "$svc")" 2>/dev/null || echo missing)"
             [ "$state" = "healthy" ] || all=0
         done
@@ -142,26 +159,30 @@ wait_healthy() {
         [ "$(date +%s)" -lt "$deadline" ] || { "${COMPOSE[@]}" ps >&2; die "containers not healthy in time"; }
         sleep 1
     done
-    # and a writable leader registered at the NameServer
-    NAMESRV_ADDR=127.0.0.1:9876 "$REPO/.venv/bin/python" - <<'EOF' || die "no writable leader in time"
+    # and a writable leader in every group
+    DLEDGER_GROUP_PORTS="$(IFS=,; echo "${groups[*]}")" "$REPO/.venv/bin/python" - <<'EOF' || die "no writable leader in time"
 import json, os, ssl, time, urllib.request
 ctx = ssl.create_default_context(cafile=os.environ["DLEDGER_TLS_CA_FILE"])
 deadline = time.time() + 60
-while time.time() < deadline:
-    for port in (10911, 10921, 10931):
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/v1/status", timeout=1, context=ctx) as r:
-                if json.load(r).get("writable"):
-                    raise SystemExit(0)
-        except OSError:
-            pass
+waiting = [[int(p) for p in g.split()] for g in os.environ["DLEDGER_GROUP_PORTS"].split(",")]
+while waiting and time.time() < deadline:
+    for ports in list(waiting):
+        for port in ports:
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}/v1/status", timeout=1, context=ctx) as r:
+                    if json.load(r).get("writable"):
+                        waiting.remove(ports)
+                        break
+            except OSError:
+                pass
     time.sleep(0.5)
-raise SystemExit(1)
+raise SystemExit(1 if waiting else 0)
 EOF
 }
 
 main() {
     local cmd="${1:-up}"
+    if [ "${2:-}" = "fleet" ]; then use_fleet; fi
     case "$cmd" in
         engine) ensure_engine ;;
         build) build ;;
@@ -183,10 +204,10 @@ main() {
             ;;
         down)
             ensure_engine; find_compose
-            "${COMPOSE[@]}" down -v --remove-orphans >&2
+            COMPOSE_PROFILES=fleet "${COMPOSE[@]}" down -v --remove-orphans >&2  # every profile's containers
             rm -rf "$RUN_DIR"  # the secrets go with the cluster
             ;;
-        *) die "usage: compose.sh up|status|down|build|secrets|engine" ;;
+        *) die "usage: compose.sh up [fleet]|status|down|build|secrets|engine" ;;
     esac
 }
 

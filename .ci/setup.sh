@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a checkout for tests: .venv with the project installed editable (plus the `test` and
-# `spark` extras), the Toxiproxy server binary in .ci/bin/, a Java runtime for PySpark, and the wire
+# `spark` extras), the Toxiproxy server and helm binaries in .ci/bin/, a Java runtime for PySpark, and the wire
 # tier's client programs (tests/wire: Maven- and Go-built, dependencies cached in ~/.m2 and the
 # Go module cache).
 #
@@ -20,6 +20,12 @@ TOXIPROXY_MODULE="github.com/Shopify/toxiproxy/v2"
 TOXIPROXY_VERSION="v2.12.0"            # needs go >= 1.23 (its go.mod says `go 1.23.0`)
 TOXIPROXY_BIN="$CI_BIN/toxiproxy-server"
 TOXIPROXY_STAMP="$CI_BIN/toxiproxy-server.version"
+# Helm (issue 27: the chart under docker/helm/dledger-mq, checked with `helm lint` / `helm template`
+# by tests/test_helm_chart.py), built from the Go module proxy like Toxiproxy.
+HELM_MODULE="helm.sh/helm/v3"
+HELM_VERSION="v3.22.0"
+HELM_BIN="$CI_BIN/helm"
+HELM_STAMP="$CI_BIN/helm.version"
 # Used only when no Go >= 1.21 is installed: fetched as the golang.org/toolchain module (what
 # GOTOOLCHAIN=auto does itself), checked against sum.golang.org, unpacked into .ci/go/.
 GO_BOOTSTRAP_VERSION="1.23.12"
@@ -173,6 +179,19 @@ ensure_toxiproxy() {
     printf '%s\n' "$TOXIPROXY_VERSION" >"$TOXIPROXY_STAMP"
 }
 
+ensure_helm() {
+    if [ -x "$HELM_BIN" ] && [ "$(cat "$HELM_STAMP" 2>/dev/null)" = "$HELM_VERSION" ]; then
+        log "helm $HELM_VERSION already built in .ci/bin"
+        return 0
+    fi
+    ensure_go
+    log "go install $HELM_MODULE/cmd/helm@$HELM_VERSION with $("$GO" env GOVERSION) -> .ci/bin/helm"
+    mkdir -p "$CI_BIN"
+    quietly env GOBIN="$CI_BIN" CGO_ENABLED=0 GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" \
+        "$GO" install "$HELM_MODULE/cmd/helm@$HELM_VERSION"
+    printf '%s\n' "$HELM_VERSION" >"$HELM_STAMP"
+}
+
 # PySpark (the audits) runs on a Java 17+ runtime.
 ensure_java() {
     local v=""
@@ -264,11 +283,12 @@ main() {
     ensure_venv
     ensure_project_installed
     ensure_toxiproxy
+    ensure_helm
     ensure_java
     ensure_chromium
     ensure_wire_java
     ensure_wire_go
-    log "ready: $VENV, $TOXIPROXY_BIN, java $(java -version 2>&1 | head -1), wire tier programs"
+    log "ready: $VENV, $TOXIPROXY_BIN, $HELM_BIN, java $(java -version 2>&1 | head -1), wire tier programs"
 }
 
 main "$@"

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from chaos import plants
+from chaos import fleet, plants, rolling
 from chaos.drill import DrillError, DrillOptions, run_drill
 from chaos.faults import (
     CRASH_GATES,
@@ -148,10 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--rate", type=_bounded(float, 0, 100000), default=50.0, help="sends/s per producer (50)")
     cd.add_argument("--keep", action="store_true", help="leave the compose cluster running")
     cd.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+    cd.add_argument("--fleet", action="store_true",
+                    help="three groups (the compose profile 'fleet'): faults hit RaftNode00, the others are measured")
 
+    rolling.add_parser(sub, _bounded, _port_base)  # chaos/rolling.py
+    fleet.add_parser(sub, _bounded, _port_base)  # chaos/fleet.py
     sub.add_parser("faults", help="list the fault names and the standard mix")
     sub.add_parser("plants", help="list the deliberate defects --plant can put in (sensitivity tests)")
     return parser
+
+
+FLEET_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "rolling-restart": rolling.run_from_args, "grow-shrink": fleet.run_from_args}
 
 
 def _skew(text: str) -> tuple[float, float]:
@@ -228,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             opts = run_options(args)
             find_server_binary(opts.toxiproxy_server)  # before anything starts: a clear message, exit 2
             return asyncio.run(Run(opts).execute())
+        if args.command in FLEET_COMMANDS:
+            if not args.no_audit and not audit_available():
+                raise UsageError("the audit (spark_jobs.audit) is not installed: pass --no-audit")
+            return FLEET_COMMANDS[args.command](args)
         if args.command == "compose-drill":
             from chaos.compose import ComposeDrillOptions, run_compose_drill
 
@@ -235,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError("the audit (spark_jobs.audit) is not installed: pass --no-audit")
             return asyncio.run(run_compose_drill(ComposeDrillOptions(
                 run_dir=args.dir, rounds=args.rounds, cut_s=args.cut_s, producers=args.producers,
-                consumers=args.consumers, rate=args.rate, keep=args.keep, audit=not args.no_audit)))
+                consumers=args.consumers, rate=args.rate, keep=args.keep, audit=not args.no_audit, fleet=args.fleet)))
         opts_d = DrillOptions(rounds=args.rounds, dir=args.dir, producers=args.producers, rate=args.rate,
                               steady_s=args.steady, topic=args.topic, queues=args.queues, group=args.group,
                               port_base=args.port_base, keep=args.keep)

@@ -33,6 +33,7 @@ from typing import Any
 
 from broker.client.transport import ClientError, Transport
 from chaos.drill import Drill, DrillOptions
+from chaos.fleet_base import other_groups_during, read_faults, read_sends
 from chaos.history import HISTORY_VERSION, FaultRecord, JsonlWriter, now_us
 from chaos.target import REPO, Member, Network, NotSupported, find_leader, wait_for
 from chaos.unsynced import LossReport
@@ -41,6 +42,12 @@ from chaos.workload import Workload, WorkloadConfig, create_topic, drain
 COMPOSE_SH = os.path.join(REPO, ".ci", "compose.sh")
 GROUP = "RaftNode00"
 NODES = {"n0": 10911, "n1": 10921, "n2": 10931}
+# With --fleet (the compose profile "fleet"): group -> replica id -> (compose service, host client port)
+FLEET_GROUPS = {
+    GROUP: {nid: (nid, port) for nid, port in NODES.items()},
+    "RaftNode01": {"n0": ("g1n0", 11011), "n1": ("g1n1", 11021), "n2": ("g1n2", 11031)},
+    "RaftNode02": {"n0": ("g2n0", 11111), "n1": ("g2n1", 11121), "n2": ("g2n2", 11131)},
+}
 FIRST_ACK_MEDIAN_TARGET_MS = 3000
 STATUS_TIMEOUT_S = 1.0
 
@@ -75,22 +82,32 @@ class ComposeTarget:
     namesrv_addr = "127.0.0.1:9876;127.0.0.1:9877"
     network: Network | None = None  # links are cut with `docker network disconnect` by the drill
 
-    def __init__(self) -> None:
+    def __init__(self, fleet: bool = False) -> None:
         self.compose = _compose_cmd()
         self.transport = Transport(timeout_s=STATUS_TIMEOUT_S)
         self._ids: dict[str, str] = {}
+        groups = FLEET_GROUPS if fleet else {GROUP: FLEET_GROUPS[GROUP]}
+        self._members = [Member(f"{group}-{nid}", group, nid, f"127.0.0.1:{port}")
+                         for group, nodes in groups.items() for nid, (_svc, port) in nodes.items()]
+        self._services = {f"{group}-{nid}": svc for group, nodes in groups.items()
+                          for nid, (svc, _port) in nodes.items()}
 
     def members(self) -> list[Member]:
-        return [Member(f"{GROUP}-{nid}", GROUP, nid, f"127.0.0.1:{port}") for nid, port in NODES.items()]
+        return list(self._members)
+
+    def service(self, m: Member) -> str:
+        """The compose service (and host name on the private network) of a replica."""
+        return self._services[m.name]
 
     def container(self, m: Member) -> str:
-        cid = self._ids.get(m.node_id)
+        svc = self.service(m)
+        cid = self._ids.get(svc)
         if cid is None:
-            r = _run([*self.compose, "ps", "-q", m.node_id])
+            r = _run([*self.compose, "ps", "-q", svc])
             cid = r.stdout.strip()
             if not cid:
-                raise RuntimeError(f"no container for service {m.node_id}: {r.stderr.strip()[-300:]}")
-            self._ids[m.node_id] = cid
+                raise RuntimeError(f"no container for service {svc}: {r.stderr.strip()[-300:]}")
+            self._ids[svc] = cid
         return cid
 
     def is_running(self, m: Member) -> bool:
@@ -171,6 +188,7 @@ class ComposeDrillOptions:
     rate: float = 50.0
     keep: bool = False
     audit: bool = True
+    fleet: bool = False  # the profile "fleet": three groups; the drill's faults hit RaftNode00
 
 
 class ComposeDrill:
@@ -197,7 +215,7 @@ class ComposeDrill:
                      "start_us": now_us(), "status": "running", "options": dataclasses.asdict(self.opts),
                      "topics": [{"topic": "ComposeChaos", "queues": 8}], "cluster_dir": "cluster"}
         self.write_run_json()
-        up = await asyncio.to_thread(_run, ["bash", COMPOSE_SH, "up"], 900)
+        up = await asyncio.to_thread(_run, ["bash", COMPOSE_SH, "up", *(["fleet"] if self.opts.fleet else [])], 900)
         if up.returncode == 3:
             raise ComposeUnavailable(up.stderr.strip().splitlines()[-1] if up.stderr.strip() else "no engine")
         if up.returncode != 0:
@@ -206,7 +224,7 @@ class ComposeDrill:
             raise RuntimeError(f"compose up failed: {up.stderr.strip()[-1500:]}")
         self.say("compose cluster up:\n" + up.stdout.strip())
         use_compose_secrets()
-        target = ComposeTarget()
+        target = ComposeTarget(fleet=self.opts.fleet)
         faults = JsonlWriter(os.path.join(self.dir, "faults.jsonl"))
         workload: Workload | None = None
         rc = 1
@@ -220,6 +238,13 @@ class ComposeDrill:
                                        topic="ComposeDrill", queues=8, group=GROUP), target, self.out)
             result = await self._drill_rounds(drill, faults)
             self.info["drill"] = result
+            if self.opts.fleet:
+                workload.flush()
+                self.info["other_groups"] = others = other_groups_during(
+                    read_sends(self.dir), read_faults(self.dir, "docker-kill-leader"), GROUP)
+                self.say(f"other groups' sends: p99 {others['steady']['p99_ms']:.1f} ms outside the failovers, "
+                         f"{others['failover']['p99_ms']:.1f} ms during them (max {others['failover']['max_ms']:.0f} "
+                         f"ms, not acknowledged {others['failover']['not_acked']})")
             await self._cut_follower(target, faults)
             await self._wind_down(target, workload, cfg)
             workload = None
@@ -266,9 +291,9 @@ class ComposeDrill:
         return await drill.run()
 
     async def _cut_follower(self, target: ComposeTarget, faults: JsonlWriter) -> None:
-        members = target.members()
+        members = [m for m in target.members() if m.group == GROUP]
         leader = await wait_for(lambda: find_leader(target, members, writable=True), 60, "a writable leader", 0.1)
-        follower = next(m for m in members if m.name != leader)
+        follower = next(m for m in members if m.name != leader and m.group == GROUP)
         net = target.network_name()
         cid = target.container(follower)
         faults.write(FaultRecord(now_us(), "network-disconnect", "apply", (follower.name,), {"network": net}))
@@ -278,7 +303,7 @@ class ComposeDrill:
         try:
             await asyncio.sleep(self.opts.cut_s)
         finally:
-            await target._docker("network", "connect", "--alias", follower.node_id, net, cid)
+            await target._docker("network", "connect", "--alias", target.service(follower), net, cid)
             faults.write(FaultRecord(now_us(), "network-disconnect", "heal", (follower.name,), {"network": net}))
             faults.flush()
 
@@ -316,7 +341,8 @@ class ComposeDrill:
 
     async def _copy_volumes(self, target: ComposeTarget) -> None:
         """Stop the brokers (a quiescent log) and copy each replica's data out of its volume."""
-        r = await asyncio.to_thread(_run, [*target.compose, "stop", "-t", "10", *NODES], 180)
+        services = [target.service(m) for m in target.members()]
+        r = await asyncio.to_thread(_run, [*target.compose, "stop", "-t", "10", *services], 180)
         if r.returncode != 0:
             raise RuntimeError(f"compose stop failed: {r.stderr.strip()[-300:]}")
         for m in target.members():

@@ -82,6 +82,7 @@ from dledger.records import (
     RoleChange,
     StateMachine,
     StateMachineError,
+    TransferNotReadyError,
     to_committed,
 )
 from dledger.replica import ROLE_NAMES, ReplicaCore, Request
@@ -107,10 +108,12 @@ __all__ = [
     "RoleChange",
     "StateMachine",
     "StateMachineError",
+    "TransferNotReadyError",
 ]
 
 TICK_MAX_S = 0.05  # the longest the loop goes without a tick (the stall guard's premise)
 LAG_STALL_S = 0.1  # a timer tick this late counts in loop_stalls_100ms
+TRANSFER_RETRY_S = 0.005  # a transfer refused because the target is behind is asked again after this
 
 
 class DLedgerNode:
@@ -170,6 +173,9 @@ class DLedgerNode:
         self._timer_due = float("inf")  # on the injected clock
         self._queued_bytes = 0  # bytes of appends submitted and not answered yet
         self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RoleChange]]] = []
+        # Set while a leadership transfer runs: new appends wait for it (Raft thesis §3.10: the
+        # leader stops taking requests, so the target can catch up), then go on or get NOT_LEADER.
+        self._transfer_hold: asyncio.Future[None] | None = None
         self._fatal: BaseException | None = None
         self.loop_lag_ms_max = 0.0  # how late a timer tick fired, at most
         self.loop_stalls = 0  # timer ticks later than LAG_STALL_S
@@ -443,6 +449,10 @@ class DLedgerNode:
             )
         if not self._running:
             raise DLedgerError("the replica is not running")
+        if self._transfer_hold is not None:  # bounded by the transfer's own timeout
+            await asyncio.shield(self._transfer_hold)
+            if not self._running:
+                raise DLedgerError("the replica is not running")
         if self.core.role != "LEADER":
             raise NotLeaderError(self.core.leader_id)
         if self.core.disk_full:
@@ -518,12 +528,30 @@ class DLedgerNode:
         return status
 
     async def transfer_leadership(self, target_id: str | None = None, timeout_s: float = 3.0) -> str:
-        """Hand leadership to ``target_id`` (or the most caught-up follower); returns the new leader id."""
-        started = await self.run_on_replica_thread(lambda: self.core.start_transfer(target_id), timeout_s)
-        self._tick_soon()
+        """Hand leadership to ``target_id`` (or the most caught-up follower); returns the new leader id.
+
+        New appends wait meanwhile (then get ``NotLeaderError`` naming the new leader, or go on if
+        the transfer failed): with the log no longer growing the target catches up, and the request
+        refused while it is behind (``TransferNotReadyError``) is asked again every
+        ``TRANSFER_RETRY_S`` until ``timeout_s``. The loop's thread only."""
+        self._check_owner()
+        if self._transfer_hold is not None:
+            raise DLedgerError("a leadership transfer is already in progress")
+        assert self._loop is not None
+        self._transfer_hold = self._loop.create_future()
         deadline = self._clock.monotonic() + timeout_s
         queue = self.role_changes()
         try:
+            while True:
+                try:
+                    started = await self.run_on_replica_thread(lambda: self.core.start_transfer(target_id), timeout_s)
+                    break
+                except TransferNotReadyError:
+                    if self._clock.monotonic() + TRANSFER_RETRY_S >= deadline:
+                        raise
+                    self._tick_soon()
+                    await asyncio.sleep(TRANSFER_RETRY_S)
+            self._tick_soon()
             while self._clock.monotonic() < deadline:
                 leader = self.leader_id
                 if leader is not None and leader != self.settings.self_id and target_id in (None, leader):
@@ -534,6 +562,8 @@ class DLedgerNode:
                     break
         finally:
             self.stop_listening(queue)
+            hold, self._transfer_hold = self._transfer_hold, None
+            hold.set_result(None)
         raise DLedgerError(f"leadership transfer to {started} did not complete within {timeout_s} s")
 
     async def run_on_replica_thread(self, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:

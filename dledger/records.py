@@ -26,6 +26,13 @@ class NotLeaderError(DLedgerError):
         return type(self), (self.leader_id,), self.__dict__
 
 
+class TransferNotReadyError(DLedgerError):
+    """A leadership transfer was refused because its target has not caught up with the leader's
+    log yet (it may be retried once it has); other refusals are plain ``DLedgerError``."""
+
+    code = "TRANSFER_NOT_READY"
+
+
 class AppendFailedError(DLedgerError):
     """The entry is known NOT to be committed (it was overwritten by a newer leader)."""
 

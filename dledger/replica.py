@@ -71,6 +71,7 @@ from dledger.records import (
     RoleChange,
     StateMachine,
     StateMachineError,
+    TransferNotReadyError,
     to_committed,
 )
 from dledger.retention import retention_target
@@ -712,10 +713,14 @@ class ReplicaCore:
             if address is None:
                 raise DLedgerError(f"unknown peer id {target_id!r}")
             target = next((n for n in sync.otherNodes if n.address == address), None)
+        candidates = [target] if target is not None else list(sync.otherNodes)
+        if not any(n is not None and sync.isNodeConnected(n) for n in candidates):
+            raise DLedgerError(f"transfer refused: {target_id or 'no follower'} is not connected")
         outcome: list[Any] = []
         sync.transferLeadership(target, callback=lambda res, err: outcome.append(err))
         if outcome and outcome[0] != 0:
-            raise DLedgerError(f"transfer refused (target not connected or not caught up): code {outcome[0]}")
+            # connected (checked above) but its match index is behind our last index: not yet
+            raise TransferNotReadyError(f"transfer refused (target not caught up yet): code {outcome[0]}")
         return target_id or "the most caught-up follower"
 
     def status(self) -> dict[str, Any]:

@@ -6,10 +6,12 @@ Writes (files 0600 unless said, the directory 0700; with ``--owner`` chowned to 
 ``dledger`` user so the containers can read them):
 
 - ``tls/ca.pem`` (0644, the CA clients trust), ``tls/server.pem`` (0644), ``tls/server.key``: one
-  certificate for every service name (namesrv1, namesrv2, n0, n1, n2, localhost) and 127.0.0.1;
-- ``plain_acl.yml``: an admin account and the group's own account (``brokerNames: [RaftNode00]``);
-- ``namesrv.conf``, ``broker-n0.conf`` .. ``broker-n2.conf``: ``conf/compose/*.conf`` with a fresh
-  peer password instead of the shipped sample, and ACL and TLS on (mounted at /etc/dledger);
+  certificate for every service name (namesrv1, namesrv2, n0..n2, g1n0..g2n2, localhost) and 127.0.0.1;
+- ``plain_acl.yml``: an admin account and each group's own account (``brokerNames: [RaftNode00]``,
+  and RaftNode01, RaftNode02 for the ``fleet`` profile's groups);
+- ``namesrv.conf``, ``broker-n0.conf`` .. ``broker-n2.conf`` and the fleet profile's
+  ``broker-g1n0.conf`` .. ``broker-g2n2.conf``: ``conf/compose/*.conf`` with a fresh peer password per
+  group instead of the shipped sample, and ACL and TLS on (mounted at /etc/dledger);
 - ``admin-credentials.yml`` (owned by the caller): what host tools use
   (``DLEDGER_CREDENTIALS_FILE``), with ``DLEDGER_TLS_CA_FILE=docker/run/tls/ca.pem``.
 
@@ -30,10 +32,12 @@ sys.path.insert(0, REPO)
 from broker.serving.certs import make_certs  # noqa: E402
 
 MOUNT = "/etc/dledger"
-SERVICES = ["namesrv1", "namesrv2", "n0", "n1", "n2", "localhost"]
-GROUP = "RaftNode00"
-FILES = ["tls/ca.pem", "tls/server.pem", "tls/server.key", "plain_acl.yml", "namesrv.conf", "broker-n0.conf",
-         "broker-n1.conf", "broker-n2.conf", "admin-credentials.yml"]
+# broker group -> its services (containers); RaftNode01 and RaftNode02 run with the profile "fleet"
+GROUPS = {"RaftNode00": ["n0", "n1", "n2"], "RaftNode01": ["g1n0", "g1n1", "g1n2"],
+          "RaftNode02": ["g2n0", "g2n1", "g2n2"]}
+SERVICES = ["namesrv1", "namesrv2", *(svc for services in GROUPS.values() for svc in services), "localhost"]
+FILES = ["tls/ca.pem", "tls/server.pem", "tls/server.key", "plain_acl.yml", "namesrv.conf",
+         *(f"broker-{svc}.conf" for services in GROUPS.values() for svc in services), "admin-credentials.yml"]
 
 
 def _write(path: str, text: str, mode: int = 0o600) -> None:
@@ -69,22 +73,24 @@ def make(run: str, owner: int | None) -> None:
     make_certs(os.path.join(run, "tls"), SERVICES, ["127.0.0.1"])
     os.chmod(os.path.join(run, "tls"), 0o700)
     admin = ("admin", secrets.token_urlsafe(24))
-    broker = (f"{GROUP}-broker", secrets.token_urlsafe(24))
+    brokers = {group: (f"{group}-broker", secrets.token_urlsafe(24)) for group in GROUPS}
     acl = {"accounts": [
         {"accessKey": admin[0], "secretKey": admin[1], "admin": True},
-        {"accessKey": broker[0], "secretKey": broker[1], "admin": False, "defaultTopicPerm": "DENY",
-         "defaultGroupPerm": "DENY", "brokerNames": [GROUP]},
+        *({"accessKey": ak, "secretKey": sk, "admin": False, "defaultTopicPerm": "DENY",
+           "defaultGroupPerm": "DENY", "brokerNames": [group]} for group, (ak, sk) in brokers.items()),
     ]}
     _write(os.path.join(run, "plain_acl.yml"), yaml.safe_dump(acl, sort_keys=False))
     tls_server = {"tlsEnable": "true", "tlsServerCertPath": f"{MOUNT}/tls/server.pem",
                   "tlsServerKeyPath": f"{MOUNT}/tls/server.key"}
     acl_keys = {"aclEnable": "true", "aclFile": f"{MOUNT}/plain_acl.yml"}
     _write(os.path.join(run, "namesrv.conf"), _conf("namesrv.conf", None, {**acl_keys, **tls_server}))
-    password = secrets.token_urlsafe(24)
-    for nid in ("n0", "n1", "n2"):
-        extra = {**acl_keys, "brokerAccessKey": broker[0], "brokerSecretKey": broker[1], **tls_server,
-                 "tlsClientTrustCertPath": f"{MOUNT}/tls/ca.pem"}
-        _write(os.path.join(run, f"broker-{nid}.conf"), _conf(f"broker-{nid}.conf", password, extra))
+    for group, services in GROUPS.items():
+        password = secrets.token_urlsafe(24)  # one per group: a group's peers share it, no one else
+        ak, sk = brokers[group]
+        for svc in services:
+            extra = {**acl_keys, "brokerAccessKey": ak, "brokerSecretKey": sk, **tls_server,
+                     "tlsClientTrustCertPath": f"{MOUNT}/tls/ca.pem"}
+            _write(os.path.join(run, f"broker-{svc}.conf"), _conf(f"broker-{svc}.conf", password, extra))
     if owner is not None:  # the containers run as the image's dledger user
         for dirpath, _dirs, files in os.walk(run):
             os.chown(dirpath, owner, owner)

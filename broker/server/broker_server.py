@@ -59,6 +59,8 @@ from dledger.node import DLedgerNode, RoleChange
 
 log = logging.getLogger("broker.server")
 
+HAND_OVER_TIMEOUT_S = 3.0  # a graceful stop waits this long at most for a follower to take over
+
 AUTO_CREATE_TOPIC = "TBW102"  # RocketMQ's default topic: producers route unknown topics by it
 
 
@@ -229,9 +231,13 @@ class BrokerServer:
         log.critical("the replica failed (%s): stopping the broker", self.node.fatal)
         self.failed.set()
 
-    async def stop(self, *, unregister: bool = True) -> None:
+    async def stop(self, *, unregister: bool = True, hand_over: bool | None = None) -> None:
         """``unregister=False``: leave the NameServers as a crash would (they keep the routes until
-        the broker's registration expires)."""
+        the broker's registration expires). ``hand_over`` (default: as ``unregister``): a leader
+        first hands leadership to a caught-up follower (``hand_over_leadership``), so a planned stop
+        (SIGTERM: a rolling restart) costs clients a redirect instead of an election timeout."""
+        if unregister if hand_over is None else hand_over:
+            await self.hand_over_leadership()
         self.stopping = True
         for waiters in self._waiters.values():  # long polls answer now, not after their hold
             for fut in waiters:
@@ -256,6 +262,24 @@ class BrokerServer:
             await self._runner.cleanup()
         # The store's last snapshot runs after the replica's last apply, with the log open.
         await self.node.stop(before_log_close=self.store.close)
+
+    async def hand_over_leadership(self, timeout_s: float = HAND_OVER_TIMEOUT_S) -> str | None:
+        """As leader, transfer leadership to the most caught-up follower and wait (at most
+        ``timeout_s``) until another replica leads: the new leader id, or None when this replica
+        does not lead or no follower could take over (then the stop goes on: the others elect one
+        after their election timeout, as after a crash). Still serving meanwhile: sends keep landing
+        here until the follower takes over, then get ``NOT_LEADER`` with the new leader's address."""
+        if self.node.role != "LEADER" or self.node.fatal is not None:
+            return None
+        term = self.node.term
+        try:
+            new_leader = await self.node.transfer_leadership(None, timeout_s=timeout_s)
+        except Exception as exc:  # no follower connected or caught up; the stop must go on
+            log.warning("stopping as leader of term %d without handing over: %s", term, exc)
+            return None
+        log.info("stopping: handed leadership of term %d over to %s (now term %d)", term, new_leader,
+                 self.node.term)
+        return new_leader
 
     # -- roles ----------------------------------------------------------------------------------
     async def _watch_roles(self) -> None:

@@ -576,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.failover_bench import add_parser as add_failover
 
     add_failover(sub, _positive)
+    from broker.tools.group_failover_bench import add_parser as add_group_failover
+
+    add_group_failover(sub, _positive)
     from broker.tools.stability_bench import add_parser as add_stability
 
     add_stability(sub, _positive)
@@ -618,6 +621,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.tools.txn_bench import run_transaction
 
         return run_loop(run_transaction(args))
+    if args.command == "group-failover":
+        from broker.tools.group_failover_bench import run_group_failover
+
+        if args.groups < 2:
+            print("mq-bench group-failover: --groups must be at least 2 (one to fail, others to watch)",
+                  file=sys.stderr)
+            return 2
+        try:
+            return run_loop(run_group_failover(args))
+        except KeyboardInterrupt:
+            return 130
     if args.command == "failover":
         from broker.tools.failover_bench import run_failover
 

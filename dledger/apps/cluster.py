@@ -1,16 +1,30 @@
-"""``dledger-cluster up|down|status --dir DIR``: a local cluster as processes on loopback.
+"""``dledger-cluster up|down|status|start|stop|kill|restart|add-group|remove-group --dir DIR``: a
+local cluster as processes on loopback.
 
 By default (``--kind broker``) it runs ``--namesrv N`` NameServers (ports 9876, 9877, ...) and
-``--groups G`` broker groups of 3 replicas each; ``--kind node`` runs bare dledger nodes instead.
-``up`` writes one RocketMQ-style properties file per process under DIR/conf, starts each as a
-detached process (logs in DIR/logs), records the processes in DIR/cluster.json and waits until
-every group has a leader that every replica knows (and, for brokers, that accepts writes).
-``start`` restarts recorded processes that are not running (e.g. a replica killed in a failover
-drill), keeping DIR/cluster.json current. ``down`` ends exactly the processes it recorded
-(checking /proc/<pid>/cmdline, so a recycled pid is never signalled). ``status`` asks each process.
+``--groups G`` broker groups (``RaftNode00``, ``RaftNode01``, ...) of 3 replicas each, every broker
+registering at every NameServer; ``--kind node`` runs bare dledger nodes instead. ``up`` writes one
+RocketMQ-style properties file per process under DIR/conf, starts each as a detached process (logs
+in DIR/logs), records the processes and the settings in DIR/cluster.json and waits until every
+group has a leader that every replica knows (and, for brokers, that accepts writes).
 
-Ports follow RocketMQ's habit: group g, node i -> Raft port 40911 + 100 g + i, HTTP port
-10911 + 100 g + 10 i. Exit codes: 0 ok, 1 the cluster did not become healthy, 2 bad usage.
+Per process (names as ``status`` prints them, e.g. ``RaftNode01-n2``): ``stop`` sends SIGTERM (a
+broker that leads hands leadership over first, then unregisters) and waits for the exit; ``kill``
+sends SIGKILL (a crash); ``start`` starts recorded processes that are not running; ``restart`` is
+stop + start and waits until the replica's group is healthy again. ``--code-dir`` on ``up``,
+``start`` and ``restart`` runs the processes from another source tree (an older release during an
+upgrade drill; ``--code-dir ''`` goes back to this one).
+
+Per group: ``add-group`` plans the next group number (numbers are never reused), gives it an ACL
+account, starts it and waits for its writable leader; ``remove-group GROUP`` stops its replicas
+(each unregisters from the NameServers) and moves them to ``retired`` in cluster.json — its data
+stays under DIR/data/GROUP. Retire a group only once it is drained (docs/OPERATIONS.md).
+
+``down`` ends exactly the processes it recorded (checking /proc/<pid>/cmdline, so a recycled pid is
+never signalled). ``status`` asks each process; ``--json`` adds one summary per group.
+
+Ports: ``dledger.apps.cluster_plan``. Exit codes: 0 ok, 1 the cluster (or group) did not become
+healthy, 2 bad usage.
 
 Security (docs/SECURITY.md): broker clusters run with ACL on unless ``--no-acl``. ``up`` writes
 DIR/conf/plain_acl.yml (an admin account and one account per broker group, random secrets) and
@@ -27,55 +41,52 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-import yaml
-
+from dledger.apps.cluster_plan import (
+    ACL_FILE,
+    GROUPS_MAX,
+    NAMESRV_MAX,
+    NODES_PER_GROUP,
+    ClusterAcl,
+    ClusterSettings,
+    ProcessInfo,
+    acl_with_group,
+    group_name,
+    group_number,
+    make_acl,
+    new_broker_keys,
+    node_conf_text,
+    plan,
+    plan_group,
+    port_clashes,
+    ports_of,
+    skew_for,
+)
 from dledger.clock import SYSTEM
 
-NODES_PER_GROUP = 3
+__all__ = [
+    "ACL_FILE", "ADMIN_CREDENTIALS_FILE", "NODES_PER_GROUP", "STATE_FILE", "ClusterAcl", "ClusterSettings",
+    "ProcessInfo", "group_summaries", "healthy", "http_json", "is_running", "load_processes", "main", "make_acl",
+    "node_conf_text", "node_status", "plan", "skew_for", "start_process", "stop_process", "write_private",
+]
+
 SKEW_ENV = "DLEDGER_CLOCK_SKEW"
 STATE_FILE = "cluster.json"
-ACL_FILE = os.path.join("conf", "plain_acl.yml")
+STATE_VERSION = 2  # 1: {"processes"}; 2: + "settings", "retired"
 ADMIN_CREDENTIALS_FILE = "admin-credentials.yml"
 PROCESS_UMASK = 0o077
 
 
-@dataclass(frozen=True)
-class ClusterAcl:
-    """The accounts of a local cluster: its admin and each broker group's own account."""
-
-    path: str
-    admin: tuple[str, str] = field(repr=False)  # (access key, secret key)
-    brokers: dict[str, tuple[str, str]] = field(repr=False)  # group -> (access key, secret key)
-
-    def text(self) -> str:
-        """The plain_acl.yml (RocketMQ's shape; brokerNames lets a group register itself)."""
-        accounts: list[dict[str, Any]] = [
-            {"accessKey": self.admin[0], "secretKey": self.admin[1], "admin": True}
-        ]
-        for group, (ak, sk) in sorted(self.brokers.items()):
-            accounts.append({"accessKey": ak, "secretKey": sk, "admin": False, "defaultTopicPerm": "DENY",
-                             "defaultGroupPerm": "DENY", "brokerNames": [group]})
-        header = "# generated by dledger-cluster: the accounts of this cluster (reloaded when it changes)\n"
-        return header + yaml.safe_dump({"accounts": accounts}, sort_keys=False)
-
-    def admin_text(self) -> str:
-        return yaml.safe_dump({"accessKey": self.admin[0], "secretKey": self.admin[1]}, sort_keys=False)
-
-
-def make_acl(root: str, groups: int) -> ClusterAcl:
-    return ClusterAcl(
-        path=os.path.join(root, ACL_FILE),
-        admin=("admin", secrets.token_urlsafe(24)),
-        brokers={f"RaftNode{g:02d}": (f"RaftNode{g:02d}-broker", secrets.token_urlsafe(24)) for g in range(groups)},
-    )
+class UsageError(Exception):
+    pass
 
 
 def write_private(path: str, text: str) -> None:
@@ -91,152 +102,44 @@ def write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-@dataclass
-class ProcessInfo:
-    name: str
-    group: str
-    node_id: str
-    pid: int
-    conf: str
-    host: str
-    raft_port: int
-    http_port: int
-    log: str
-    kind: str = "node"  # "node" (dledger-node), "broker" (dledger-broker) or "namesrv"
-    clock_skew: str = ""  # DLEDGER_CLOCK_SKEW for this process ("offset_s,drift_ppm"; tests only)
-
-
-class UsageError(Exception):
-    pass
-
-
-def skew_for(k: int) -> str:
-    """Per-process clock offsets in both directions and drifts, for ``up --clock-skew``.
-
-    Offsets stay small enough backwards that the process's monotonic clock stays positive on a
-    freshly booted host (the system's CLOCK_MONOTONIC starts near 0)."""
-    behind_s = -min(30.0, time.monotonic() / 2)
-    choices = [(7200.0, 500.0), (behind_s, -500.0), (3 * 3600.0 + 7.0, 0.0), (60.0, 250.0)]
-    offset, drift = choices[k % len(choices)]
-    return f"{offset:.3f},{drift:.0f}"
-
-
-def node_conf_text(
-    *,
-    group: str,
-    node_id: str,
-    peers: str,
-    store_dir: str,
-    http_port: int,
-    host: str,
-    password: str,
-    flush: str,
-    extra: dict[str, str],
-) -> str:
-    lines = [
-        "# generated by dledger-cluster; paths are absolute",
-        f"dLegerGroup={group}",
-        f"dLegerPeers={peers}",
-        f"dLegerSelfId={node_id}",
-        f"storePathRootDir={store_dir}",
-        f"listenPort={http_port}",
-        f"brokerIP1={host}",
-        f"dLegerPeerPassword={password}",
-        f"flushDiskType={'SYNC_FLUSH' if flush == 'sync' else 'ASYNC_FLUSH'}",
-    ]
-    lines += [f"{k}={v}" for k, v in sorted(extra.items())]
-    return "\n".join(lines) + "\n"
-
-
-def plan(
-    root: str,
-    groups: int,
-    host: str,
-    raft_base: int,
-    http_base: int,
-    flush: str,
-    extra: dict[str, str],
-    *,
-    kind: str = "node",
-    namesrv: int = 0,
-    namesrv_base: int = 9876,
-    acl: ClusterAcl | None = None,
-) -> list[tuple[ProcessInfo, str]]:
-    """The processes ``up`` would start and their config texts (pure: no I/O). With ``acl`` the
-    NameServers and brokers enforce it and each group registers with its own account."""
-    password = secrets.token_hex(16)
-    out = []
-    ns_addrs = []
-    for k in range(namesrv if kind == "broker" else 0):
-        port = namesrv_base + k
-        ns_addrs.append(f"{host}:{port}")
-        conf = os.path.join(root, "conf", f"namesrv-{k}.conf")
-        info = ProcessInfo(
-            name=f"namesrv-{k}", group="-", node_id=f"ns{k}", pid=0, conf=conf, host=host, raft_port=0,
-            http_port=port, log=os.path.join(root, "logs", f"namesrv-{k}.log"), kind="namesrv",
-        )
-        ns_text = f"# generated by dledger-cluster\nlistenPort={port}\nbindAddress={host}\n"
-        if acl is not None:
-            ns_text += f"aclEnable=true\naclFile={acl.path}\n"
-        out.append((info, ns_text))
-    for g in range(groups):
-        group = f"RaftNode{g:02d}"
-        ids = [f"n{i}" for i in range(NODES_PER_GROUP)]
-        peers = ";".join(f"{nid}-{host}:{raft_base + 100 * g + i}" for i, nid in enumerate(ids))
-        client_addrs = ";".join(f"{nid}-{host}:{http_base + 100 * g + 10 * i}" for i, nid in enumerate(ids))
-        for i, nid in enumerate(ids):
-            http_port = http_base + 100 * g + 10 * i
-            conf = os.path.join(root, "conf", f"{group}-{nid}.conf")
-            node_extra = dict(extra)
-            if kind == "broker":
-                node_extra.setdefault("brokerClusterName", "DefaultCluster")
-                node_extra.setdefault("namesrvAddr", ";".join(ns_addrs))
-                node_extra.setdefault("brokerPeerClientAddrs", client_addrs)
-                if acl is not None:
-                    node_extra.setdefault("aclEnable", "true")
-                    node_extra.setdefault("aclFile", acl.path)
-                    node_extra.setdefault("brokerAccessKey", acl.brokers[group][0])
-                    node_extra.setdefault("brokerSecretKey", acl.brokers[group][1])
-            info = ProcessInfo(
-                name=f"{group}-{nid}",
-                group=group,
-                node_id=nid,
-                pid=0,
-                conf=conf,
-                host=host,
-                raft_port=raft_base + 100 * g + i,
-                http_port=http_port,
-                log=os.path.join(root, "logs", f"{group}-{nid}.log"),
-                kind=kind,
-            )
-            text = node_conf_text(
-                group=group,
-                node_id=nid,
-                peers=peers,
-                store_dir=os.path.join(root, "data", group),
-                http_port=http_port,
-                host=host,
-                password=password,
-                flush=flush,
-                extra=node_extra,
-            )
-            out.append((info, text))
-    return out
+# -- cluster.json ------------------------------------------------------------------------------------
+def _load_raw(root: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(root, STATE_FILE)) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _load_state(root: str) -> list[ProcessInfo]:
-    path = os.path.join(root, STATE_FILE)
-    try:
-        with open(path) as f:
-            return [ProcessInfo(**p) for p in json.load(f)["processes"]]
-    except FileNotFoundError:
-        return []
+    return [ProcessInfo(**p) for p in _load_raw(root).get("processes", [])]
 
 
-def _save_state(root: str, procs: list[ProcessInfo]) -> None:
-    write_private(os.path.join(root, STATE_FILE), json.dumps({"processes": [asdict(p) for p in procs]}, indent=2))
+def load_processes(root: str) -> list[ProcessInfo]:
+    """The processes ``dledger-cluster`` recorded in ROOT/cluster.json ([] when none)."""
+    return _load_state(os.path.abspath(root))
 
 
+def _load_settings(root: str) -> ClusterSettings | None:
+    raw = _load_raw(root).get("settings")
+    return ClusterSettings.from_json(raw) if isinstance(raw, dict) else None
+
+
+def _save_state(root: str, procs: list[ProcessInfo], *, settings: ClusterSettings | None = None,
+                retired: list[dict[str, Any]] | None = None) -> None:
+    """Write cluster.json; what is not given (settings, retired groups) is kept from the file."""
+    old = _load_raw(root)
+    state: dict[str, Any] = {"version": STATE_VERSION, "processes": [asdict(p) for p in procs]}
+    if settings is not None:
+        state["settings"] = settings.to_json()
+    elif "settings" in old:
+        state["settings"] = old["settings"]
+    state["retired"] = retired if retired is not None else old.get("retired", [])
+    write_private(os.path.join(root, STATE_FILE), json.dumps(state, indent=2))
+
+
+# -- processes ---------------------------------------------------------------------------------------
 def is_running(proc: ProcessInfo) -> bool:
     """True when ``proc.pid`` is alive *and* is the node we started (not a recycled pid)."""
     try:
@@ -253,16 +156,22 @@ _MODULES = {"node": "dledger.apps.node_server", "broker": "broker.server", "name
 
 
 def start_process(info: ProcessInfo, python: str = sys.executable) -> int:
+    """Start ``info`` detached; from ``info.code_dir`` when set (its modules before this tree's)."""
     os.makedirs(os.path.dirname(info.log), mode=0o700, exist_ok=True)
     fd = os.open(info.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     env = dict(os.environ)
     env.pop(SKEW_ENV, None)
     if info.clock_skew:
         env[SKEW_ENV] = info.clock_skew
+    cwd = None
+    if info.code_dir:
+        cwd = info.code_dir  # `python -m` puts the working directory first on sys.path
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [info.code_dir, env.get("PYTHONPATH")]))
     with os.fdopen(fd, "ab") as logf:
         child = subprocess.Popen(
             [python, "-m", _MODULES[info.kind], "-c", info.conf],
             env=env,
+            cwd=cwd,
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -271,6 +180,30 @@ def start_process(info: ProcessInfo, python: str = sys.executable) -> int:
             umask=PROCESS_UMASK,
         )
     return child.pid
+
+
+def stop_process(proc: ProcessInfo, timeout_s: float = 15.0) -> None:
+    """SIGTERM, wait up to ``timeout_s`` (a broker leader hands over, then unregisters), then SIGKILL."""
+    if not is_running(proc):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    deadline = SYSTEM.monotonic() + timeout_s
+    while is_running(proc) and SYSTEM.monotonic() < deadline:
+        time.sleep(0.05)
+    if is_running(proc):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def kill_process(proc: ProcessInfo, timeout_s: float = 10.0) -> None:
+    if not is_running(proc):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    deadline = SYSTEM.monotonic() + timeout_s
+    while is_running(proc) and SYSTEM.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def http_json(host: str, port: int, path: str, timeout_s: float = 1.0, data: bytes | None = None) -> Any:
@@ -297,6 +230,8 @@ def node_status(proc: ProcessInfo) -> dict[str, Any]:
         "leader_id": None,
         "commit_index": None,
     }
+    if proc.code_dir:
+        row["code_dir"] = proc.code_dir
     if row["alive"]:
         with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
             st = http_json(proc.host, proc.http_port, "/v1/status")
@@ -306,27 +241,51 @@ def node_status(proc: ProcessInfo) -> dict[str, Any]:
                 row.update({k: st.get(k) for k in ("role", "term", "leader_id", "commit_index")})
                 if proc.kind == "broker":
                     row["writable"] = st.get("writable")
+                    row["applied_index"] = st.get("applied_index")
     return row
 
 
-def healthy(rows: list[dict[str, Any]]) -> bool:
-    """Every group has exactly one leader at the highest term and all its nodes name it."""
+def _by_group(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("kind") == "namesrv":
-            if r["role"] != "NAMESRV":
-                return False
-            continue
-        groups.setdefault(r["group"], []).append(r)
-    for members in groups.values():
+        if r.get("kind") != "namesrv":
+            groups.setdefault(r["group"], []).append(r)
+    return groups
+
+
+def group_healthy(members: list[dict[str, Any]]) -> bool:
+    """Exactly one leader, every replica names it, and (brokers) it accepts writes."""
+    leaders = [r for r in members if r["role"] == "LEADER"]
+    if len(leaders) != 1:
+        return False
+    if any(r["leader_id"] != leaders[0]["node_id"] for r in members):
+        return False
+    return not (leaders[0].get("kind") == "broker" and not leaders[0].get("writable"))
+
+
+def healthy(rows: list[dict[str, Any]]) -> bool:
+    """Every NameServer answers and every group is healthy (``group_healthy``)."""
+    if any(r.get("kind") == "namesrv" and r["role"] != "NAMESRV" for r in rows):
+        return False
+    return all(group_healthy(members) for members in _by_group(rows).values())
+
+
+def group_summaries(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per group (pure): its leader, term, whether it is writable and healthy, replicas alive."""
+    out = []
+    for group, members in sorted(_by_group(rows).items()):
         leaders = [r for r in members if r["role"] == "LEADER"]
-        if len(leaders) != 1:
-            return False
-        if any(r["leader_id"] != leaders[0]["node_id"] for r in members):
-            return False
-        if leaders[0].get("kind") == "broker" and not leaders[0].get("writable"):
-            return False
-    return True
+        top = max(leaders, key=lambda r: r["term"] or 0) if leaders else None
+        out.append({
+            "group": group,
+            "leader": top["name"] if top else None,
+            "term": top["term"] if top else max((r["term"] or 0 for r in members), default=None),
+            "writable": bool(top and top.get("writable")) if members[0].get("kind") == "broker" else None,
+            "alive": sum(1 for r in members if r["alive"]),
+            "replicas": len(members),
+            "healthy": group_healthy(members),
+        })
+    return out
 
 
 def wait_healthy(procs: list[ProcessInfo], timeout_s: float) -> list[dict[str, Any]]:
@@ -338,6 +297,31 @@ def wait_healthy(procs: list[ProcessInfo], timeout_s: float) -> list[dict[str, A
     return rows
 
 
+def ports_in_use(procs: list[ProcessInfo]) -> list[str]:
+    """The planned ports something already listens on (a cluster left running, another service)."""
+    busy = []
+    for p in procs:
+        for port in ports_of(p):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+                try:
+                    sock.bind((p.host, port))
+                except OSError:
+                    busy.append(f"{p.host}:{port} ({p.name})")
+    return busy
+
+
+def _code_dir(arg: str | None) -> str | None:
+    """``--code-dir``: None = unchanged, "" = this tree, else an existing tree with the packages."""
+    if arg is None or arg == "":
+        return arg
+    path = os.path.abspath(arg)
+    if not all(os.path.isdir(os.path.join(path, pkg)) for pkg in ("dledger", "broker", "namesrv")):
+        raise UsageError(f"--code-dir {path}: not a dledger-mq source tree (needs dledger/, broker/, namesrv/)")
+    return path
+
+
+# -- commands ----------------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     running = [p for p in _load_state(root) if is_running(p)]
@@ -347,10 +331,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     extra = dict(kv.split("=", 1) for kv in args.set or [])
     acl = make_acl(root, args.groups) if args.kind == "broker" and not args.no_acl else None
+    code_dir = _code_dir(args.code_dir) or ""
+    settings = ClusterSettings(kind=args.kind, host=args.host, raft_base=args.raft_port, http_base=args.http_port,
+                               namesrv_base=args.namesrv_port, namesrv=args.namesrv, flush=args.flush, extra=extra,
+                               acl=acl is not None)
     planned = plan(
         root, args.groups, args.host, args.raft_port, args.http_port, args.flush, extra,
         kind=args.kind, namesrv=args.namesrv, namesrv_base=args.namesrv_port, acl=acl,
     )
+    clashes = port_clashes([p for p, _ in planned])
+    if clashes:
+        raise UsageError("the port layout clashes: " + "; ".join(clashes[:5]))
+    busy = ports_in_use([p for p, _ in planned])
+    if busy:
+        raise UsageError("ports already in use: " + ", ".join(busy[:5]) + " (another cluster? pick other bases)")
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.chmod(root, 0o700)  # configs hold the peer password and secrets; data and logs are private
     if acl is not None:
@@ -360,10 +354,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     for k, (info, text) in enumerate(planned):
         if args.clock_skew and info.kind != "namesrv":
             info.clock_skew = skew_for(k)
+        info.code_dir = code_dir
         write_private(info.conf, text)
         info.pid = start_process(info)
         procs.append(info)
-    _save_state(root, procs)
+    _save_state(root, procs, settings=settings, retired=[])
     rows = wait_healthy(procs, args.wait)
     print_rows(rows, args.json)
     if acl is not None and not args.json:
@@ -378,19 +373,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def stop_process(proc: ProcessInfo, timeout_s: float = 10.0) -> None:
-    if not is_running(proc):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
-    deadline = SYSTEM.monotonic() + timeout_s
-    while is_running(proc) and SYSTEM.monotonic() < deadline:
-        time.sleep(0.05)
-    if is_running(proc):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-
-
 def cmd_down(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     procs = _load_state(root)
@@ -400,19 +382,32 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_start(args: argparse.Namespace) -> int:
-    """Start recorded processes that are not running (a replica killed in a failover drill)."""
-    root = os.path.abspath(args.dir)
+def _recorded(root: str) -> list[ProcessInfo]:
     procs = _load_state(root)
     if not procs:
         raise UsageError(f"no cluster recorded in {root}")
-    names = {p.name for p in procs}
-    unknown = [n for n in args.names if n not in names]
+    return procs
+
+
+def _named(procs: list[ProcessInfo], names: list[str]) -> list[ProcessInfo]:
+    known = {p.name for p in procs}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise UsageError(f"unknown process name(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        raise UsageError(f"unknown process name(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return [p for p in procs if p.name in names]
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start recorded processes that are not running (a replica killed in a failover drill)."""
+    root = os.path.abspath(args.dir)
+    procs = _recorded(root)
+    chosen = _named(procs, args.names) if args.names else procs
+    code_dir = _code_dir(args.code_dir)
     started = []
-    for p in procs:
-        if (not args.names or p.name in args.names) and not is_running(p):
+    for p in chosen:
+        if code_dir is not None and not is_running(p):
+            p.code_dir = code_dir
+        if not is_running(p):
             p.pid = start_process(p)
             started.append(p.name)
     _save_state(root, procs)
@@ -420,38 +415,146 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    """SIGTERM each named process in turn and wait for its exit (a broker leader hands over first)."""
+    root = os.path.abspath(args.dir)
+    chosen = _named(_recorded(root), args.names)
+    for p in chosen:
+        (kill_process if args.command == "kill" else stop_process)(p)
+    verb = "killed" if args.command == "kill" else "stopped"
+    print(f"{verb} {', '.join(p.name for p in chosen)}")
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """Per named process, in turn: stop (graceful), start (from ``--code-dir`` if given), and wait
+    until its group is healthy again before the next one."""
+    root = os.path.abspath(args.dir)
+    procs = _recorded(root)
+    chosen = _named(procs, args.names)
+    code_dir = _code_dir(args.code_dir)
+    for p in chosen:
+        stop_process(p)
+        if code_dir is not None:
+            p.code_dir = code_dir
+        p.pid = start_process(p)
+        _save_state(root, procs)
+        group = [q for q in procs if q.group == p.group or q.kind == "namesrv"]
+        rows = wait_healthy(group, args.wait)
+        if not healthy(rows):
+            print_rows(rows, False)
+            print(f"dledger-cluster: {p.group} did not become healthy within {args.wait} s after restarting "
+                  f"{p.name}; see {root}/logs", file=sys.stderr)
+            return 1
+        print(f"restarted {p.name} (pid {p.pid}{', from ' + p.code_dir if p.code_dir else ''}); {p.group} healthy")
+    return 0
+
+
+def cmd_add_group(args: argparse.Namespace) -> int:
+    """Plan, configure and start the next broker group, and wait for its writable leader."""
+    root = os.path.abspath(args.dir)
+    procs = _recorded(root)
+    settings = _load_settings(root)
+    if settings is None:
+        raise UsageError(f"{root}/{STATE_FILE} records no settings (a cluster from an older dledger-cluster, or a "
+                         "chaos run): add-group needs a cluster started by this version's `up`")
+    retired = _load_raw(root).get("retired", [])
+    used = [group_number(p.group) for p in procs if p.kind != "namesrv"]
+    used += [group_number(str(r.get("group", ""))) for r in retired]
+    g = max((n for n in used if n is not None), default=-1) + 1
+    if g >= GROUPS_MAX:
+        raise UsageError(f"group numbers go up to {GROUPS_MAX - 1}; this cluster used them all")
+    group = group_name(g)
+    acl_path = os.path.join(root, ACL_FILE) if settings.acl else None
+    keys = new_broker_keys(group) if acl_path else None
+    planned = plan_group(root, settings, g, password=secrets.token_hex(16), acl_path=acl_path, broker_keys=keys)
+    clashes = port_clashes(procs + [p for p, _ in planned])
+    if clashes:
+        raise UsageError(f"{group} would clash: " + "; ".join(clashes[:5]))
+    busy = ports_in_use([p for p, _ in planned])
+    if busy:
+        raise UsageError(f"{group}'s ports are in use: " + ", ".join(busy[:5]))
+    if acl_path is not None and keys is not None:
+        with open(acl_path) as f:
+            acl_text = f.read()
+        try:
+            write_private(acl_path, acl_with_group(acl_text, group, keys))
+        except ValueError as exc:
+            raise UsageError(f"{acl_path}: {exc}") from None
+    code_dir = _code_dir(args.code_dir) or ""
+    new = []
+    for info, text in planned:
+        info.code_dir = code_dir
+        write_private(info.conf, text)
+        info.pid = start_process(info)
+        new.append(info)
+        _save_state(root, procs + new)
+    namesrvs = [p for p in procs if p.kind == "namesrv"]
+    rows = wait_healthy(namesrvs + new, args.wait)
+    print_rows(rows, args.json)
+    if not healthy(rows):
+        print(f"dledger-cluster: {group} did not elect a writable leader within {args.wait} s; see {root}/logs",
+              file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"added {group}; extend topics onto it: mqadmin updateTopic -c <cluster> -t <topic> ...")
+    return 0
+
+
+def cmd_remove_group(args: argparse.Namespace) -> int:
+    """Stop a group's replicas (each unregisters) and record the group as retired; its data stays."""
+    root = os.path.abspath(args.dir)
+    procs = _recorded(root)
+    members = [p for p in procs if p.group == args.group and p.kind != "namesrv"]
+    if not members:
+        groups = sorted({p.group for p in procs if p.kind != "namesrv"})
+        raise UsageError(f"no group {args.group!r}; groups: {', '.join(groups)}")
+    if len({p.group for p in procs if p.kind != "namesrv"}) == 1:
+        raise UsageError(f"{args.group} is the cluster's only group: use `down`")
+    followers_first = sorted(members, key=lambda p: node_status(p).get("role") == "LEADER")
+    for p in followers_first:
+        stop_process(p)
+    retired = list(_load_raw(root).get("retired", []))
+    retired.append({"group": args.group, "data": os.path.join(root, "data", args.group),
+                    "processes": [asdict(p) for p in members], "retired_at": time.time()})
+    _save_state(root, [p for p in procs if p not in members], retired=retired)
+    print(f"removed {args.group}: stopped {', '.join(p.name for p in members)}; its data stays in "
+          f"{os.path.join(root, 'data', args.group)}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
-    procs = _load_state(root)
-    if not procs:
-        raise UsageError(f"no cluster recorded in {root}")
-    rows = [node_status(p) for p in procs]
-    print_rows(rows, args.json)
+    rows = [node_status(p) for p in _recorded(root)]
+    retired = [str(r.get("group")) for r in _load_raw(root).get("retired", [])]
+    print_rows(rows, args.json, retired=retired)
     return 0 if healthy(rows) else 1
 
 
-def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+def print_rows(rows: list[dict[str, Any]], as_json: bool, *, retired: list[str] | None = None) -> None:
     if as_json:
-        print(json.dumps({"processes": rows}, indent=2))
+        print(json.dumps({"processes": rows, "groups": group_summaries(rows), "retired": retired or []}, indent=2))
         return
     cols = ["name", "pid", "alive", "raft_port", "http_port", "role", "term", "leader_id", "commit_index"]
     table = [cols] + [[str(r[c]) if r.get(c) is not None else "-" for c in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    if retired:
+        print(f"retired groups (data kept): {', '.join(retired)}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dledger-cluster", description="Run a local dledger cluster on loopback."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the processes and wait for leaders")
     up.add_argument("--dir", required=True)
-    up.add_argument("--groups", type=int, default=1)
+    up.add_argument("--groups", type=int, default=1, help=f"broker groups RaftNode00.. (1..{GROUPS_MAX})")
     up.add_argument("--kind", choices=["broker", "node"], default="broker",
                     help="broker groups with NameServers (default) or bare dledger nodes")
-    up.add_argument("--namesrv", type=int, default=1, help="NameServers to run (broker kind)")
+    up.add_argument("--namesrv", type=int, default=1, help=f"NameServers to run (broker kind, 1..{NAMESRV_MAX})")
     up.add_argument("--namesrv-port", type=int, default=9876)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--raft-port", type=int, default=40911)
@@ -460,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--wait", type=float, default=20.0, help="seconds to wait for leaders")
     up.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra properties for every node")
     up.add_argument("--json", action="store_true")
+    up.add_argument("--code-dir", default=None, metavar="DIR",
+                    help="run every process from this source tree (e.g. an older release) instead of this one")
     up.add_argument(
         "--clock-skew",
         action="store_true",
@@ -472,24 +577,46 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("start", help="start recorded processes that are not running (all, or NAMEs)")
     start.add_argument("--dir", required=True)
     start.add_argument("names", nargs="*", metavar="NAME", help="e.g. RaftNode00-n1 (see status)")
+    start.add_argument("--code-dir", default=None, metavar="DIR", help="start them from this source tree ('' = this)")
+    for verb, text in (("stop", "SIGTERM the named processes and wait (a broker leader hands over first)"),
+                       ("kill", "SIGKILL the named processes (a crash)")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("--dir", required=True)
+        p.add_argument("names", nargs="+", metavar="NAME")
+    restart = sub.add_parser("restart", help="stop and start each named process in turn, waiting for its group")
+    restart.add_argument("--dir", required=True)
+    restart.add_argument("names", nargs="+", metavar="NAME")
+    restart.add_argument("--code-dir", default=None, metavar="DIR",
+                         help="start them from this source tree ('' = this one): a rolling upgrade")
+    restart.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the group (60)")
+    add = sub.add_parser("add-group", help="start one more broker group and wait for its writable leader")
+    add.add_argument("--dir", required=True)
+    add.add_argument("--wait", type=float, default=60.0)
+    add.add_argument("--json", action="store_true")
+    add.add_argument("--code-dir", default=None, metavar="DIR")
+    rm = sub.add_parser("remove-group", help="stop a (drained) group's replicas; its data is kept")
+    rm.add_argument("--dir", required=True)
+    rm.add_argument("group", metavar="GROUP", help="e.g. RaftNode01")
     status = sub.add_parser("status", help="role, term and commit index of every process")
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "up":
-            if not 1 <= args.groups <= 20:
-                raise UsageError("--groups must be in 1..20")
-            if not 1 <= args.namesrv <= 5:
-                raise UsageError("--namesrv must be in 1..5")
+            if not 1 <= args.groups <= GROUPS_MAX:
+                raise UsageError(f"--groups must be in 1..{GROUPS_MAX}")
+            if not 1 <= args.namesrv <= NAMESRV_MAX:
+                raise UsageError(f"--namesrv must be in 1..{NAMESRV_MAX}")
             if any("=" not in kv for kv in args.set or []):
                 raise UsageError("--set takes KEY=VALUE")
             return cmd_up(args)
-        if args.command == "down":
-            return cmd_down(args)
-        if args.command == "start":
-            return cmd_start(args)
-        return cmd_status(args)
+        commands = {"down": cmd_down, "start": cmd_start, "stop": cmd_stop, "kill": cmd_stop,
+                    "restart": cmd_restart, "add-group": cmd_add_group, "remove-group": cmd_remove_group}
+        return commands.get(args.command, cmd_status)(args)
     except UsageError as exc:
         print(f"dledger-cluster: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""A local cluster of OS processes (NameServer + one 3-replica broker group) via ``dledger-cluster``,
+"""A local cluster of OS processes (NameServers + 3-replica broker groups) via ``dledger-cluster``,
 ended by PID when the test finishes."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class ProcCluster:
         root: str,
         *,
         namesrv: int = 1,
+        groups: int = 1,
         extra: dict[str, str] | None = None,
         seed: int | None = None,
         clock_skew: bool = False,
@@ -34,6 +35,7 @@ class ProcCluster:
         self.http_base = rng.randrange(23100, 26000)
         self.ns_base = rng.randrange(26100, 29000)
         self.namesrv_count = namesrv
+        self.groups = groups
         self.extra = extra or {}
         self.clock_skew = clock_skew
 
@@ -42,6 +44,7 @@ class ProcCluster:
             sys.executable, "-m", "dledger.apps.cluster", "up", "--dir", self.root,
             "--raft-port", str(self.raft_base), "--http-port", str(self.http_base),
             "--namesrv", str(self.namesrv_count), "--namesrv-port", str(self.ns_base), "--json",
+            "--groups", str(self.groups),
         ]
         for k, v in self.extra.items():
             args += ["--set", f"{k}={v}"]
@@ -88,6 +91,11 @@ class ProcCluster:
         )
         assert r.returncode == 0, r.stderr
         return next(q for q in self.processes() if q.name == p.name)
+
+    def cluster(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """``dledger-cluster ARGS --dir ROOT`` (stop, kill, restart, add-group, status ...)."""
+        return subprocess.run([sys.executable, "-m", "dledger.apps.cluster", *args, "--dir", self.root],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
     def down(self) -> None:
         try:

@@ -11,6 +11,7 @@ import pytest
 from dledger.node import (
     AppendTimeoutError,
     DiskFullError,
+    DLedgerError,
     DLedgerNode,
     EntryRemovedError,
     NotCommittedError,
@@ -151,6 +152,49 @@ async def test_transfer_leadership(cluster: InProcCluster) -> None:
     new_id = await leader.transfer_leadership(target)
     assert new_id == target
     await wait_until(lambda: cluster.nodes[target].role == "LEADER", 5, "the target leads")
+
+
+async def test_transfer_leadership_under_steady_appends(cluster: InProcCluster) -> None:
+    """A transfer under load (a rolling restart's graceful stop, ``mqadmin transferLeader``): the
+    log keeps growing, so a follower is rarely fully caught up at the moment of the request. The
+    leader holds new appends while it transfers (Raft thesis §3.10) and asks again until the target
+    caught up; the held appends then learn the new leader. Before: refused at once ("not caught up"),
+    and an append made during the transfer was taken and ended "outcome unknown".
+
+    Which appends are in flight at the step-down depends on timing, so the steady appenders may end
+    either way (NOT_LEADER naming the new leader, or outcome unknown); the append made once the
+    transfer started is held, whatever the timing, and must learn the new leader."""
+    leader = await cluster.leader()
+    stop = asyncio.Event()
+    ended: list[DLedgerError] = []  # how each appender's last append ended
+
+    async def appender(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                await leader.append([f"{i}-{n}".encode()])
+            except DLedgerError as exc:  # NOT_LEADER, or an append in flight at the step-down
+                ended.append(exc)
+                return
+
+    tasks = [asyncio.create_task(appender(i)) for i in range(32)]
+    try:
+        await wait_until(lambda: leader.commit_index >= 200, 20, "a steady stream of appends")
+        transfer = asyncio.create_task(leader.transfer_leadership(None))
+        await asyncio.sleep(0)  # the transfer started: it holds new appends from here on
+        with pytest.raises(NotLeaderError) as held:
+            await leader.append([b"made during the transfer"])
+        new_id = await transfer
+        assert new_id != leader.settings.self_id and held.value.leader_id == new_id
+        await wait_until(lambda: len(ended) == len(tasks), 10, "every appender to see the step-down")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for exc in ended:
+        assert (isinstance(exc, NotLeaderError) and exc.leader_id == new_id) or isinstance(exc, AppendTimeoutError), (
+            repr(exc))
+    await wait_until(lambda: cluster.nodes[new_id].role == "LEADER", 5, "the new leader to stay")
 
 
 async def test_status_snapshot(cluster: InProcCluster) -> None:
