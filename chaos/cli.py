@@ -19,6 +19,7 @@ from typing import Any
 from chaos import fleet, plants, rolling
 from chaos.drill import DrillError, DrillOptions, run_drill
 from chaos.faults import (
+    CRASH_GATES,
     SKEW_DEFAULT,
     STANDARD_FAULTS,
     expand_faults,
@@ -114,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the retry group's maxReconsumeTimes (2)")
     run.add_argument("--skew", default=f"{SKEW_DEFAULT[0]:g},{SKEW_DEFAULT[1]:g}", metavar="OFFSET_S,DRIFT_PPM",
                      help="largest clock offset and drift a skew-* fault picks (%(default)s)")
+    run.add_argument("--crash-gate", choices=CRASH_GATES, default=None,
+                     help="crash faults wait (up to their window's last second) until the newest acknowledged "
+                          "message of each group they hit is not fsynced on any victim (all) or on victims making a "
+                          "majority of the group (majority), then fire at that instant (default: at the window's "
+                          "start)")
     run.add_argument("--plant", action="append", default=[], metavar="NAME",
                      help="TEST ONLY: plant a known defect (chaos plants lists them) to see the audit catch it")
 
@@ -175,6 +181,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
             make_fault(f)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if args.crash_gate is not None and not any(part.startswith("crash-") for f in faults for part in f.split("+")):
+        raise UsageError("--crash-gate needs a crash-* fault in --faults")
     if args.duration < 2 * args.interval:
         raise UsageError(f"--duration ({args.duration:g}) must hold one fault and one heal window "
                          f"(2 x --interval = {2 * args.interval:g})")
@@ -208,6 +216,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         extra={**(TXN_BROKER_SETTINGS if args.txn_share > 0 else {}), **dict(kv.split("=", 1) for kv in args.set)},
         progress_s=args.progress, audit=not args.no_audit, toxiproxy_server=args.toxiproxy_server,
         plants=tuple(args.plant), sample_interval_s=args.sample_interval, skew=_skew(args.skew),
+        crash_gate=args.crash_gate,
     )
 
 

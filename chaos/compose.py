@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from broker.client.transport import ClientError, Transport
@@ -121,6 +122,18 @@ class ComposeTarget:
     async def kill(self, m: Member) -> None:
         await self._docker("kill", self.container(m))
 
+    async def kill_all(self, ms: Sequence[Member]) -> None:
+        if ms:
+            await self._docker("kill", *(self.container(m) for m in ms))
+
+    async def freeze(self, ms: Sequence[Member]) -> None:
+        if ms:
+            await self._docker("pause", *(self.container(m) for m in ms))
+
+    async def thaw(self, ms: Sequence[Member]) -> None:
+        if ms:
+            await self._docker("unpause", *(self.container(m) for m in ms))
+
     async def start(self, m: Member) -> None:
         if not self.is_running(m):
             await self._docker("start", self.container(m))
@@ -133,6 +146,9 @@ class ComposeTarget:
 
     async def lose_unsynced(self, m: Member) -> LossReport:
         raise NotSupported("page-cache loss is not modelled for containers")
+
+    def synced_sizes(self, m: Member) -> dict[tuple[int, int], int]:
+        raise NotSupported("fsynced sizes are not recorded in containers")
 
     def set_env(self, m: Member, env: dict[str, str] | None) -> None:
         raise NotSupported("a container's environment is fixed by docker-compose.yml")

@@ -39,9 +39,12 @@ during an election that outlasts ``leader_wait_s``) logs the apply with no targe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from chaos.damage import DAMAGE_KINDS, DamageFault
@@ -60,6 +63,7 @@ from chaos.selection import (
 )
 from chaos.target import Member, Network, Target, find_leader, groups_of, wait_for
 from chaos.toxi import TOXIC_DEFAULTS
+from chaos.unsynced import synced_at
 
 NODE_ACTIONS = ("kill", "suspend", "crash")
 TOXICS = ("latency", "bandwidth", "timeout", "reset-peer", "slicer")
@@ -77,6 +81,21 @@ class ConsumerControl(Protocol):
     async def part(self, name: str) -> None: ...
 
 
+class WorkloadControl(ConsumerControl, Protocol):
+    """... and what a gated crash asks: the log position of the newest message the workload has seen
+    acknowledged by a broker group (None: nothing acknowledged there yet), and a call at every
+    acknowledgement (``on_ack(callback)`` returns the function that ends the calls)."""
+
+    def newest_acked_position(self, group: str) -> int | None: ...
+    def on_ack(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+
+CRASH_GATES = ("all", "majority")
+# A gated crash looks every GATE_GAP_S (a look freezes the victims for about a millisecond: they run
+# most of the time), and at once after an acknowledgement that came meanwhile.
+GATE_GAP_S = 0.004
+
+
 @dataclasses.dataclass
 class FaultContext:
     target: Target
@@ -85,7 +104,15 @@ class FaultContext:
     fixed_node: str | None = None  # a node id ("n0"): the fixed selector picks it in every group
     leader_wait_s: float = 5.0
     toxic_params: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    workload: ConsumerControl | None = None
+    workload: WorkloadControl | None = None
+    # A crash fault's precondition (``--crash-when``): None fires at the window's start; "all" waits
+    # until the newest acknowledged message of every group it hits is not fsynced on any of its
+    # victims, "majority" until it is not fsynced on victims that make a majority of the group (who
+    # could elect a leader without it). At most ``crash_wait_s``; then it fires anyway (detail.gate).
+    # When the gate was met, the heal brings the victims without the message back first.
+    crash_gate: str | None = None
+    crash_wait_s: float = 0.0
+    restart_wait_s: float = 30.0  # after a met gate: how long the first victims back get to elect
     skew: tuple[float, float] = SKEW_DEFAULT
     damaged_dir: str | None = None  # where replicas that refused their damaged data are set aside
     # Within one window: the nodes its faults hit so far (a later part avoids them), and the
@@ -126,9 +153,10 @@ class NodeFault:
         assert action in NODE_ACTIONS and selector in NODE_SELECTORS
         self.name, self.action, self.selector = name, action, selector
         self.victims: list[Member] = []
+        self.first_back: list[Member] = []  # a met crash gate: the victims without the ack come back first
 
     async def apply(self, ctx: FaultContext) -> None:
-        self.victims, leaders, skipped = [], {}, []
+        self.victims, self.first_back, leaders, skipped = [], [], {}, []
         for group, members in sorted(groups_of(ctx.target.members()).items()):
             leader = await _leader(ctx, members, self.selector == "leader")
             leaders[group] = leader
@@ -141,18 +169,23 @@ class NodeFault:
                 continue
             self.victims += [m for m in members if m.name in names]
         ctx.taken.update(m.name for m in self.victims)
-        at_us, t0 = now_us(), time.monotonic()
         detail: dict[str, Any] = {"leaders": leaders}
-        losses = {}
-        for m in self.victims:
-            if self.action == "suspend":
+        if self.action == "crash" and ctx.crash_gate is not None and self.victims:
+            gate = detail["gate"] = await wait_for_unsynced_ack(ctx, self.victims)  # returns with them frozen
+            if gate["met"]:
+                unsynced = {name for g in gate["groups"].values() for name in g["unsynced_on"]}
+                self.first_back = [m for m in self.victims if m.name in unsynced]
+        at_us, t0 = now_us(), time.monotonic()
+        if self.action == "suspend":
+            for m in self.victims:
                 await ctx.target.suspend(m)
-            else:
-                await ctx.target.kill(m)
-                if self.action == "crash":
-                    losses[m.name] = (await ctx.target.lose_unsynced(m)).detail()
-        if losses:
-            detail["lost_unsynced"] = losses
+        else:
+            # One instant for every victim (a coordinated power cut): none of them writes or syncs
+            # anything after another one died, so each keeps exactly what it had fsynced then.
+            await ctx.target.kill_all(self.victims)
+            if self.action == "crash":
+                detail["lost_unsynced"] = {m.name: (await ctx.target.lose_unsynced(m)).detail()
+                                           for m in self.victims}
         if skipped:
             detail["skipped"] = skipped
         detail["took_ms"] = ms_since(t0)
@@ -160,14 +193,94 @@ class NodeFault:
 
     async def heal(self, ctx: FaultContext) -> None:
         at_us, t0 = now_us(), time.monotonic()
-        for m in self.victims:
-            if self.action == "suspend":
+        detail: dict[str, Any] = {}
+        if self.action == "suspend":
+            for m in self.victims:
                 await ctx.target.resume(m)
-            else:
-                await ctx.target.start(m)
-        detail = {"took_ms": ms_since(t0)}
+        else:
+            first = self.first_back if len(self.first_back) < len(self.victims) else []
+            if first:
+                # Power comes back in any order; after a met gate, in the order that loses the
+                # acknowledged message: the victims without it first, the others once those elected.
+                for m in first:
+                    await ctx.target.start(m)
+                detail["restart_order"] = [[m.name for m in first],
+                                           [m.name for m in self.victims if m not in first]]
+                detail["first_leaders"] = await _leaders_among(ctx, first)
+            for m in self.victims:
+                if m not in first:
+                    await ctx.target.start(m)
+        detail["took_ms"] = ms_since(t0)
         ctx.record(self.name, "heal", [m.name for m in self.victims], detail, at_us)
-        self.victims = []
+        self.victims, self.first_back = [], []
+
+
+async def _leaders_among(ctx: FaultContext, first: list[Member]) -> dict[str, str | None]:
+    """Per group of ``first``: the leader it elected from among ``first`` (None after
+    ``ctx.restart_wait_s``)."""
+    out: dict[str, str | None] = {}
+    for group, ms in sorted(groups_of(first).items()):
+        names = {m.name for m in ms}
+
+        async def elected(ms: list[Member] = ms, names: set[str] = names) -> str | None:
+            leader = await find_leader(ctx.target, ms)
+            return leader if leader in names else None
+
+        try:
+            out[group] = str(await wait_for(elected, ctx.restart_wait_s, f"a leader among {sorted(names)}", 0.1))
+        except TimeoutError:
+            out[group] = None
+    return out
+
+
+async def wait_for_unsynced_ack(ctx: FaultContext, victims: list[Member]) -> dict[str, Any]:
+    """The gate of a crash (``ctx.crash_gate``): freeze the victims (SIGSTOP, one instant), look
+    whether the newest message the workload saw acknowledged by each of their groups is missing
+    from the fsynced part of enough victims' logs (their synced-size tables), and return with them
+    still frozen when it is — the crash then fires at that instant — or thaw them and look again
+    ``GATE_GAP_S`` later (at once after an acknowledgement), for at most ``ctx.crash_wait_s`` (then it
+    fires anyway: ``met`` false)."""
+    assert ctx.workload is not None
+    t0 = time.monotonic()
+    checks, last = 0, dict[str, Any]()
+    acked = asyncio.Event()
+    stop_calls = ctx.workload.on_ack(acked.set)
+    try:
+        while True:
+            await ctx.target.freeze(victims)
+            checks += 1
+            try:
+                met, last = unsynced_ack(ctx, victims)
+            except BaseException:
+                await ctx.target.thaw(victims)
+                raise
+            waited = time.monotonic() - t0
+            if met or waited >= ctx.crash_wait_s:
+                return {"mode": ctx.crash_gate, "met": met, "waited_ms": round(waited * 1000, 1),
+                        "checks": checks, "groups": last}
+            await ctx.target.thaw(victims)
+            acked.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GATE_GAP_S):
+                    await acked.wait()
+    finally:
+        stop_calls()
+
+
+def unsynced_ack(ctx: FaultContext, victims: list[Member]) -> tuple[bool, dict[str, Any]]:
+    """Whether a crash of the (frozen) ``victims`` now loses an acknowledged message, per the gate's
+    mode (``FaultContext.crash_gate``), and what was seen per group."""
+    assert ctx.crash_gate in CRASH_GATES and ctx.workload is not None
+    sizes = {g: len(ms) for g, ms in groups_of(ctx.target.members()).items()}
+    met, seen = True, {}
+    for group, ms in sorted(groups_of(victims).items()):
+        position = ctx.workload.newest_acked_position(group)
+        unsynced = [] if position is None else [
+            m.name for m in ms if not synced_at(ctx.target.data_path(m), ctx.target.synced_sizes(m), position)]
+        need = len(ms) if ctx.crash_gate == "all" else sizes[group] // 2 + 1
+        seen[group] = {"newest_acked_position": position, "unsynced_on": unsynced}
+        met = met and position is not None and len(unsynced) >= need
+    return met, seen
 
 
 class PartitionFault:

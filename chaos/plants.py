@@ -10,6 +10,8 @@ workload starts. A planted process says so in its log (``TEST PLANT ACTIVE``).
     name                      side    defect (issue 12's table)
     ack-before-majority       broker  the leader counts its own log end as committed
     fdatasync-noop            broker  fdatasync is a no-op under SYNC_FLUSH (the log never syncs)
+    follower-ack-before-fsync broker  a follower answers an AppendEntries of several entries before
+                                      it fdatasyncs them, and syncs every flushIntervalCommitLog
     cq-drops-last-unit        broker  recovery drops each consume queue's last unit
     stock-truncation          broker  followers truncate entries that do not conflict (stock
                                       pysyncobj), with the stock leader nextIndex rewind
@@ -30,6 +32,7 @@ restores every one (tests that plant inside their own process use it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +86,67 @@ def fdatasync_noop() -> None:
         self._dirty_dirs.clear()
 
     _patch(EntryStore, "flush", flush)
+
+
+def follower_ack_before_fsync() -> None:
+    """A follower acknowledges an AppendEntries that carried more than one entry before it
+    fdatasyncs them, and syncs them on the asynchronous policy's schedule: ``ReplicaCore.ack_ready``
+    (may a success answer leave, i.e. is what it covers durable?) says yes while such a message is
+    being handled, so the answer leaves from the page cache instead of being held until the flush
+    that covers it returns; the follower's next flush then waits until ``flushIntervalCommitLog``
+    after its last one, as under ``ASYNC_FLUSH``. Single-entry appends stay correct. The leader
+    may count the answer toward a majority, commit and acknowledge, while the follower's copy is not
+    on its disk yet.
+
+    Why the lazy flush too: since issue 26 the flush starts at the end of the very tick that sent
+    the answer, on the flusher thread, and a leader that counts itself only once its own fdatasync
+    returned rarely commits before both followers' fdatasyncs (started as it started its own) are
+    back: a gated crash saw no majority without the newest acknowledged message in 774 frozen
+    checks (seed 648627619). Patches ``DLedgerSyncObj._dl_on_append_entries`` (to note the
+    message's entry count), ``ReplicaCore.ack_ready`` and ``ReplicaCore._maybe_flush``; logs how
+    many answers went out early."""
+    from dledger.replica import ReplicaCore
+    from dledger.syncobj_patch import DLedgerSyncObj
+
+    early = [0]
+    on_append = DLedgerSyncObj._dl_on_append_entries
+
+    def _dl_on_append_entries(self: Any, node: Any, message: dict[str, Any]) -> None:
+        self.dl_plant_entries = len(message.get("entries") or ())
+        try:
+            on_append(self, node, message)
+        finally:
+            self.dl_plant_entries = 0
+
+    ack_ready = ReplicaCore.ack_ready
+
+    def ack_ready_(self: Any, node: Any, next_index: int) -> bool:
+        if ack_ready(self, node, next_index):
+            return True
+        held = self._held_acks.get(node)
+        if getattr(self.sync, "dl_plant_entries", 0) > 1 and held is not None and held[0] == next_index:
+            # ack_ready held it: send it now instead, and forget it (the flush would send it again)
+            del self._held_acks[node]
+            self.dl_plant_lazy = True
+            early[0] += 1
+            if early[0] in (1, 10, 100) or early[0] % 1000 == 0:
+                logging.getLogger("dledger.plant").warning(
+                    "follower-ack-before-fsync: %d answers to multi-entry appends sent before fdatasync", early[0])
+            return True
+        return False
+
+    maybe_flush = ReplicaCore._maybe_flush
+
+    def _maybe_flush(self: Any) -> None:
+        if getattr(self, "dl_plant_lazy", False):
+            if self._clock.monotonic() - self._last_flush < self.settings.flush_interval_ms / 1000:
+                return  # the answer left already: sync later, as the asynchronous policy would
+            self.dl_plant_lazy = False
+        maybe_flush(self)
+
+    _patch(DLedgerSyncObj, "_dl_on_append_entries", _dl_on_append_entries)
+    _patch(ReplicaCore, "ack_ready", ack_ready_)
+    _patch(ReplicaCore, "_maybe_flush", _maybe_flush)
 
 
 def cq_drops_last_unit() -> None:
@@ -218,6 +282,8 @@ PLANTS: dict[str, Plant] = {
         Plant("ack-before-majority", "broker", ack_before_majority,
               "the leader counts its own log end as committed (ack before majority)"),
         Plant("fdatasync-noop", "broker", fdatasync_noop, "fdatasync is a no-op under SYNC_FLUSH"),
+        Plant("follower-ack-before-fsync", "broker", follower_ack_before_fsync,
+              "a follower acknowledges a multi-entry append before its fdatasync"),
         Plant("cq-drops-last-unit", "broker", cq_drops_last_unit,
               "recovery drops each consume queue's last unit"),
         Plant("stock-truncation", "broker", stock_truncation,

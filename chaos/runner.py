@@ -30,7 +30,14 @@ from chaos.history import HISTORY_VERSION, FaultRecord, JsonlWriter, now_us, rea
 from chaos.layout import Ports, data_dir
 from chaos.local import LocalChaosCluster
 from chaos.sampler import Sampler
-from chaos.schedule import Window, build_schedule, window_at
+from chaos.schedule import (
+    ACK_RATE_FLOOR,
+    ACKS_PER_FAULT_WINDOW,
+    Window,
+    build_schedule,
+    needed_ack_rate,
+    window_at,
+)
 from chaos.target import LocalTarget, find_leader, groups_of, wait_for
 from chaos.workload import (
     CONSUMER_GROUP,
@@ -71,6 +78,13 @@ class RunOptions:
     sample_interval_s: float = 0.25
     skew: tuple[float, float] = SKEW_DEFAULT
     audit_args: tuple[str, ...] = ()
+    crash_gate: str | None = None  # chaos.faults.CRASH_GATES: crash faults wait for unsynced acks
+
+
+def crash_wait_s(interval_s: float) -> float:
+    """How long a gated crash may wait for its precondition within its window: all of it but the last
+    second (half of it for windows under 2 s), so the victims are down a while before the heal."""
+    return max(interval_s - 1.0, interval_s / 2)
 
 
 def audit_available() -> bool:
@@ -167,7 +181,8 @@ class Run:
                      f"{o.workload.producers} producers, {o.workload.consumers} consumers; acks flowing")
             ctx = FaultContext(target, faults_log, self.rng, fixed_node=o.fixed_node, toxic_params=o.toxic_params,
                                workload=workload, skew=o.skew,
-                               damaged_dir=os.path.join(self.dir, "cluster", "damaged"))
+                               damaged_dir=os.path.join(self.dir, "cluster", "damaged"),
+                               crash_gate=o.crash_gate, crash_wait_s=crash_wait_s(o.interval_s))
             await self._play(ctx, target, workload)
             await self._wind_down(target, workload)
         finally:
@@ -197,6 +212,9 @@ class Run:
     async def _play(self, ctx: FaultContext, target: LocalTarget, workload: Workload) -> None:
         """The schedule's windows, then everything healed, then the recovery period."""
         t0 = time.monotonic()
+        c = workload.counters
+        acked_at_start = c.ok
+        acked_in: list[dict[str, Any]] = []  # per fault window: acknowledgements while it was on
         progress = asyncio.create_task(self._progress(t0, workload, target))
         active: Fault | None = None
         try:
@@ -206,14 +224,17 @@ class Run:
                     active = make_fault(w.fault)
                     self.current = (w.fault, w)
                     ctx.taken = set()  # nodes hit within this window (a composite's later parts avoid them)
+                    before = c.ok
                     await active.apply(ctx)
                     await _sleep_until(t0 + w.end_s)
                     await active.heal(ctx)
+                    acked_in.append({"fault": w.fault, "start_s": w.start_s, "acked": c.ok - before})
                     active, self.current = None, None
             await _sleep_until(t0 + self.opts.duration_s)
             self.info["unexpected_exits"] = await self._restore_everything(target, ctx.log)
             self.say(f"schedule done; recovery {self.opts.recovery_s:g} s")
             await asyncio.sleep(self.opts.recovery_s)
+            self._rate_report(c.ok - acked_at_start, time.monotonic() - t0, acked_in)
         finally:
             if active is not None:  # an error or Ctrl-C inside a fault window
                 with contextlib.suppress(Exception):
@@ -221,6 +242,19 @@ class Run:
             progress.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await progress
+
+    def _rate_report(self, acked: int, elapsed_s: float, acked_in: list[dict[str, Any]]) -> None:
+        """run.json ``workload_rate``, and a warning when the workload was slower than the schedule
+        needs (``chaos.schedule.needed_ack_rate``) or than the rate it was given."""
+        o = self.opts
+        report = workload_rate(acked, elapsed_s, o.workload.producers * o.workload.rate or None,
+                               needed_ack_rate(o.interval_s), acked_in)
+        self.info["workload_rate"] = report
+        self.say(f"workload: {report['achieved_ok_per_s']} acknowledged sends/s over the schedule and recovery "
+                 f"(asked {report['offered_per_s'] or 'as fast as acknowledged'}; the fault mix needs "
+                 f">= {report['needed_ok_per_s']}/s)")
+        for w in report["warnings"]:
+            self.say(f"WARNING: {w}")
 
     async def _wind_down(self, target: LocalTarget, workload: Workload) -> None:
         """Producers stop, consumers settle, every queue is drained, replica statuses recorded."""
@@ -345,6 +379,27 @@ class Run:
                                           "first_index", "last_index", "writable")},
             })
         return rows
+
+
+OFFERED_SHARE_MIN = 0.5  # below half the asked rate, the machine (or the cluster) held the workload back
+
+
+def workload_rate(acked: int, elapsed_s: float, offered_per_s: float | None, needed_per_s: float,
+                  acked_in: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the workload achieved against what the schedule needs (pure; run.json ``workload_rate``)."""
+    achieved = round(acked / elapsed_s, 1) if elapsed_s > 0 else 0.0
+    warnings = []
+    if achieved < needed_per_s:
+        warnings.append(
+            f"the workload achieved {achieved} acknowledged sends/s, below the {needed_per_s:g}/s the fault mix "
+            f"needs ({ACKS_PER_FAULT_WINDOW} per fault window, at least {ACK_RATE_FLOOR:g}/s): faults may pass "
+            "without the traffic that would show their effect (a busy machine? fewer --producers, a longer "
+            "--interval, or a quieter host)")
+    if offered_per_s and achieved < OFFERED_SHARE_MIN * offered_per_s:
+        warnings.append(f"the workload achieved {achieved} acknowledged sends/s of the {offered_per_s:g}/s asked")
+    return {"achieved_ok_per_s": achieved, "acked": acked, "elapsed_s": round(elapsed_s, 1),
+            "offered_per_s": offered_per_s, "needed_ok_per_s": round(needed_per_s, 1),
+            "acked_in_fault_windows": acked_in, "warnings": warnings}
 
 
 def _log_to(path: str) -> logging.Handler:

@@ -6,6 +6,12 @@
 Each fault window is applied at its start and healed at its end; a heal window is as long as a
 fault window. Faults are taken from the list in turn (``cycle``) or drawn with the run's seeded RNG
 (``random``). What does not fill a whole fault+heal pair at the end of the duration stays quiet.
+
+What a schedule needs of the workload (``needed_ack_rate``): a fault is judged by the acknowledged
+sends around it — the ones it may lose, the attempts it makes wait, the first ones after it — so
+every fault window should see ``ACKS_PER_FAULT_WINDOW`` of them at the run's rate, and never fewer
+than ``ACK_RATE_FLOOR`` a second: the audit calls a second without an acknowledgement unavailability
+(``--unavailable-ms`` 1000), which a slower workload produces with no fault at all.
 """
 
 from __future__ import annotations
@@ -13,6 +19,14 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
+
+ACKS_PER_FAULT_WINDOW = 100
+ACK_RATE_FLOOR = 10.0  # acknowledged sends per second
+
+
+def needed_ack_rate(interval_s: float) -> float:
+    """Acknowledged sends per second (all producers) a schedule of ``interval_s`` windows needs."""
+    return max(ACK_RATE_FLOOR, ACKS_PER_FAULT_WINDOW / interval_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,12 @@ implementation for local processes (a directory written by ``dledger-cluster up`
 
     Target                       local processes (now)          docker compose (later)
     kill(m)                      SIGKILL the pid                docker kill
+    kill_all(ms)                 SIGKILL every pid at once      docker kill (one command)
+    freeze(ms) / thaw(ms)        SIGSTOP / SIGCONT, all at once docker pause / unpause
     start(m)                     start the recorded command     docker start
     suspend(m) / resume(m)       SIGSTOP / SIGCONT              docker pause / unpause
     lose_unsynced(m)             cut files to fsynced sizes     (not supported)
+    synced_sizes(m)              its synced-size table          (not supported)
     set_env(m, env)              environment of the next starts (not supported)
     data_path(m), set_aside(m)   the data dir; move it away     (not supported)
     network                      Toxiproxy proxies (or None)    docker network disconnect
@@ -29,7 +32,7 @@ from typing import Any, Protocol
 
 from broker.client.transport import ClientError, Transport, cluster_credentials
 from chaos.layout import ProxySpec, data_dir
-from chaos.unsynced import LossReport, lose_unsynced
+from chaos.unsynced import LossReport, lose_unsynced, read_table
 from dledger.apps.cluster import STATE_FILE, ProcessInfo, is_running
 from dledger.waiting import wait_until
 
@@ -67,10 +70,14 @@ class Target(Protocol):
     def members(self) -> list[Member]: ...
     def is_running(self, m: Member) -> bool: ...
     async def kill(self, m: Member) -> None: ...
+    async def kill_all(self, ms: Sequence[Member]) -> None: ...
+    async def freeze(self, ms: Sequence[Member]) -> None: ...
+    async def thaw(self, ms: Sequence[Member]) -> None: ...
     async def start(self, m: Member) -> None: ...
     async def suspend(self, m: Member) -> None: ...
     async def resume(self, m: Member) -> None: ...
     async def lose_unsynced(self, m: Member) -> LossReport: ...
+    def synced_sizes(self, m: Member) -> dict[tuple[int, int], int]: ...
     async def status(self, m: Member) -> dict[str, Any] | None: ...
     def set_env(self, m: Member, env: dict[str, str] | None) -> None: ...
     def data_path(self, m: Member) -> str: ...
@@ -135,6 +142,7 @@ class LocalTarget:
         self.network = network
         self.broker_env = dict(broker_env or {})  # every broker start (test plants)
         self._member_env: dict[str, dict[str, str]] = {}  # one member's next starts (clock skew)
+        self._loaded: tuple[tuple[int, int, int], list[ProcessInfo]] | None = None
         self.credentials = cluster_credentials(self.dir)  # the cluster's admin account, if ACL is on
         self.transport = Transport(timeout_s=STATUS_TIMEOUT_S, credentials=self.credentials)
         procs = self._load()
@@ -144,8 +152,15 @@ class LocalTarget:
 
     # -- the recorded processes ----------------------------------------------------------------
     def _load(self) -> list[ProcessInfo]:
-        with open(os.path.join(self.dir, STATE_FILE)) as f:
-            return [ProcessInfo(**p) for p in json.load(f)["processes"]]
+        """The recorded processes, parsed again only when the file changed (a gated crash looks
+        every few milliseconds)."""
+        path = os.path.join(self.dir, STATE_FILE)
+        st = os.stat(path)
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._loaded is None or self._loaded[0] != key:
+            with open(path) as f:
+                self._loaded = (key, [ProcessInfo(**p) for p in json.load(f)["processes"]])
+        return [dataclasses.replace(p) for p in self._loaded[1]]
 
     def _save(self, procs: list[ProcessInfo]) -> None:
         path = os.path.join(self.dir, STATE_FILE)
@@ -176,6 +191,36 @@ class LocalTarget:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGKILL)
         await wait_for(lambda: not self._alive_reaped(p), 10, f"{m.name} (pid {p.pid}) to die")
+
+    async def kill_all(self, ms: Sequence[Member]) -> None:
+        """SIGKILL every one of ``ms`` in one loop of kill(2) (microseconds apart: one instant for
+        the crash fault, so none of them writes or syncs anything after another one died), then wait
+        until all are gone."""
+        procs = {p.name: p for p in self._load()}
+        victims = [procs[m.name] for m in ms if is_running(procs[m.name])]
+        for p in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+        for p in victims:
+            await self._wait_dead(p)
+
+    async def _wait_dead(self, p: ProcessInfo) -> None:
+        await wait_for(lambda: not self._alive_reaped(p), 10, f"{p.name} (pid {p.pid}) to die")
+
+    async def freeze(self, ms: Sequence[Member]) -> None:
+        """SIGSTOP every one of ``ms`` in one loop: their state (files, synced-size tables) stays as it
+        was at that instant until ``thaw`` or ``kill_all``."""
+        self._signal_all(ms, signal.SIGSTOP)
+
+    async def thaw(self, ms: Sequence[Member]) -> None:
+        self._signal_all(ms, signal.SIGCONT)
+
+    def _signal_all(self, ms: Sequence[Member], sig: signal.Signals) -> None:
+        procs = {p.name: p for p in self._load()}
+        pids = [procs[m.name].pid for m in ms if is_running(procs[m.name])]
+        for pid in pids:  # one loop: the signals land microseconds apart
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _alive_reaped(self, p: ProcessInfo) -> bool:
         reap(p.pid)  # our own children become zombies until reaped; others are reaped by their parent
@@ -235,6 +280,12 @@ class LocalTarget:
             raise RuntimeError(f"{m.name} is running: kill it before cutting its files")
         p = self.process(m)
         return await asyncio.to_thread(lose_unsynced, data_dir(p, self.dir), self.table_path(m))
+
+    def synced_sizes(self, m: Member) -> dict[tuple[int, int], int]:
+        """What ``m`` had fsynced, per (device, inode), as its synced-size table says now."""
+        if self.restart_mode != "launch":
+            raise NotSupported("synced sizes need replicas started by a chaos run (chaos.launch)")
+        return read_table(self.table_path(m))
 
     async def status(self, m: Member) -> dict[str, Any] | None:
         try:

@@ -12,11 +12,15 @@ neither loses unflushed writes. This module does, per file:
    The record is written before the fsync call returns to its caller, so before anything the
    caller does after it (an acknowledgement): a kill can only leave a record *higher* than needed,
    never lower.
-2. After the kill, ``lose_unsynced`` truncates every file of the node's data directory to its
-   recorded size: bytes appended since the file's last fsync are gone. A file without a record
-   was never fsynced (the hook runs from the node's first start, so it saw every file being made)
-   and is emptied, as a delayed-allocation file system leaves a file whose data never reached the
-   disk (its name survives when its directory was synced).
+2. After the kill (every victim of a crash at one instant: ``LocalTarget.kill_all``, so none of
+   them syncs anything after another one died), ``lose_unsynced`` truncates every file of the
+   node's data directory to its recorded size: bytes appended since the file's last fsync are gone.
+   A file without a record was never fsynced (the hook runs from the node's first start, so it saw
+   every file being made) and is emptied, as a delayed-allocation file system leaves a file whose
+   data never reached the disk (its name survives when its directory was synced).
+
+``synced_at`` answers, for a frozen or dead node, whether a log position had reached its disk: what
+a gated crash (``chaos.faults.wait_for_unsynced_ack``) reads before it fires.
 
 The table is a small file of fixed 32-byte slots, mmapped by the broker (a record is a few memory
 stores, no system call; a SIGKILL cannot lose it: the page cache holds it for the reader). It lives
@@ -43,6 +47,8 @@ import struct
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from dledger.segment_files import NAME_DIGITS, file_name
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +129,33 @@ class SyncedSizeTable:
 
 def read_table(path: str) -> dict[tuple[int, int], int]:
     """The records of a table file (another process's, after it died)."""
-    out: dict[tuple[int, int], int] = {}
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        return out
-    for off in range(0, len(raw) - _SLOT.size + 1, _SLOT.size):
-        magic, dev, ino, size = _SLOT.unpack_from(raw, off)
-        if magic == _MAGIC:
-            out[(dev, ino)] = size
-    return out
+        return {}
+    whole = len(raw) - len(raw) % _SLOT.size
+    return {(dev, ino): size for magic, dev, ino, size in _SLOT.iter_unpack(raw[:whole]) if magic == _MAGIC}
+
+
+def synced_at(data_dir: str, sizes: dict[tuple[int, int], int], position: int) -> bool:
+    """Whether the Raft log record at global byte ``position`` had reached the disk on this replica:
+    the log segment holding it (``store/log/<first position>``) has an fsynced size past it.
+    False when no segment holds it yet (the replica never received it). Reads the directory and
+    one ``stat``; ``sizes`` is the replica's table (``read_table``)."""
+    log_dir = os.path.join(data_dir, "store", "log")
+    try:
+        starts = [int(n) for n in os.listdir(log_dir) if len(n) == NAME_DIGITS and n.isdigit()]
+    except FileNotFoundError:
+        return False
+    holding = max((s for s in starts if s <= position), default=None)
+    if holding is None:
+        return False
+    try:
+        st = os.stat(os.path.join(log_dir, file_name(holding)))
+    except FileNotFoundError:
+        return False
+    return sizes.get((st.st_dev, st.st_ino), 0) > position - holding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,7 +65,7 @@ import os
 import random
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -210,6 +210,21 @@ class Counters:
     txn_sent: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # by plan, ok
     txn_checks: int = 0  # check-backs answered
     txn_checked: set[str] = dataclasses.field(default_factory=set)  # unique ids answered on a check-back
+    # broker group -> log position of the newest acknowledged message it stored, and who is told of
+    # each acknowledgement (a gated crash: chaos.faults.wait_for_unsynced_ack)
+    newest_acked: dict[str, int] = dataclasses.field(default_factory=dict)
+    ack_listeners: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    def note_acked_at(self, msg_id: str | None) -> None:
+        if not msg_id:
+            return
+        group, _, hex_position = msg_id.rpartition(":")
+        with contextlib.suppress(ValueError):
+            position = int(hex_position, 16)
+            if position > self.newest_acked.get(group, -1):
+                self.newest_acked[group] = position
+        for listener in self.ack_listeners:
+            listener()
 
     def retries_settled(self) -> bool:
         """The retry group saw every acknowledged id and every failed one was consumed or sent to the DLQ."""
@@ -322,6 +337,7 @@ class ProducerWorker:
             if plan is not None:
                 c.txn_sent[plan] += 1
             if plan is None or plan in TXN_COMMITTED:  # a rolled-back one must never arrive
+                c.note_acked_at(where[2])
                 c.acked.add(uid)
                 c.acked_store_ms[uid] = r.store_ts
                 c.acked_at[uid] = time.monotonic()
@@ -582,6 +598,15 @@ class Workload:
 
     async def part(self, name: str) -> None:
         await self.consumers[name].stop()
+
+    def newest_acked_position(self, group: str) -> int | None:
+        return self.counters.newest_acked.get(group)
+
+    def on_ack(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (on this loop, synchronously) at every acknowledgement; returns the
+        function that stops it."""
+        self.counters.ack_listeners.append(callback)
+        return lambda: self.counters.ack_listeners.remove(callback)
 
     async def stop_producers(self) -> None:
         self._stop_producing.set()

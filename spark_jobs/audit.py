@@ -278,7 +278,9 @@ class Audit:
         done = self.timer.step("checks")
         per_replica, per_group = C.divergence(fr.entries, fr.replicas)
         bounds = C.cq_bounds(fr.entries, fr.records, fr.commands, fr.cq_units, fr.replicas)
-        units = H.unit_ids(fr.cq_units, fr.entries, fr.records, fr.replicas, fr.topics)
+        # Two checks read every replica's units with their records' unique ids: computed once (two
+        # joins over every unit and every replica's records) and kept until they have run.
+        units = H.unit_ids(fr.cq_units, fr.entries, fr.records, fr.replicas, fr.topics).persist()
         receipts, drain = fr.workload(fr.receipts), fr.workload(fr.drain)
         delivered = fr.workload(fr.delivered)
         # A delayed send's acknowledged queue offset is the schedule queue's (API.md): the offset checks
@@ -322,6 +324,7 @@ class Audit:
                 "elections_without_fault": S.elections_without_fault(samples, windows, ELECTION_GRACE_US),
             }
         )
+        units.unpersist()
         lost_rows, _ = got.pop("lost")
         self._record("lost", [r for r in lost_rows if r["lost"]])
         self._record("unseen", [r for r in lost_rows if r["unseen"]])
@@ -457,6 +460,8 @@ class Audit:
             *[F.sum((F.col("outcome") == o).cast("int")).alias(o) for o in ("ok", "fail", "unknown")],
         ).first()
         self.extra["span"] = span.asDict() if span is not None else {}
+        self.extra["workload"], rate_warnings = report.workload_figures(self.extra["span"], self.run.run)
+        self.warnings += rate_warnings
         first = self.extra["span"].get("first_invoke_us")
         windows: list[dict[str, Any]] = []
         if first is not None:
@@ -518,26 +523,22 @@ class Audit:
 
     # -- findings ------------------------------------------------------------------------------------
     def _collect(self, frames: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], int]]:
-        """Collect several DataFrames with one Spark action (one job, planned once; its stages share
-        the cores): at most DETAIL_ROWS_MAX rows each, and each one's exact row count."""
-        from functools import reduce
+        """Collect several DataFrames, one Spark job each, in order: at most DETAIL_ROWS_MAX rows
+        each, and each one's exact row count.
 
-        from pyspark.sql import DataFrame
+        One job per check rather than one job for all (a union of every check): a persisted input
+        shared by several checks (``unit_ids``) is computed once, by the first job that reads it, and
+        each job's plan stays small (issue 28; docs/PERFORMANCE.md)."""
         from pyspark.sql import functions as F
 
-        parts = [
-            df.limit(DETAIL_ROWS_MAX + 1).select(
-                F.lit(name).alias("check"),
-                F.to_json(F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("row"),
-            )
-            for name, df in frames.items()
-        ]
-        grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in reduce(DataFrame.unionByName, parts).collect():
-            grouped[r["check"]].append(json.loads(r["row"]))
         out = {}
         for name, df in frames.items():
-            rows = grouped[name]
+            rows = [
+                json.loads(r["row"])
+                for r in df.limit(DETAIL_ROWS_MAX + 1)
+                .select(F.to_json(F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("row"))
+                .collect()
+            ]
             out[name] = (rows[:DETAIL_ROWS_MAX], df.count() if len(rows) > DETAIL_ROWS_MAX else len(rows))
         return out
 
@@ -572,6 +573,7 @@ class Audit:
                 "topics": self.run.topics,
             },
             "faults": self.extra.get("faults", []),
+            "workload": self.extra.get("workload", {}),
             "latency": self.extra.get("latency", {}),
             "delays": self.extra.get("delays", {}),
             "retries": self.extra.get("retries", {}),

@@ -173,9 +173,13 @@ def lost(
 
 
 def duplicate_deliveries(receipts: DataFrame) -> DataFrame:
-    """Unique ids handed to listeners more than once (receipts only; the drain is a final read)."""
+    """Unique ids handed to listeners more than once (receipts only; the drain is a final read).
+    Counted first (a cheap partial aggregation), then described: consumers and topic only for the
+    ids received twice or more."""
+    twice = receipts.groupBy("unique_id").count().where(F.col("count") > 1).select("unique_id")
     return (
-        receipts.groupBy("unique_id")
+        receipts.join(twice, ["unique_id"], "left_semi")
+        .groupBy("unique_id")
         .agg(
             F.count("*").alias("deliveries"),
             F.sort_array(F.collect_set("consumer")).alias("consumers"),
@@ -233,8 +237,13 @@ def aborted_read(sends: DataFrame, committed: DataFrame, delivered: DataFrame) -
     failed = F.broadcast(
         failed_lines.join(F.broadcast(other_outcome), ["unique_id"], "left_anti").dropDuplicates(["unique_id"])
     )
-    in_log = failed.join(committed.select("unique_id").distinct(), ["unique_id"], "left_semi").select(
-        "unique_id", F.lit(True).alias("in_log")
+    # the failed ids' copies in the log only (a semi join on the small side first, then distinct),
+    # not a distinct of every committed id
+    in_log = (
+        committed.select("unique_id")
+        .join(failed.select("unique_id"), ["unique_id"], "left_semi")
+        .distinct()
+        .select("unique_id", F.lit(True).alias("in_log"))
     )
     read = (
         delivered.join(failed.select("unique_id"), ["unique_id"], "left_semi")

@@ -44,8 +44,13 @@ def delay_deliveries(sends: DataFrame, receipts: DataFrame, drain: DataFrame) ->
     id in the real topic, receipts and drain together), ``delivered_us`` (the first copy's store
     time), ``received_us`` (the first receipt's time, None when only drained), ``lateness_us``."""
     cols = ["unique_id", "broker", "topic", "queue_id", "queue_offset", "store_us"]
-    seen = receipts.select(*cols, F.col("time_us").alias("received_us")).unionByName(
-        drain.select(*cols, F.lit(None).cast("long").alias("received_us"))
+    delayed = delayed_ok_sends(sends)
+    # Only the delayed ids' copies are counted: the reads of every other message (nearly all of them,
+    # and all of them in a run without delays) are dropped before the aggregation, not after it.
+    seen = (
+        receipts.select(*cols, F.col("time_us").alias("received_us"))
+        .unionByName(drain.select(*cols, F.lit(None).cast("long").alias("received_us")))
+        .join(delayed.select("unique_id"), ["unique_id"], "left_semi")
     )
     copies = seen.groupBy("unique_id").agg(
         F.countDistinct("broker", "topic", "queue_id", "queue_offset").alias("copies"),
@@ -53,8 +58,9 @@ def delay_deliveries(sends: DataFrame, receipts: DataFrame, drain: DataFrame) ->
         F.min("received_us").alias("received_us"),
     )
     return (
-        delayed_ok_sends(sends)
-        .select("unique_id", "producer", "broker", "delay_level", "deliver_ms", "store_us", "due_us", "file", "line")
+        delayed.select(
+            "unique_id", "producer", "broker", "delay_level", "deliver_ms", "store_us", "due_us", "file", "line"
+        )
         .withColumnRenamed("store_us", "sent_store_us")
         .join(copies, ["unique_id"], "left")
         .withColumn("copies", F.coalesce(F.col("copies"), F.lit(0)))

@@ -51,7 +51,14 @@ def rolled_back_delivered(sends: DataFrame, delivered: DataFrame, committed: Dat
 def txn_counts(sends: DataFrame, delivered: DataFrame) -> DataFrame:
     """Per plan: transactional sends, acknowledged halves, and how many unique ids were delivered."""
     t = txn_sends(sends).dropDuplicates(["unique_id", "outcome"])
-    seen = delivered.select("unique_id").distinct().withColumn("delivered", F.lit(1))
+    # the transactional ids' reads only: the rest of the deliveries (all of them in a run without
+    # transactions) are dropped before the distinct, not after it
+    seen = (
+        delivered.select("unique_id")
+        .join(t.select("unique_id"), ["unique_id"], "left_semi")
+        .distinct()
+        .withColumn("delivered", F.lit(1))
+    )
     return (
         t.join(seen, ["unique_id"], "left")
         .groupBy("txn")

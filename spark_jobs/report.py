@@ -70,7 +70,8 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
 
     # Delayed messages are late by design: their lateness is the audit's ``delays`` section.
     delayed = fr.sends.where(F.col("due_us").isNotNull()).select("unique_id")
-    first = C.latency_first_deliveries(fr.workload(fr.receipts).join(delayed, ["unique_id"], "left_anti"))
+    # Kept for the series below: one aggregation of every receipt instead of two.
+    first = C.latency_first_deliveries(fr.workload(fr.receipts).join(delayed, ["unique_id"], "left_anti")).persist()
     r = first.agg(
         F.count("*").alias("n"),
         C.percentiles("e2e_us", QUANTILES).alias("e2e"),
@@ -93,6 +94,7 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
     }
     t0, t1 = span.get("first_invoke_us"), span.get("last_complete_us")
     if t0 is None or t1 is None:
+        first.unpersist()
         return latency, {}
     bucket_us = max(1_000_000, math.ceil((t1 - t0) / SERIES_BUCKETS / 1_000_000) * 1_000_000)
     b = lambda col: F.floor((F.col(col) - F.lit(t0)) / bucket_us).cast("long")  # noqa: E731
@@ -110,6 +112,7 @@ def latency_and_series(fr: Any, span: dict[str, Any]) -> tuple[dict[str, Any], d
         .agg(F.count("*").alias("received"), C.percentiles("e2e_us", (0.5, 0.99)).alias("e2e"))
         .collect()
     )
+    first.unpersist()
     series = {
         "t0_us": t0,
         "bucket_us": bucket_us,
@@ -164,6 +167,31 @@ def _quantiles(n: int, qs: list[int] | None, mx: int | None) -> dict[str, Any]:
 
 
 # -- files --------------------------------------------------------------------------------------------
+def workload_figures(span: dict[str, Any], run: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The workload's achieved rate from the sends (acknowledged ones per second between the first
+    invocation and the last completion), next to what the run asked and what its fault mix needs
+    (``run.json`` ``workload_rate``, written by ``chaos run``); a warning when it fell short."""
+    first, last, ok = span.get("first_invoke_us"), span.get("last_complete_us"), int(span.get("ok") or 0)
+    seconds = (last - first) / 1e6 if first is not None and last is not None and last > first else None
+    recorded = run.get("workload_rate") or {}
+    out: dict[str, Any] = {
+        "achieved_ok_per_s": round(ok / seconds, 1) if seconds else None,
+        "sends_per_s": round(int(span.get("sends") or 0) / seconds, 1) if seconds else None,
+        "seconds": round(seconds, 1) if seconds else None,
+        "offered_per_s": recorded.get("offered_per_s"),
+        "needed_ok_per_s": recorded.get("needed_ok_per_s"),
+        "acked_in_fault_windows": recorded.get("acked_in_fault_windows", []),
+    }
+    warnings = []
+    need, got = out["needed_ok_per_s"], out["achieved_ok_per_s"]
+    if need is not None and got is not None and got < need:
+        warnings.append(
+            f"the workload achieved {got} acknowledged sends/s, below the {need}/s its fault mix needs: faults "
+            "may have passed without the traffic that would show their effect (docs/CHAOS.md, 'Workload rate')"
+        )
+    return out, warnings
+
+
 def write_summary(out_dir: str, summary: dict[str, Any]) -> None:
     _atomic_json(os.path.join(out_dir, "summary.json"), summary)
 
@@ -380,6 +408,14 @@ def text(summary: dict[str, Any], out_dir: str) -> str:
     for name, v in summary["findings"].items():
         flag = "FAIL" if v["fails"] and v["count"] else ("    " if not v["count"] else "note")
         lines.append(f"  {flag} {name:<22} {v['count']}")
+    rate = summary.get("workload", {})
+    if rate.get("achieved_ok_per_s") is not None:
+        need = rate.get("needed_ok_per_s")
+        lines.append(
+            f"  workload: {rate['achieved_ok_per_s']} acknowledged sends/s"
+            + (f" (asked {rate['offered_per_s']:g}/s)" if rate.get("offered_per_s") else "")
+            + (f"; the fault mix needs >= {need}/s" if need is not None else "")
+        )
     lat = summary.get("latency", {}).get("end_to_end_ms", {})
     if lat.get("count"):
         lines.append(f"  end-to-end ms: p50 {lat.get('p50')} p99 {lat.get('p99')} max {lat.get('max')}")

@@ -16,7 +16,6 @@ import dataclasses
 
 from broker.client.message import parse_tags_expression, tags_expression
 from broker.client.transport import ClientError
-from broker.protocol.sql_filter import SqlFilterError, compile_filter
 
 TAG = "TAG"
 SQL92 = "SQL92"
@@ -35,6 +34,9 @@ class MessageSelector:
     @classmethod
     def by_sql(cls, expression: str) -> MessageSelector:
         """An SQL92 condition over the message's properties (docs/CLIENT.md, "Filters")."""
+        # The compiler (lark) is loaded by the first SQL selector, not by every import of the SDK.
+        from broker.protocol.sql_filter import SqlFilterError, compile_filter
+
         try:
             compile_filter(expression)
         except SqlFilterError as exc:

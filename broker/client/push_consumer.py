@@ -90,6 +90,7 @@ from broker.protocol.properties import retry_topic
 log = logging.getLogger(__name__)
 
 REBALANCE_RETRY_S = 1.0
+FAIL_FAST_ROUNDS = 3  # start(fail_fast=True): rebalance rounds before REBALANCE_INCOMPLETE
 DEFAULT_OFFSET_DIR = "~/.dledger_mq/offsets"
 DEFAULT_REDELIVER_BACKOFF_S = (1.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -232,7 +233,14 @@ class PushConsumer:
         assert self._positions is not None, "start() the consumer first"
         return self._positions
 
-    async def start(self) -> None:
+    async def start(self, *, fail_fast: bool = False) -> None:
+        """Start consuming. By default a failure to reach the NameServer or the brokers is logged and
+        retried in the background (RocketMQ's behaviour): ``start`` returns and the consumer catches up
+        once they answer. ``fail_fast=True`` makes the first round count: every subscribed topic must
+        have a route, a replica of each of its broker groups must accept the heartbeat, and the first
+        rebalance must complete — else the consumer is shut down again and ``start`` raises the
+        ``ClientError`` that stopped it (its code: ``CONNECT_FAILED`` for an unreachable NameServer,
+        the broker's refusal for a wrong secret, ``TOPIC_NOT_EXIST``...)."""
         if self._running:
             return
         if self._listener is None or not self._subscriptions:
@@ -272,14 +280,11 @@ class PushConsumer:
         if self.trace is not None:
             await self.trace.start()
         self._running = True
-        for topic in sorted(self._subscriptions):
-            try:
-                await self._routes.get(topic)
-            except ClientError as exc:
-                level = logging.DEBUG if topic == retry_topic(self.group) else logging.WARNING  # made on demand
-                log.log(level, "no route for %s yet (rebalance retries): %s", topic, exc)
-        await self._heartbeat_once()
-        complete = await self._rebalance_once()
+        try:
+            complete = await self._first_round(fail_fast)
+        except ClientError:
+            await self.shutdown()
+            raise
         if not complete:
             self._rebalance_wanted.set()
         loop = asyncio.get_running_loop()
@@ -289,6 +294,53 @@ class PushConsumer:
             loop.create_task(self._rebalance_loop()),
             loop.create_task(self._commit_loop()),
         ]
+
+    async def _first_round(self, fail_fast: bool) -> bool:
+        """Routes, heartbeat and the first rebalance; with ``fail_fast`` the first error raises."""
+        retry = retry_topic(self.group)
+        for topic in sorted(self._subscriptions):
+            try:
+                await self.routes.get(topic)
+            except ClientError as exc:
+                if fail_fast and topic != retry:
+                    raise
+                level = logging.DEBUG if topic == retry else logging.WARNING  # the retry topic is made on demand
+                log.log(level, "no route for %s yet (rebalance retries): %s", topic, exc)
+        if not fail_fast:
+            await self._heartbeat_once()
+            complete, _error = await self._rebalance_once()
+            return complete
+        await self._heartbeat_checked()
+        for _ in range(FAIL_FAST_ROUNDS):  # a round that found itself missing from the member list heartbeats again
+            complete, error = await self._rebalance_once()
+            if error is not None:
+                raise error
+            if complete:
+                return True
+        raise ClientError(
+            "REBALANCE_INCOMPLETE",
+            f"{self.client_id} was not in the consumer list of {self.group} after {FAIL_FAST_ROUNDS} rounds",
+        )
+
+    async def _heartbeat_checked(self) -> None:
+        """The first heartbeat, demanding that a replica of every broker group of the subscribed
+        topics accept it (a wrong secret or a refused group raises the broker's code)."""
+        topics = sorted(self._subscriptions)
+        body = {"client_id": self.client_id,
+                "groups": [{"group": self.group, "topics": topics, "model": str(self.message_model)}]}
+        for route in await self._subscribed_routes():
+            for bd in route.broker_datas:
+                addrs = self.routes.replicas(route, bd.broker_name)
+                results = await asyncio.gather(
+                    *(self.transport.call(a, "POST", "/v1/heartbeat", body, timeout_s=self.timeout_s) for a in addrs),
+                    return_exceptions=True,
+                )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if addrs and len(errors) == len(addrs):
+                    first = errors[0]
+                    if isinstance(first, ClientError):
+                        raise first
+                    raise ClientError("CONNECT_FAILED", f"heartbeat to {bd.broker_name}: {first!r}")
 
     async def shutdown(self) -> None:
         """Stops the loops, lets listener calls in flight finish (≤ ``shutdown_timeout_s``), commits
@@ -359,7 +411,7 @@ class PushConsumer:
             )
             self._rebalance_wanted.clear()
             try:
-                complete = await self._rebalance_once()
+                complete, _error = await self._rebalance_once()
             except Exception:
                 log.exception("rebalance round failed")
                 complete = False
@@ -399,10 +451,11 @@ class PushConsumer:
                 self._rebalance_wanted.set()
 
     # -- rebalance ------------------------------------------------------------------------------------
-    async def _rebalance_once(self) -> bool:
-        """Returns False when something failed, so the loop retries soon."""
+    async def _rebalance_once(self) -> tuple[bool, ClientError | None]:
+        """(complete, the first error): not complete when something failed, so the loop retries soon."""
         complete = await self._take_resets()
         complete &= await self._take_local_recreations()
+        first_error: ClientError | None = None
         for topic, tags in sorted(self._subscriptions.items()):
             try:
                 if topic == retry_topic(self.group) and self._retries and not await self._retries.route_current():
@@ -415,7 +468,8 @@ class PushConsumer:
                     continue
                 log.warning("rebalance of %s failed: %s", topic, exc)
                 complete = False
-        return complete
+                first_error = first_error or exc
+        return complete, first_error
 
     async def _rebalance_topic(self, topic: str, tags: frozenset[str] | None) -> bool:
         route = await self.routes.get(topic)

@@ -166,8 +166,8 @@ class SyncPushConsumer:
     def register_listener(self, listener: Listener) -> None:
         self._loop.call(lambda: self.consumer.register_listener(listener))
 
-    def start(self) -> None:
-        self._loop.run(self.consumer.start(), LIFECYCLE_TIMEOUT_S)
+    def start(self, *, fail_fast: bool = False) -> None:
+        self._loop.run(self.consumer.start(fail_fast=fail_fast), LIFECYCLE_TIMEOUT_S)
 
     def shutdown(self) -> None:
         try:

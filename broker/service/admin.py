@@ -481,12 +481,17 @@ class AdminOps(ServiceBase):
 
     @translated_sync
     def group_members(self, group: str) -> dict[str, Any]:
-        members = self.s.consumers.members(check_group(group), self.s.monotonic_ms())
-        return {
+        now_ms = self.s.monotonic_ms()
+        members = self.s.consumers.members(check_group(group), now_ms)
+        out: dict[str, Any] = {
             "group": group,
             "client_ids": [m.client_id for m in members],
             "members": [{"client_id": m.client_id, "model": m.model, "topics": list(m.topics)} for m in members],
         }
+        departed = self.s.consumers.departed(group)
+        if departed is not None:  # no member now: how the last one consumed, and how long ago it was seen
+            out["departed"] = {"model": departed[0], "last_seen_ms_ago": max(0, now_ms - departed[1])}
+        return out
 
     @translated_sync
     def producer_connections(self, group: str) -> list[Any]:

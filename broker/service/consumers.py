@@ -19,10 +19,16 @@ and ``MAX_TOPICS_PER_CLIENT`` topics per client (all groups together), ``MAX_SUB
 group, topic) entries in all, and, with ACL on, ``MAX_CLIENTS_PER_OWNER`` client ids per access key.
 A client id belongs to the access key that first heartbeated it (``owner``): another account can
 neither take it over nor unregister it (an admin can).
+
+A group whose last member left (unregistered or expired) is remembered with its message model
+(``departed``: at most ``MAX_DEPARTED_GROUPS``, the oldest forgotten first; lost on restart), so that
+``mqadmin consumerProgress`` can tell a broadcasting group whose consumers are offline — the brokers
+hold no offsets of it — from a group that never existed.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 from collections.abc import Iterable, Mapping
@@ -35,6 +41,7 @@ MAX_GROUPS_PER_CLIENT = 64
 MAX_TOPICS_PER_CLIENT = 1024
 MAX_SUBSCRIPTIONS = 200_000
 MAX_CLIENTS_PER_OWNER = 1000
+MAX_DEPARTED_GROUPS = 10_000
 ANYONE = "*"  # the owner when ACL is off
 EXPRESSION_CHARS_MAX: Final = 4096
 EXPRESSION_TYPES: Final = ("TAG", "SQL92")
@@ -72,6 +79,8 @@ class ConsumerManager:
         self._owner: dict[str, str] = {}  # client id -> access key that registered it
         self._owned: dict[str, int] = {}  # access key -> client ids it holds
         self.subscriptions = 0  # sum of len(member.topics) over every membership
+        # group -> (message model, last_seen_ms) of its last member, once none is left
+        self._departed: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
 
     def heartbeat(
         self,
@@ -111,6 +120,7 @@ class ConsumerManager:
         named = {g for g, _m, _t in groups}
         changed = {group for group in (old or set()) - named if self._leave(group, client_id)}
         for group, model, topics in groups:
+            self._departed.pop(group, None)
             members = self._groups.setdefault(group, {})
             previous = members.get(client_id)
             if previous is None:
@@ -151,6 +161,9 @@ class ConsumerManager:
         self.subscriptions -= len(member.topics)
         if not members:
             del self._groups[group]
+            self._departed[group] = (member.model, member.last_seen_ms)
+            if len(self._departed) > MAX_DEPARTED_GROUPS:
+                self._departed.popitem(last=False)
         groups = self._client_groups.get(client_id)
         if groups is not None:
             groups.discard(group)
@@ -198,6 +211,10 @@ class ConsumerManager:
 
     def groups(self) -> list[str]:
         return sorted(self._groups)
+
+    def departed(self, group: str) -> tuple[str, int] | None:
+        """(message model, last_seen_ms) of the group's last member, when it has none left."""
+        return self._departed.get(group) if group not in self._groups else None
 
     def client_count(self) -> int:
         return len(self._client_groups)

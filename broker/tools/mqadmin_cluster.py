@@ -122,6 +122,12 @@ async def run_consumer_progress(admin: Admin, args: argparse.Namespace) -> Outpu
 @answers_checked
 async def group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
     """(broker name, member) of every consumer of ``group`` online at any broker group."""
+    return [(b, dict(m)) for b, ans in await _group_answers(admin, group) for m in ans.get("members") or []]
+
+
+@answers_checked
+async def _group_answers(admin: Admin, group: str) -> list[tuple[str, dict[str, Any]]]:
+    """(broker name, ``GET /v1/groups/{group}/consumers`` answer) of every broker group that answered."""
     path = f"/v1/groups/{path_part(check_group(group))}/consumers"
     groups = await admin.all_groups()
     answers = await asyncio.gather(*(admin.read(bd, path) for bd in groups), return_exceptions=True)
@@ -131,7 +137,7 @@ async def group_members(admin: Admin, group: str) -> list[tuple[str, dict[str, A
             if isinstance(ans, ClientError):
                 continue  # one unreachable group does not hide the others' members
             raise ans
-        out += [(bd.broker_name, dict(m)) for m in ans.get("members") or []]
+        out.append((bd.broker_name, dict(ans)))
     return out
 
 
@@ -141,12 +147,21 @@ async def _no_progress_reason(
 ) -> ClientError | None:
     """Why a group with no committed offset has no progress to show (RocketMQ's consumerProgress
     fails there too); None when the rows (subscribed queues, nothing committed yet) are the answer."""
-    members = await group_members(admin, group)
+    answers = await _group_answers(admin, group)
+    members = [(b, dict(m)) for b, ans in answers for m in ans.get("members") or []]
     if members and all(m.get("model") == "BROADCASTING" for _b, m in members):
         return ClientError(
             "BROADCASTING_GROUP",
             f"consumer group {group} consumes in BROADCASTING mode: each of its {len(members)} consumer(s) keeps "
             "its own offsets, the brokers hold none (see consumerConnection)",
+        )
+    departed = [(b, ans["departed"]) for b, ans in answers if isinstance(ans.get("departed"), dict)]
+    if not members and departed and all(d.get("model") == "BROADCASTING" for _b, d in departed):
+        ago_s = min(int(d.get("last_seen_ms_ago") or 0) for _b, d in departed) // 1000
+        return ClientError(
+            "BROADCASTING_GROUP",
+            f"consumer group {group} consumed in BROADCASTING mode (no consumer online; the last one was seen "
+            f"{ago_s} s ago): each consumer keeps its own offsets, the brokers hold none",
         )
     known = False
     for bd in await admin.all_groups():

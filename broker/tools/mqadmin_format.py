@@ -11,12 +11,12 @@ import datetime
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker.client.admin import Admin
-from broker.client.admin_records import BrokerMember, MessageView, Outcome
-from broker.client.transport import TopicRoute
-from broker.protocol import route_wire
+if TYPE_CHECKING:  # types only: parsing mqadmin's arguments imports no client code
+    from broker.client.admin import Admin
+    from broker.client.admin_records import BrokerMember, MessageView, Outcome
+    from broker.client.transport import TopicRoute
 
 BODY_TEXT_MAX = 80  # characters of a body shown in a table (--json carries the whole body)
 
@@ -28,7 +28,7 @@ class Output:
     exit_code: int = 0
 
 
-Runner = Callable[[Admin, argparse.Namespace], Awaitable[Output]]
+Runner = Callable[["Admin", argparse.Namespace], Awaitable[Output]]
 
 
 # -- pure helpers: parsing --------------------------------------------------------------------------
@@ -200,6 +200,8 @@ def render_route(route: TopicRoute) -> str:
 
 
 def route_json(route: TopicRoute) -> dict[str, Any]:
+    from broker.protocol import route_wire
+
     return route_wire.topic_route_to_dict(route)
 
 

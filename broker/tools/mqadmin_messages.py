@@ -12,6 +12,7 @@ from broker.client.admin import Admin
 from broker.client.admin_checks import check_topic
 from broker.client.admin_records import InvalidArgument, MessageView
 from broker.client.message_selector import MessageSelector
+from broker.client.trace import TRACE_TOPIC_DEFAULT
 from broker.client.trace_query import (
     TIMELINE_HEADERS,
     query_msg_trace,
@@ -40,7 +41,7 @@ async def run_query_msg_by_id(admin: Admin, args: argparse.Namespace) -> Output:
 
 
 async def run_query_msg_trace_by_id(admin: Admin, args: argparse.Namespace) -> Output:
-    t = await query_msg_trace(admin, args.msg_id, args.trace_topic)
+    t = await query_msg_trace(admin, args.msg_id, args.trace_topic or TRACE_TOPIC_DEFAULT)
     rows = [(*row[:3], format_ts(row[3]), *row[4:]) for row in timeline_rows(t)]
     return Output(timeline_json(t), format_kv(timeline_summary(t)) + "\n\n" + format_table(TIMELINE_HEADERS, rows))
 

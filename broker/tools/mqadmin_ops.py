@@ -2,13 +2,13 @@
 consumerConnection, producerConnection, topicClusterList, allocateMQ, wipeWritePerm, addWritePerm, getNamesrvConfig,
 updateNamesrvConfig, getBrokerConfig, updateBrokerConfig, cleanExpiredCQ, printMsg; statsAll and clusterRT live in
 ``mqadmin_stats.py``. Same conventions as ``broker/tools/mqadmin.py`` (tables or ``--json``; exit 1 for cluster
-errors, 2 for usage), all registered into its parser by ``register``."""
+errors, 2 for usage), all named in its command table (``mqadmin_commands.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from broker.client.admin import Admin
@@ -28,22 +28,17 @@ from broker.protocol.routes import BrokerData
 from broker.tools.mqadmin_cluster import group_members
 from broker.tools.mqadmin_format import (
     Output,
-    Runner,
     body_text,
     format_table,
     format_ts,
-    non_negative_int,
-    parse_timestamp,
     render_message_table,
     render_outcomes,
     to_jsonable,
 )
 from broker.tools.mqadmin_messages import pull_range
-from broker.tools.mqadmin_stats import run_cluster_rt, run_stats_all
 
 PRINT_MSG_MAX = 100_000
 
-Command = Callable[[str, str, Runner], argparse.ArgumentParser]
 
 
 # -- subscription groups and consumers --------------------------------------------------------------
@@ -355,59 +350,3 @@ async def run_refused_records(admin: Admin, args: argparse.Namespace) -> Output:
 
 
 # -- the parser -------------------------------------------------------------------------------------
-def _target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--clusterName", dest="cluster", default=None, help="every group of this cluster")
-    p.add_argument("-b", "--brokerAddr", dest="broker_addr", default=None, help="this one broker (host:port)")
-
-
-def register(cmd: Command) -> None:
-    p = cmd("deleteSubGroup", "Delete a subscription group (and its offsets) from brokers", run_delete_sub_group)
-    p.add_argument("-g", "--groupName", dest="group", required=True)
-    _target(p)
-    p = cmd("consumerConnection", "The consumers of a group online at the brokers", run_consumer_connection)
-    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
-    p = cmd("producerConnection", "The producers of a group seen sending lately, per broker replica",
-            run_producer_connection)
-    p.add_argument("-g", "--producerGroup", dest="group", required=True)
-    p.add_argument("-t", "--topic", default=None)
-    p = cmd("topicClusterList", "The clusters serving a topic", run_topic_cluster_list)
-    p.add_argument("-t", "--topic", required=True)
-    p = cmd("allocateMQ", "How the averagely strategy splits a topic's queues among clients", run_allocate_mq)
-    p.add_argument("-t", "--topic", required=True)
-    p.add_argument("-i", "--ipList", dest="ip_list", required=True, help="client ids, comma-separated")
-    p = cmd("wipeWritePerm", "Route a broker group read-only at every NameServer (drain it)", run_wipe_write_perm)
-    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
-    p = cmd("addWritePerm", "Give a broker group's routes their write permission back", run_add_write_perm)
-    p.add_argument("-b", "--brokerName", dest="broker_name", required=True)
-    cmd("getNamesrvConfig", "Every NameServer's configuration", run_get_namesrv_config)
-    p = cmd("updateNamesrvConfig", "Change a hot config key on every NameServer (until restart)",
-            run_update_namesrv_config)
-    p.add_argument("-k", "--key", required=True, help="scanNotActiveBrokerInterval, brokerChannelMaxIdleTime")
-    p.add_argument("-v", "--value", required=True)
-    p = cmd("getBrokerConfig", "A broker's configuration (secrets left out)", run_get_broker_config)
-    _target(p)
-    p = cmd("updateBrokerConfig", "Change a hot config key on running replicas (until restart)",
-            run_update_broker_config)
-    _target(p)
-    p.add_argument("-k", "--key", required=True, help="autoCreateTopicEnable, defaultTopicQueueNums, longPollingMaxMs")
-    p.add_argument("-v", "--value", required=True)
-    p = cmd("cleanExpiredCQ", "Remove the consume queues of topics that no longer exist, on every replica",
-            run_clean_expired_cq)
-    _target(p)
-    p = cmd("refusedRecords", "Committed records the replicas refused to apply (the same on every replica)",
-            run_refused_records)
-    _target(p)
-    p = cmd("statsAll", "Per topic and consumer group: lag and in/out TPS (last 10 s)", run_stats_all)
-    p.add_argument("-t", "--topic", default=None, help="only this topic")
-    p = cmd("clusterRT", "Send round trip to every broker group leader (writes test messages)", run_cluster_rt)
-    p.add_argument("-c", "--clusterName", dest="cluster", default=None)
-    p.add_argument("-a", "--amount", type=int, default=10, help="messages per group (default 10)")
-    p.add_argument("-s", "--size", type=non_negative_int, default=128, help="body bytes (default 128)")
-    p.add_argument("-t", "--topic", default="SELF_TEST_TOPIC", help="topic written to (default SELF_TEST_TOPIC)")
-    p = cmd("printMsg", "Print the messages of a topic stored in a time range (reads only)", run_print_msg)
-    p.add_argument("-t", "--topic", required=True)
-    p.add_argument("-s", "--subExpression", dest="sub_expression", default="*", help="tags: '*' or 'a||b'")
-    p.add_argument("-b", "--beginTimestamp", dest="begin", type=parse_timestamp, default=None)
-    p.add_argument("-e", "--endTimestamp", dest="end", type=parse_timestamp, default=None)
-    p.add_argument("-c", "--count", dest="count", type=int, default=1024, help="at most this many (default 1024)")
-    p.add_argument("-d", "--printBody", dest="print_body", action="store_true", help="one line per message")

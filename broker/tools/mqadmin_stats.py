@@ -1,15 +1,12 @@
 """``mqadmin`` statistics commands (RocketMQ parity, issue 16): statsAll (lag and in/out TPS per topic and
 group, from the leaders' Prometheus ``/metrics``, read by ``scrape_metrics``, which the dashboard shares)
-and clusterRT (send round trips to every group leader). Registered by ``mqadmin_ops.register``."""
+and clusterRT (send round trips to every group leader). Named in the command table, ``mqadmin_commands.py``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import math
-
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client.admin import Admin
 from broker.client.admin_checks import (
@@ -31,6 +28,9 @@ METRICS_BYTES_MAX = 16 << 20
 
 
 async def scrape_metrics(admin: Admin, addr: str, timeout_s: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+    import aiohttp  # here, not at the top: every other mqadmin command starts without it (issue 28)
+    from prometheus_client.parser import text_string_to_metric_families
+
     url = f"{admin.transport.scheme}://{addr}/metrics"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
@@ -74,6 +74,8 @@ async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
         for lab, _v in samples.get("rocketmq_producer_offset", []):
             in_tps.setdefault(lab["topic"], 0.0)
     rows = []
+    if args.topic is not None and args.topic not in in_tps:
+        await _require_topic(admin, args.topic)  # no figures yet for a topic that exists: an empty table
     topics = sorted(t for t in in_tps if args.topic in (None, t))
     for topic in topics:
         tgroups = sorted({g for t, g in (*lag, *out_tps) if t == topic})
@@ -84,7 +86,9 @@ async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
                 {
                     "topic": topic,
                     "group": g,
-                    "accumulation": int(lag.get((topic, g), 0)),
+                    # None: no broker holds offsets of the group on the topic (a broadcasting group,
+                    # whose consumers keep their own): its lag is unknown, not 0
+                    "accumulation": int(lag[(topic, g)]) if (topic, g) in lag else None,
                     "in_tps": in_tps[topic],
                     "out_tps": out_tps.get((topic, g), 0.0),
                 }
@@ -103,6 +107,16 @@ async def run_stats_all(admin: Admin, args: argparse.Namespace) -> Output:
         ],
     )
     return Output({"stats": rows}, table)
+
+
+async def _require_topic(admin: Admin, topic: str) -> None:
+    """``-t`` naming a topic no NameServer routes is bad input (exit 2), not an empty table."""
+    try:
+        await admin.topic_route(check_topic(topic))
+    except ClientError as exc:
+        if exc.code == "TOPIC_NOT_EXIST":
+            raise InvalidArgument("TOPIC_NOT_EXIST", f"-t {topic}: no such topic ({exc.message})") from None
+        raise
 
 
 async def run_cluster_rt(admin: Admin, args: argparse.Namespace) -> Output:

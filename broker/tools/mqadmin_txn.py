@@ -1,17 +1,16 @@
 """``mqadmin queryTransactionHalf``: the half messages of transactions still pending (neither
 committed nor rolled back; broker/store/transactions.py), per broker group, oldest first. Same conventions
-as ``broker/tools/mqadmin.py``; registered into its parser by ``register``."""
+as ``broker/tools/mqadmin.py``; named in its command table (``mqadmin_commands.py``)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from broker.client.admin import Admin
 from broker.client.admin_checks import answers_checked, check_addr, check_group, check_name, check_topic
 from broker.client.admin_records import InvalidArgument
-from broker.tools.mqadmin_format import Output, Runner, format_table, format_ts, to_jsonable
+from broker.tools.mqadmin_format import Output, format_table, format_ts, to_jsonable
 
 HALVES_MAX = 1000  # the broker's bound per answer
 
@@ -47,14 +46,3 @@ async def run_query_transaction_half(admin: Admin, args: argparse.Namespace) -> 
         addrs = [a for a in (bd.any_addr() for bd in groups) if a is not None]  # the leader if routed
     answers = [dict(await admin.transport.call(a, "GET", "/v1/transaction/halves", params=params)) for a in addrs]
     return Output({"brokers": to_jsonable(answers)}, render_halves(answers))
-
-
-def register(cmd: Callable[[str, str, Runner], argparse.ArgumentParser]) -> None:
-    p = cmd("queryTransactionHalf", "Half messages of transactions still pending (oldest first)",
-            run_query_transaction_half)
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("-c", "--clusterName", dest="cluster", help="every group of this cluster")
-    g.add_argument("-b", "--brokerAddr", dest="broker_addr", help="this one broker (host:port)")
-    p.add_argument("-g", "--producerGroup", dest="group", default=None)
-    p.add_argument("-t", "--topic", default=None)
-    p.add_argument("-m", "--maxNum", dest="max", type=int, default=100, help="per group (default 100)")

@@ -184,6 +184,48 @@ def test_the_check_scheduler_reads_the_injected_clock() -> None:
     assert s.due(clock.monotonic())
 
 
+def test_a_half_is_first_checked_back_on_the_first_scan_after_its_timeout(tmp_path: Path) -> None:
+    """When the first check-back comes (issue 28, papercut 1; docs/CLIENT.md and OPERATIONS.md say
+    this): ``TransactionService.run`` scans when ``CheckScheduler.due`` says so — at once on becoming
+    leader, then every ``transactionCheckInterval`` — and each scan checks the halves
+    ``TransactionIndex.due`` returns, those older than ``transactionTimeOut``. Driven here by one
+    injected clock in the service's 50 ms steps, with the defaults (6 s, 60 s): a half is first
+    checked back between 6 s and 66 s after it was stored, not 6 s after. RocketMQ does the same:
+    its TransactionalMessageCheckService checks on each pass, ``transactionCheckInterval`` apart."""
+    from broker.store.transactions import DEFAULT_CHECK_INTERVAL_MS, DEFAULT_TIMEOUT_MS, POLL_S
+
+    clock = ManualClock()
+    index = TransactionIndex(str(tmp_path / "t.db"))
+    scheduler = CheckScheduler(DEFAULT_CHECK_INTERVAL_MS)  # the leader's first scan is at t = 0
+    t0 = clock.monotonic()
+    stored_after_s = {"1" * 32: 0.5, "2" * 32: 53.9, "3" * 32: 54.1, "4" * 32: 119.0}
+    halves = {uid: to_half(_msg(store_ts=round((clock.wall() + at) * 1000), uid=uid), "pg")
+              for uid, at in stored_after_s.items()}
+    position_of = {100 * (i + 1): uid for i, uid in enumerate(halves)}
+    first_check: dict[str, float] = {}
+    applied = 0
+    while len(first_check) < len(halves):
+        now = clock.monotonic() - t0
+        while applied < len(halves) and stored_after_s[list(halves)[applied]] <= now:  # sent by now
+            _apply(index, _records(*halves.values())[applied : applied + 1])
+            applied += 1
+        if scheduler.due(clock.monotonic()):
+            for h in index.due(round(clock.wall() * 1000), DEFAULT_TIMEOUT_MS, 2000):
+                first_check.setdefault(position_of[h.position], round(now, 2))
+        clock.advance(POLL_S)
+        assert now < 600, first_check
+    after_send = {uid: round(first_check[uid] - stored_after_s[uid], 2) for uid in halves}
+    # scans at 0, 60, 120, 180 s (each a 50 ms poll late at most): a half is checked on the first one
+    # at least 6 s after it was stored
+    expected = {"1" * 32: 60.0, "2" * 32: 60.0, "3" * 32: 120.0, "4" * 32: 180.0}
+    assert first_check == pytest.approx(expected, abs=4 * POLL_S)
+    assert after_send == pytest.approx({"1" * 32: 59.5, "2" * 32: 6.1, "3" * 32: 65.9, "4" * 32: 61.0},
+                                       abs=4 * POLL_S)
+    assert all(DEFAULT_TIMEOUT_MS / 1000 <= d <= (DEFAULT_TIMEOUT_MS + DEFAULT_CHECK_INTERVAL_MS) / 1000 + 4 * POLL_S
+               for d in after_send.values())
+    index.close()
+
+
 def test_config_keys() -> None:
     base = {"brokerName": "b", "dLegerGroup": "b", "dLegerPeers": "n0-127.0.0.1:1001", "dLegerSelfId": "n0",
             "storePathRootDir": "/tmp/x", "listenPort": "10911", "dLegerPeerPassword": "p" * 16,

@@ -4,7 +4,7 @@ links are cut, which toxics are on)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from chaos.layout import Ports, ProxySpec, plan_chaos_cluster
@@ -58,6 +58,10 @@ class FakeTarget:
         self.calls: list[tuple[str, str]] = []
         self.env: dict[str, dict[str, str]] = {}
         self.tmp = tmp
+        self.kill_batches: list[tuple[str, ...]] = []  # the members of each kill_all
+        self.freezes = 0
+        self.on_freeze: Callable[[int], None] | None = None  # called with the count after every freeze
+        self.synced: dict[str, dict[tuple[int, int], int]] = {}  # member -> its synced-size table
 
     def members(self) -> list[Member]:
         return list(self._members)
@@ -68,6 +72,26 @@ class FakeTarget:
     async def kill(self, m: Member) -> None:
         self.calls.append(("kill", m.name))
         self.running.discard(m.name)
+
+    async def kill_all(self, ms: Sequence[Member]) -> None:
+        self.kill_batches.append(tuple(m.name for m in ms))
+        for m in ms:
+            await self.kill(m)
+        self.suspended -= {m.name for m in ms}
+
+    async def freeze(self, ms: Sequence[Member]) -> None:
+        self.freezes += 1
+        self.calls += [("freeze", m.name) for m in ms]
+        self.suspended |= {m.name for m in ms}
+        if self.on_freeze is not None:
+            self.on_freeze(self.freezes)
+
+    async def thaw(self, ms: Sequence[Member]) -> None:
+        self.calls += [("thaw", m.name) for m in ms]
+        self.suspended -= {m.name for m in ms}
+
+    def synced_sizes(self, m: Member) -> dict[tuple[int, int], int]:
+        return dict(self.synced.get(m.name, {}))
 
     async def start(self, m: Member) -> None:
         self.calls.append(("start", m.name))

@@ -24,6 +24,7 @@ def test_faults_lists_every_name(capsys: Any) -> None:
     (["--faults", "kill-leader", "--interval", "30", "--duration", "50"], "must hold one fault and one heal"),
     (["--faults", "latency", "--toxic", "latency.speed=3"], "bad toxic parameter"),
     (["--faults", "latency", "--producers", "2", "--keyed-producers", "3"], "cannot exceed"),
+    (["--faults", "kill-leader,suspend-random+kill-random", "--crash-gate", "all"], "needs a crash-* fault"),
 ])
 def test_run_usage_errors_exit_2_before_starting_anything(tmp_path: Any, capsys: Any, argv: list[str],
                                                           message: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -76,7 +76,9 @@ async def test_crash_cuts_files_only_after_the_kill_and_logs_the_loss(tmp_path: 
     await f.apply(ctx)
     victims = [name for op, name in t.calls if op == "kill"]
     assert len(victims) == 2
-    assert t.calls == [c for v in victims for c in (("kill", v), ("lose_unsynced", v))]
+    # one instant: both die (one kill_all) before either one's files are cut
+    assert t.kill_batches == [tuple(victims)]
+    assert t.calls == [("kill", v) for v in victims] + [("lose_unsynced", v) for v in victims]
     await f.heal(ctx)
     assert t.running == {m.name for m in t.members()}
     detail = lines(tmp_path)[0]["detail"]
@@ -263,3 +265,98 @@ async def test_a_replica_that_refuses_its_damaged_log_is_set_aside_at_heal(tmp_p
     assert os.path.getsize(f"{t.data_path(t.members()[0])}/store/log/{0:020d}") in (5000, 5000 - damage["cut_bytes"])
     assert heal_line["detail"]["replicas"][victim]["set_aside"].startswith(str(tmp_path / "damaged"))
     assert t.calls[-2:] == [("set_aside", victim), ("start", victim)] and victim in t.running
+
+
+class AckedAt:
+    """The workload's side of a gated crash: the newest acknowledged position per broker group."""
+
+    def __init__(self, position: int | None):
+        self.position = position
+        self.listeners: list[Callable[[], None]] = []
+
+    def newest_acked_position(self, group: str) -> int | None:
+        return self.position
+
+    def on_ack(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self.listeners.append(callback)
+        return lambda: self.listeners.remove(callback)
+
+
+def segment(t: FakeTarget, name: str, size: int, synced: int) -> None:
+    """A replica's one log segment (first position 0) of ``size`` bytes, ``synced`` of them fsynced."""
+    log_dir = os.path.join(t.tmp, "data", name, "store", "log")
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, "0" * 20)
+    with open(path, "wb") as f:
+        f.write(b"x" * size)
+    st = os.stat(path)
+    t.synced[name] = {(st.st_dev, st.st_ino): synced}
+
+
+async def test_a_gated_crash_fires_at_the_first_frozen_instant_an_ack_is_unsynced_everywhere(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    for m in t.members():
+        segment(t, m.name, 1000, 600)
+    acked = AckedAt(None)  # nothing acknowledged yet: never met
+
+    def on_freeze(n: int) -> None:
+        # while frozen the state cannot move; between looks it does: an ack the disks already hold,
+        # then one past every replica's fsynced end
+        acked.position = {1: None, 2: 500, 3: 700}.get(n, 700)
+        assert t.suspended == {m.name for m in t.members()}, "looked at only while every victim is frozen"
+
+    t.on_freeze = on_freeze
+    ctx = context(tmp_path, t, workload=acked, crash_gate="all", crash_wait_s=30)
+    f = make_fault("crash-all")
+    await f.apply(ctx)
+    assert t.freezes == 3
+    assert acked.listeners == [], "the gate stops listening to acknowledgements once it fired"
+    assert t.kill_batches == [tuple(m.name for m in t.members())]
+    # killed while frozen: nothing ran between the look and the kill
+    kill_at = t.calls.index(("kill", "RaftNode00-n0"))
+    assert [op for op, _ in t.calls[:kill_at]].count("thaw") == 2 * 3
+    assert t.calls[kill_at - 1][0] == "freeze"
+    gate = lines(tmp_path)[0]["detail"]["gate"]
+    assert gate["met"] and gate["checks"] == 3 and gate["mode"] == "all"
+    assert gate["groups"]["RaftNode00"] == {"newest_acked_position": 700,
+                                            "unsynced_on": [m.name for m in t.members()]}
+
+
+async def test_a_majority_gate_needs_a_majority_of_the_group_without_the_ack(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    segment(t, "RaftNode00-n0", 1000, 1000)  # the leader synced before it counted itself
+    segment(t, "RaftNode00-n1", 1000, 600)  # a follower that answered before its fdatasync
+    segment(t, "RaftNode00-n2", 650, 650)  # a follower that has not received it yet
+    ctx = context(tmp_path, t, workload=AckedAt(700), crash_gate="majority", crash_wait_s=30)
+    await make_fault("crash-all").apply(ctx)
+    gate = lines(tmp_path)[0]["detail"]["gate"]
+    assert gate["met"] and gate["checks"] == 1
+    assert gate["groups"]["RaftNode00"]["unsynced_on"] == ["RaftNode00-n1", "RaftNode00-n2"]
+
+
+async def test_after_a_met_gate_the_victims_without_the_ack_come_back_first_and_elect(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path), leader_node="n2")
+    segment(t, "RaftNode00-n0", 1000, 1000)
+    segment(t, "RaftNode00-n1", 1000, 600)
+    segment(t, "RaftNode00-n2", 650, 650)
+    ctx = context(tmp_path, t, workload=AckedAt(700), crash_gate="majority", crash_wait_s=30)
+    f = make_fault("crash-all")
+    await f.apply(ctx)
+    t.calls.clear()
+    await f.heal(ctx)
+    assert t.calls == [("start", "RaftNode00-n1"), ("start", "RaftNode00-n2"), ("start", "RaftNode00-n0")]
+    heal = lines(tmp_path)[1]["detail"]
+    assert heal["restart_order"] == [["RaftNode00-n1", "RaftNode00-n2"], ["RaftNode00-n0"]]
+    assert heal["first_leaders"] == {"RaftNode00": "RaftNode00-n2"}
+
+
+async def test_a_gate_never_met_fires_at_its_deadline_and_says_so(tmp_path: Any) -> None:
+    t = FakeTarget(str(tmp_path))
+    for m in t.members():
+        segment(t, m.name, 1000, 1000)
+    ctx = context(tmp_path, t, workload=AckedAt(700), crash_gate="all", crash_wait_s=0.1)
+    await make_fault("crash-all").apply(ctx)
+    gate = lines(tmp_path)[0]["detail"]["gate"]
+    assert not gate["met"] and gate["checks"] >= 2 and gate["waited_ms"] >= 100
+    assert gate["groups"]["RaftNode00"]["unsynced_on"] == []
+    assert len(t.kill_batches) == 1 and not t.suspended

@@ -4,7 +4,9 @@ audit catching each one in a real run)."""
 
 from __future__ import annotations
 
+import collections
 import os
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,9 +22,11 @@ from chaos import plants
 from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.entry_store import EntryStore
+from dledger.flusher import SyncFlusher
 from dledger.journal import RaftJournal
 from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import to_committed
+from dledger.replica import ReplicaCore
 from dledger.syncobj_patch import RAFT_STATE_LEADER, DLedgerSyncObj
 from tests.acl_fixtures import PRODUCER
 from tests.broker.inproc_cluster import InProcBrokerCluster
@@ -73,8 +77,8 @@ def append_message(sync: DLedgerSyncObj, prev: int, upto: int, commit: int) -> d
 
 def test_registry_names_every_plant_and_builds_the_broker_environment() -> None:
     assert set(plants.PLANTS) == {
-        "ack-before-majority", "fdatasync-noop", "cq-drops-last-unit", "stock-truncation", "offset-regress",
-        "sendback-unchecked", "apply-raises", "sdk-definite-on-lost-connection",
+        "ack-before-majority", "fdatasync-noop", "follower-ack-before-fsync", "cq-drops-last-unit",
+        "stock-truncation", "offset-regress", "sendback-unchecked", "apply-raises", "sdk-definite-on-lost-connection",
     }
     chosen = plants.lookup(["stock-truncation", "sdk-definite-on-lost-connection"])
     assert plants.broker_env(chosen) == {PLANT_ENV: "chaos.plants:stock_truncation"}
@@ -137,6 +141,72 @@ def test_fdatasync_noop_never_syncs_the_log(tmp_path: Any, monkeypatch: pytest.M
         assert not synced and not store.dirty
     finally:
         store.close()
+
+
+class SyncingHooks(ReplicaCore):
+    """The replica's own ``ack_ready`` (a success answer waits until what it covers is durable,
+    under the sync policy) and its flush (``tick``: the end of the replica's tick, with the flush
+    run at once), and nothing else of it."""
+
+    def __init__(self, store: EntryStore):  # deliberately not ReplicaCore.__init__: hooks only
+        self.settings = types.SimpleNamespace(flush_policy="sync", flush_interval_ms=500)  # type: ignore[assignment]
+        self.store = store
+        self._clock = dl_clock.ManualClock()
+        self.counters = collections.Counter()
+        self.observe = lambda _name, _value: None
+        self._durable_index = store.last_index
+        self._own_floor = 0
+        self._held_acks = {}
+        self._log_epoch = 0
+        self._flusher = SyncFlusher()
+        self._flush_in_flight = False
+        self._last_flush = 0.0
+        self.sync = None
+
+    def tick(self, wait_s: float = 0.0) -> None:
+        self._maybe_flush()
+
+    def on_install_anchor(self, anchor_index: int) -> None: ...
+
+
+def test_follower_ack_before_fsync_answers_a_multi_entry_append_from_the_page_cache(
+    tmp_path: Any, make_syncobj: Any
+) -> None:
+    leader_log = make_syncobj()
+    fill(leader_log, 8)  # 2..9 (1 is SyncObj's no-op)
+    store = EntryStore(str(tmp_path / "follower"), segment_bytes=1 << 24)
+    hooks = SyncingHooks(store)
+    ports = free_ports(2)
+    follower = DLedgerSyncObj(
+        f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{ports[1]}"], SyncObjConf(appendEntriesPeriod=0.05),
+        RaftJournal(store, str(tmp_path / "meta")), hooks,
+        transport_factory=lambda so, sn, on: TcpPeerTransport(so, sn, on, password=PASSWORD, group="G"),
+    )
+    hooks.sync = follower  # type: ignore[assignment]
+    acks: list[tuple[int, bool]] = []  # (acknowledged index, the log still dirty when the answer left)
+
+    def send(node: Any, message: dict[str, Any]) -> bool:
+        if message.get("type") == "next_node_idx" and message.get("success"):
+            acks.append((message["next_node_idx"] - 1, store.dirty))
+        return True
+
+    follower.dl_transport.send = send
+    node = next(iter(follower.otherNodes))
+    try:
+        for first, end in ((1, 4), (4, 5), (5, 8)):  # sound, then planted: one entry, three entries
+            if first == 4:
+                plants.follower_ack_before_fsync()
+            follower._SyncObj__onMessageReceived(node, append_message(leader_log, first, end, commit=0))
+            hooks.tick()
+        # fdatasync before the answer, except for the planted multi-entry case: from the page cache
+        assert acks == [(4, False), (5, False), (8, True)]
+        # and its fdatasync waits for the flush interval, as under the asynchronous policy
+        assert store.dirty
+        hooks._clock.advance(0.5)
+        hooks.tick()
+        assert not store.dirty
+    finally:
+        follower._doDestroy()
 
 
 def _message(uid: str) -> bytes:

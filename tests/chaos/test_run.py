@@ -49,6 +49,10 @@ def test_short_run_ends_clean_and_writes_the_documented_run_directory(
     assert run["status"] == "done" and run["end_us"] > run["start_us"]
     assert run["topics"] == [{"topic": "ChaosTopic", "queues": 8}]
     assert run["quick_check"]["acknowledged_lost"] == 0 and run["quick_check"]["acknowledged"] > 500
+    rate = run["workload_rate"]  # what the workload achieved against what the schedule needs
+    assert rate["achieved_ok_per_s"] > 0 and rate["needed_ok_per_s"] == 16.7 and rate["offered_per_s"] == 160
+    assert [w["fault"] for w in rate["acked_in_fault_windows"]] == FAULTS
+    assert "workload: " in r.stdout and "acknowledged sends/s" in r.stdout
     assert not run["drain_errors"] and not run["unexpected_exits"]
     replicas = run["replicas"]
     assert sorted(x["role"] for x in replicas) == ["FOLLOWER", "FOLLOWER", "LEADER"]
@@ -87,19 +91,26 @@ def test_short_run_passes_the_audit(short_run: tuple[str, subprocess.CompletedPr
     with open(os.path.join(run_dir, "run.json")) as f:
         audit = json.load(f)["audit"]
     assert audit["ran"] and audit["exit_code"] == 0, r.stdout[-3000:]
-    assert os.path.isfile(os.path.join(run_dir, "audit", "summary.json"))
+    with open(os.path.join(run_dir, "audit", "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["workload"]["achieved_ok_per_s"] > 0 and summary["workload"]["needed_ok_per_s"] == 16.7
 
 
 def test_crash_fault_loses_acknowledged_messages_when_the_flush_policy_allows_it(tmp_path: Any) -> None:
     """The crash fault has teeth: with a 5 s asynchronous flush, a crash of the whole group loses
     messages it had acknowledged, and the run says so (exit code 1). With SYNC_FLUSH (the test
-    above) nothing acknowledged is lost."""
+    above) nothing acknowledged is lost.
+
+    The crash is gated (``--crash-gate all``): it fires at the first instant the newest acknowledged
+    message is on no replica's disk, read from the synced-size tables, instead of at the window's
+    start — on a busy machine the timer once came after 15 acknowledgements at 2.4 sends/s, every one
+    already flushed, and nothing could be lost (seed 220111545)."""
     seed = random.randrange(1 << 30)
     base = random.Random(seed).randrange(20000, 27000, 100)
     run_dir = str(tmp_path / "run")
     cmd = [sys.executable, "-m", "chaos.cli", "run", "--dir", run_dir, "--faults", "crash-all", "--flush", "async",
-           "--set", "flushIntervalCommitLog=5000", "--interval", "4", "--duration", "8", "--recovery", "3",
-           "--settle", "5", "--seed", str(seed), "--port-base", str(base), "--no-audit"]
+           "--set", "flushIntervalCommitLog=5000", "--crash-gate", "all", "--interval", "8", "--duration", "16",
+           "--recovery", "3", "--settle", "5", "--seed", str(seed), "--port-base", str(base), "--no-audit"]
     print(f"seed {seed}: {' '.join(cmd)}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     print(r.stdout[-3000:], r.stderr[-3000:])
@@ -108,5 +119,9 @@ def test_crash_fault_loses_acknowledged_messages_when_the_flush_policy_allows_it
         run = json.load(f)
     assert run["quick_check"]["acknowledged_lost"] > 0
     crash = next(read_jsonl(os.path.join(run_dir, "faults.jsonl")))
+    gate = crash["detail"]["gate"]
+    print("gate:", gate)
+    assert gate["met"], gate
+    assert gate["groups"]["RaftNode00"]["unsynced_on"] == sorted(crash["targets"])
     lost = crash["detail"]["lost_unsynced"]
     assert len(lost) == 3 and all(x["bytes_lost"] > 0 for x in lost.values())

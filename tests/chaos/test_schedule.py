@@ -52,3 +52,21 @@ def test_window_at() -> None:
     assert window_at(ws, 5).fault is None  # type: ignore[union-attr]
     assert window_at(ws, 12.5).fault == "x"  # type: ignore[union-attr]
     assert window_at(ws, 20) is None
+
+
+def test_what_a_schedule_needs_of_the_workload_and_the_warning_when_it_falls_short() -> None:
+    """Issue 28, evidence 4: a run on a loaded host managed ~11 sends/s and nothing said so."""
+    from chaos.runner import workload_rate
+    from chaos.schedule import needed_ack_rate
+
+    assert needed_ack_rate(10) == 10.0 and needed_ack_rate(4) == 25.0 and needed_ack_rate(30) == 10.0
+    windows = [{"fault": "crash-all", "start_s": 0.0, "acked": 3}]
+    slow = workload_rate(1100, 100.0, 200.0, needed_ack_rate(4), windows)
+    assert slow["achieved_ok_per_s"] == 11.0 and slow["needed_ok_per_s"] == 25.0
+    assert slow["acked_in_fault_windows"] == windows
+    below, share = slow["warnings"]
+    assert "11.0 acknowledged sends/s" in below and "25/s the fault mix needs" in below
+    assert "of the 200/s asked" in share
+    fine = workload_rate(19_000, 100.0, 200.0, needed_ack_rate(10), [])
+    assert fine["achieved_ok_per_s"] == 190.0 and fine["warnings"] == []
+    assert workload_rate(1500, 100.0, None, 10.0, [])["warnings"] == []  # as fast as acknowledged: no ask

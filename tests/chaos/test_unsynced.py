@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from chaos.unsynced import SyncedSizeTable, install_hook, lose_unsynced, read_table, uninstall_hook
+from chaos.unsynced import (
+    SyncedSizeTable,
+    install_hook,
+    lose_unsynced,
+    read_table,
+    synced_at,
+    uninstall_hook,
+)
 from dledger.entry_store import EntryStore
 
 
@@ -140,3 +147,23 @@ def test_the_raft_log_comes_back_with_exactly_its_flushed_entries(tmp_path: Any,
         assert reopened.read(11).body == b"after the crash"
     finally:
         reopened.close()
+
+
+def test_synced_at_says_whether_a_log_position_reached_the_disk(tmp_path: Any, hooked: SyncedSizeTable) -> None:
+    """What a gated crash reads: a position inside the fsynced part of the replica's log segment, or
+    past it (appended, answered maybe, not fsynced), or not in the log at all."""
+    node = str(tmp_path / "node")
+    assert not synced_at(node, read_table(hooked.path), 0)  # no log yet
+    store = EntryStore(os.path.join(node, "store"), segment_bytes=1 << 20, index_records_per_file=1024)
+    try:
+        flushed = store.append(1, 1, b"flushed")
+        store.flush()
+        pending = store.append(2, 1, b"page cache only")
+        table = read_table(hooked.path)
+        assert synced_at(node, table, flushed)
+        assert not synced_at(node, table, pending)
+        assert not synced_at(node, table, pending + 10_000)  # never received
+        store.flush()
+        assert synced_at(node, read_table(hooked.path), pending)
+    finally:
+        store.close()

@@ -22,6 +22,8 @@ from broker.client import (
     allocate_averagely,
 )
 from broker.client.offset_store import read_offset_file
+from broker.client.transport import ClientError
+from broker.protocol.auth import Credentials
 from tests.acl_fixtures import CONSUMER
 from tests.broker.client.conftest import ClusterFactory
 from tests.broker.inproc_cluster import WAIT_S, InProcBrokerCluster, Seen
@@ -47,7 +49,7 @@ async def consumers() -> AsyncIterator[Make]:
     made: list[PushConsumer] = []
 
     def make(cluster: InProcBrokerCluster, group: str = "cg", **kwargs: Any) -> PushConsumer:
-        c = PushConsumer(group, cluster.namesrv_addr, credentials=CONSUMER, **{**FAST, **kwargs})
+        c = PushConsumer(group, cluster.namesrv_addr, **{"credentials": CONSUMER, **FAST, **kwargs})
         made.append(c)
         return c
 
@@ -452,3 +454,56 @@ async def test_flow_control_bounds_messages_in_flight(make_cluster: ClusterFacto
     assert max(seen) < 8
     gate.set()
     await wait_until(lambda: g.offset("cg", "T", 0) == 60, WAIT_S, "everything after the gate opened")
+
+
+# -- a fail-fast start (issue 28, papercut 4) ---------------------------------------------------------
+async def test_fail_fast_start_raises_the_code_of_a_wrong_secret_and_leaves_nothing_running(
+    make_cluster: ClusterFactory, consumers: Make
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 2})
+    for model in ("CLUSTERING", "BROADCASTING"):
+        c = consumers(cluster, message_model=model, credentials=Credentials(CONSUMER.access_key, "wrong-secret-000"))
+        c.subscribe("T")
+        c.register_listener(lambda msgs, ctx: "CONSUME_SUCCESS")
+        with pytest.raises(ClientError) as caught:
+            await c.start(fail_fast=True)
+        assert caught.value.code == "SIGNATURE_INVALID", caught.value
+        assert c.assigned_queues() == [] and not c._loops, "nothing left running after a failed start"
+    # the default start returns and keeps retrying in the background (RocketMQ's behaviour)
+    lenient = consumers(cluster, credentials=Credentials(CONSUMER.access_key, "wrong-secret-000"))
+    lenient.subscribe("T")
+    lenient.register_listener(lambda msgs, ctx: "CONSUME_SUCCESS")
+    await lenient.start()
+    assert lenient.assigned_queues() == []
+
+
+async def test_fail_fast_start_raises_for_an_unreachable_namesrv_and_a_missing_topic(
+    make_cluster: ClusterFactory, consumers: Make
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 2})
+    c = PushConsumer("cg", "127.0.0.1:1", credentials=CONSUMER, **FAST)
+    c.subscribe("T")
+    c.register_listener(lambda msgs, ctx: "CONSUME_SUCCESS")
+    with pytest.raises(ClientError) as caught:
+        await c.start(fail_fast=True)
+    assert caught.value.code == "CONNECT_FAILED", caught.value
+    missing = consumers(cluster)
+    missing.subscribe("NoSuchTopic")
+    missing.register_listener(lambda msgs, ctx: "CONSUME_SUCCESS")
+    with pytest.raises(ClientError) as caught:
+        await missing.start(fail_fast=True)
+    assert caught.value.code == "TOPIC_NOT_EXIST", caught.value
+
+
+async def test_fail_fast_start_of_a_good_consumer_has_its_queues_when_it_returns(
+    make_cluster: ClusterFactory, consumers: Make
+) -> None:
+    cluster = await make_cluster(n_groups=1, topics={"T": 2})
+    await cluster.groups[0].put("T", 0, 3)
+    got: list[str] = []
+    c = consumers(cluster)
+    c.subscribe("T")
+    c.register_listener(lambda msgs, ctx: got.extend(m.body.decode() for m in msgs) or "CONSUME_SUCCESS")
+    await c.start(fail_fast=True)
+    assert c.assigned_queues() == all_queues(cluster, "T", 2)
+    await wait_until(lambda: len(got) == 3, WAIT_S, "the three messages")

@@ -12,6 +12,8 @@ import asyncio
 import base64
 import datetime
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -183,6 +185,38 @@ async def test_namesrv_addr_env_is_the_default(
 
 
 # -- NameServer views -----------------------------------------------------------------------------
+async def test_namesrv_option_before_the_command(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
+    """Issue 28, papercut 5: ``mqadmin -n ADDR clusterList``, as RocketMQ users type it."""
+    before = await mqadmin("-n", cluster.namesrv_addr, "clusterList", "--json")
+    assert before.rc == 0, before.err
+    after = await mqadmin("clusterList", "--json")
+    assert {r["broker_name"] for r in before.json()["brokers"]} == {r["broker_name"] for r in after.json()["brokers"]}
+    # after the command it wins (a script that adds -n at the end overrides a shell alias's)
+    r = await mqadmin("-n", "127.0.0.1:1", "clusterList", "-n", cluster.namesrv_addr)
+    assert r.rc == 0, r.err
+
+
+def test_a_simple_command_imports_neither_the_whole_sdk_nor_aiohttp() -> None:
+    """Issue 28, papercut 6: mqadmin imported aiohttp, the SQL92 compiler and every producer and
+    consumer module (~0.75 s of CPU a call). What a command loads is what its run needs."""
+    code = (
+        "import sys\n"
+        "from broker.tools.mqadmin_commands import build_parser, runner\n"
+        "args = build_parser().parse_args(['clusterList', '-n', '127.0.0.1:1'])\n"
+        "runner(args.runner)\n"
+        "import broker.client.admin\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    for heavy in ("aiohttp", "lark", "prometheus_client", "broker.client.producer", "broker.client.push_consumer",
+                  "broker.client.pull_consumer", "broker.protocol.sql_filter", "broker.tools.mqadmin_ops"):
+        assert heavy not in out, f"{heavy} imported by a simple mqadmin command"
+    import broker.client
+
+    for name in broker.client.__all__:  # every name of the SDK still resolves (imported on first use)
+        assert getattr(broker.client, name) is not None
+
+
 async def test_cluster_list(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
     r = await mqadmin("clusterList")
     assert r.rc == 0, r.err

@@ -73,6 +73,27 @@ async def test_consumer_progress_of_a_broadcasting_group_fails(mqadmin: Mqadmin,
     assert "BROADCASTING_GROUP" in r.err and "BROADCASTING mode" in r.err, r.err
 
 
+async def test_consumer_progress_of_a_broadcasting_group_whose_consumers_left_fails_naming_it(
+    mqadmin: Mqadmin, cluster: InProcBrokerCluster
+) -> None:
+    """Issue 28, papercut 3: with its consumers offline the group was reported as never created."""
+    await seed(cluster)
+    await heartbeat(cluster, "BG", "T1", "BROADCASTING")
+    for g in cluster.groups:
+        leader = g.leader() or await g.wait_leader()
+        await cluster.call(leader.addr, "POST", "/v1/unregister", {"client_id": "c1"})
+    r = await mqadmin("consumerProgress", "-g", "BG", "--json")
+    assert r.rc == 1, r.out
+    assert r.json()["code"] == "BROADCASTING_GROUP", r.out
+    assert "no consumer online" in r.err and "keeps its own offsets" in r.err, r.err
+    # a clustering group that left is still reported by what the brokers hold
+    await heartbeat(cluster, "CG2", "T1", "CLUSTERING", client="c2")
+    for g in cluster.groups:
+        leader = g.leader() or await g.wait_leader()
+        await cluster.call(leader.addr, "POST", "/v1/unregister", {"client_id": "c2"})
+    assert (await mqadmin("consumerProgress", "-g", "CG2", "--json")).json()["code"] == "SUBSCRIPTION_GROUP_NOT_EXIST"
+
+
 async def test_consumer_progress_of_a_subscribed_group_without_commits_shows_its_queues(
     mqadmin: Mqadmin, cluster: InProcBrokerCluster
 ) -> None:
@@ -197,6 +218,28 @@ async def test_stats_all(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None
     assert row["topic"] == "T1" and row["group"] == "SG"
     assert row["accumulation"] == 7  # RaftNode00: 8 - 1 committed (RaftNode01: SG has no offsets there)
     assert row["in_tps"] > 0
+
+
+async def test_stats_all_shows_an_unknown_lag_as_a_dash_and_refuses_an_unknown_topic(
+    mqadmin: Mqadmin, cluster: InProcBrokerCluster
+) -> None:
+    """Issue 28, papercut 2: a broadcasting group (no offsets at the brokers) showed lag 0; a topic
+    that does not exist gave an empty table and exit 0."""
+    await seed(cluster)
+    leader = cluster.group("RaftNode00").leader()
+    assert leader is not None
+    pulled = await cluster.call(leader.addr, "POST", "/v1/pull",
+                                {"topic": "T1", "queue_id": 0, "offset": 0, "consumer_group": "BG"})
+    assert pulled["messages"]
+    data = _data(await mqadmin("statsAll", "-t", "T1", "--json"))
+    (row,) = [x for x in data["stats"] if x["group"] == "BG"]
+    assert row["accumulation"] is None and row["out_tps"] > 0
+    r = await mqadmin("statsAll", "-t", "T1")
+    (line,) = [x for x in _rows(r.out) if x[1] == "BG"]
+    assert line[2] == "-", r.out
+    r = await mqadmin("statsAll", "-t", "NoSuchTopic")
+    assert r.rc == 2 and r.out == "", (r.rc, r.out)
+    assert "TOPIC_NOT_EXIST" in r.err and "NoSuchTopic" in r.err, r.err
 
 
 async def test_cluster_rt(mqadmin: Mqadmin, cluster: InProcBrokerCluster) -> None:
