@@ -55,7 +55,8 @@ async def _leader(t: Transport, args: argparse.Namespace) -> dict[str, Any] | No
     return None
 
 
-async def _wait(cond: Any, timeout_s: float, what: str) -> Any:
+async def wait_for(cond: Any, timeout_s: float, what: str) -> Any:
+    """The first truthy value of the coroutine function ``cond``, polled every 20 ms, or TimeoutError."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = await cond()
@@ -91,7 +92,7 @@ async def run_failover(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     rounds: list[dict[str, Any]] = []
     try:
-        leader = await _wait(lambda: _leader(t, args), 30, "a writable leader")
+        leader = await wait_for(lambda: _leader(t, args), 30, "a writable leader")
         await t.call(f"{leader['host']}:{leader['http_port']}", "POST", "/v1/topics",
                      {"topic": args.topic, "read_queue_nums": 8, "write_queue_nums": 8})
         for p in producers:
@@ -115,11 +116,11 @@ async def run_failover(args: argparse.Namespace) -> int:
         tasks = [asyncio.create_task(produce(p, i)) for i, p in enumerate(producers)]
         for r in range(args.rounds):
             await asyncio.sleep(args.steady_s)
-            leader = await _wait(lambda: _leader(t, args), 30, "a writable leader")
+            leader = await wait_for(lambda: _leader(t, args), 30, "a writable leader")
             killed_at = time.monotonic()
             killed_wall_ms = time.time() * 1000
             os.kill(leader["pid"], signal.SIGKILL)
-            new = await _wait(
+            new = await wait_for(
                 lambda: _leader(t, args), 30, "a new writable leader"
             )
             writable_s = time.monotonic() - killed_at
@@ -128,7 +129,7 @@ async def run_failover(args: argparse.Namespace) -> int:
             def after_kill() -> list[float]:
                 return [acked[b] for b, ms in list(stored_ms.items()) if ms >= killed_wall_ms]  # noqa: B023
 
-            await _wait(lambda: _true(bool(after_kill())), 30, "an acknowledged send")
+            await wait_for(lambda: _true(bool(after_kill())), 30, "an acknowledged send")
             first_ack_s = min(after_kill()) - killed_at
             row = {
                 "round": r + 1,
@@ -147,7 +148,7 @@ async def run_failover(args: argparse.Namespace) -> int:
             restart = cluster_command(args, "start", leader["name"])
             if restart.returncode != 0:
                 raise RuntimeError(f"restart of {leader['name']} failed: {restart.stderr}")
-            await _wait(lambda: _caught_up(t, args, leader["name"]), 60, "the restarted replica")  # noqa: B023
+            await wait_for(lambda: _caught_up(t, args, leader["name"]), 60, "the restarted replica")  # noqa: B023
         stop.set()
         await asyncio.gather(*tasks)
         missing = await _missing(t, args, set(acked))
@@ -195,7 +196,7 @@ async def _caught_up(t: Transport, args: argparse.Namespace, name: str) -> bool:
 
 
 async def _missing(t: Transport, args: argparse.Namespace, acked: set[bytes]) -> int:
-    leader = await _wait(lambda: _leader(t, args), 30, "a writable leader")
+    leader = await wait_for(lambda: _leader(t, args), 30, "a writable leader")
     addr = f"{leader['host']}:{leader['http_port']}"
     stored: set[bytes] = set()
     for qid in range(8):

@@ -32,7 +32,7 @@ from typing import Any
 from broker.client.transport import FROM_ENV, ClientError, Transport
 from broker.protocol.auth import load_credentials
 from broker.tools.cli import add_local_cluster_arguments
-from broker.tools.failover_bench import cluster_command, cluster_processes
+from broker.tools.failover_bench import cluster_command, cluster_processes, wait_for
 from dledger.apps.cluster import ADMIN_CREDENTIALS_FILE
 from dledger.apps.stats import LatencyHistogram
 
@@ -83,16 +83,6 @@ async def _writable(t: Transport, args: argparse.Namespace, group: str) -> dict[
     return None
 
 
-async def _wait(cond: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await cond()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 async def run_group_failover(args: argparse.Namespace) -> int:
     from broker.client import Message, MessageQueue, Producer
 
@@ -122,7 +112,7 @@ async def run_group_failover(args: argparse.Namespace) -> int:
     say = (lambda _text: None) if args.json else (lambda text: print(text, flush=True))
     try:
         for g in groups:
-            leader = await _wait(lambda g=g: _writable(t, args, g), 30, f"a writable leader of {g}")
+            leader = await wait_for(lambda g=g: _writable(t, args, g), 30, f"a writable leader of {g}")
             await t.call(f"{leader['host']}:{leader['http_port']}", "POST", "/v1/topics",
                          {"topic": args.topic, "read_queue_nums": args.queues, "write_queue_nums": args.queues})
 
@@ -152,10 +142,10 @@ async def run_group_failover(args: argparse.Namespace) -> int:
         for r in range(1, args.rounds + 1):
             steady_start = time.monotonic()
             await asyncio.sleep(args.steady_s)
-            leader = await _wait(lambda: _writable(t, args, victim), 30, f"a writable leader of {victim}")
+            leader = await wait_for(lambda: _writable(t, args, victim), 30, f"a writable leader of {victim}")
             killed_at, killed_wall_ms = time.monotonic(), time.time() * 1000
             os.kill(leader["pid"], signal.SIGKILL)
-            first = await _wait(lambda: _true(sends[victim].first_ack_after(killed_wall_ms)), 60,  # noqa: B023
+            first = await wait_for(lambda: _true(sends[victim].first_ack_after(killed_wall_ms)), 60,  # noqa: B023
                                 f"an ack from {victim}'s new leader")
             end = first + args.after_s
             await asyncio.sleep(max(0.0, end - time.monotonic()))
@@ -175,7 +165,7 @@ async def run_group_failover(args: argparse.Namespace) -> int:
             restart = cluster_command(args, "start", leader["name"])
             if restart.returncode != 0:
                 raise RuntimeError(f"restart of {leader['name']} failed: {restart.stderr}")
-            await _wait(lambda: _caught_up(t, args, leader), 90, "the restarted replica")  # noqa: B023
+            await wait_for(lambda: _caught_up(t, args, leader), 90, "the restarted replica")  # noqa: B023
         summary = summarize(rounds, bounds, groups[1:], sends)
         if args.json:
             print(json.dumps({"groups": args.groups, "producers_per_group": args.producers, "rounds": rounds,
