@@ -61,10 +61,12 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "listenPort",
         "brokerIP1",
         "dLegerPeerConnectAddrs",
+        "clusterId",
     }
 )
 
 GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,127}")  # RocketMQ's name charset and length
+CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # made by `dledger-cluster up`: 22 base64url chars
 PEER_ID_RE = re.compile(r"[a-zA-Z0-9_]{1,64}")  # no '-': it separates the id from the host
 _HOST_LABEL_RE = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 _DECIMAL_RE = re.compile(r"-?[0-9]+")  # ASCII digits only: int() would also take '1_000' or '١'
@@ -155,6 +157,8 @@ class DLedgerConfig:
     # During a rolling change of the peer password: the old one, still accepted from peers that
     # have not switched yet (connections this node opens use peer_password).
     peer_password_previous: str | None = field(default=None, repr=False)
+    # clusterId: which cluster this node belongs to (None: legacy, no id). See docs/OPERATIONS.md.
+    cluster_id: str | None = None
 
     @property
     def node_dir(self) -> str:
@@ -428,6 +432,9 @@ def parse_dledger_config(
         if not 0 < int(port) < 65536:
             raise r.error("dLegerPeerConnectAddrs", f"port of {item!r} must be in 1..65535")
         connect_addrs[pid] = addr
+    cluster_id = r.optional("clusterId")
+    if cluster_id is not None and not CLUSTER_ID_RE.fullmatch(cluster_id):
+        raise r.error("clusterId", f"{cluster_id[:80]!r} must be 1..64 characters of [A-Za-z0-9_-]")
     listen_port = r.integer("listenPort", 10911, 1, 65535)
     http_host = r.optional("brokerIP1") or self_peer.host
     if not is_valid_host(http_host):
@@ -464,6 +471,7 @@ def parse_dledger_config(
         http_host=http_host,
         source=source,
         peer_connect_addrs=connect_addrs,
+        cluster_id=cluster_id,
     )
 
 
@@ -487,6 +495,7 @@ def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
         data_dir=cfg.node_dir,
         password=cfg.peer_password,
         password_previous=cfg.peer_password_previous,
+        cluster_id=cfg.cluster_id,
         flush_policy=cfg.flush_policy,
         flush_interval_ms=cfg.flush_interval_ms,
         segment_bytes=cfg.segment_bytes,

@@ -58,6 +58,7 @@ from typing import Any
 from dledger import clock as dl_clock
 from dledger import command_codec
 from dledger.clock import Clock
+from dledger.cluster_id import check_cluster_id
 from dledger.entry_store import EntryStore
 from dledger.flusher import Done, ThreadFlusher
 from dledger.inproc import InProcNetwork, InProcTransport
@@ -138,6 +139,8 @@ class DLedgerNode:
         self._clock: Clock = clock if clock is not None else dl_clock.process_clock()
         self._network = network
         os.makedirs(settings.data_dir, exist_ok=True)
+        if settings.cluster_id is not None:
+            check_cluster_id(settings.data_dir, settings.cluster_id)
         self.store: LogStore = (
             store
             if store is not None
@@ -256,6 +259,7 @@ class DLedgerNode:
             max_frame_bytes=s.max_entry_bytes + s.replication_batch_bytes + (4 << 20),
             idle_timeout_s=s.connection_timeout_ms / 1000,
             connect_retry_s=s.connection_retry_ms / 1000,
+            cluster_id=s.cluster_id,
         )
 
     async def start(self, timeout_s: float = 10.0) -> None:

@@ -18,6 +18,16 @@ Handshake (initiator I = the peer whose address is greater, as in pysyncobj; acc
             -> k_mac | k_I->A | k_A->I
     mac_A = HMAC(k_mac, "A" || transcript), mac_I = HMAC(k_mac, "I" || transcript || mac_A)
 
+Cluster id (issue 28): a node configured with ``clusterId`` opens with HELLO "DLH2", the v1 fields
+followed by ``len | cluster id``, and the acceptor answers "DLA2", ACCEPT's fields followed by
+``len | its cluster id`` (both inside the MAC'd transcript). Two nodes whose ids both are set and
+differ refuse each other: the acceptor answers "DLR1" | reason instead of ACCEPT and closes, the
+initiator, having had an answer, does not retry in the old format; both count ``cluster_id_mismatch`` and log it.
+Backward compatible: a node without an id sends DLH1 exactly as before, and DLH1 is always
+accepted (a legacy peer has no id to compare). A previous release closes on DLH2 without a word:
+an initiator whose DLH2 is closed before any answer marks the peer legacy and uses DLH1 until that
+link drops (then tries DLH2 again, in case the peer was upgraded).
+
 Rolling password change: a node may hold a previous password besides its current one. It opens
 connections with the current one and accepts both (the key id, the first 4 bytes of
 SHA-256(psk), says which); so replicas switch one at a time without losing a link.
@@ -78,6 +88,8 @@ HANDSHAKE_FRAME_MAX = 512
 PBKDF2_ITERATIONS = 200_000
 _LEN = struct.Struct(">I")
 _HELLO, _ACCEPT, _CONFIRM = b"DLH1", b"DLA1", b"DLC1"
+_HELLO2, _ACCEPT2, _REFUSE = b"DLH2", b"DLA2", b"DLR1"
+CLUSTER_ID_MAX = 64
 _PING = b""  # an empty body: keep-alive
 _NO_FD_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _psk_cache: dict[tuple[str, str], bytes] = {}
@@ -161,6 +173,7 @@ class _Conn:
         self.nonce = b""  # ours (initiator)
         self.keys = b""  # k_mac | k_I->A | k_A->I (acceptor, until CONFIRM)
         self.closed = False
+        self.answered = False  # the acceptor sent something back (ACCEPT or a refusal)
 
 
 class PeerResolver:
@@ -256,8 +269,15 @@ class TcpPeerTransport(Transport):
         idle_timeout_s: float = 3.0,
         connect_retry_s: float = 0.3,
         max_queued_bytes: int = 64 << 20,
+        cluster_id: str | None = None,
     ):
         super().__init__(sync_obj, self_node, other_nodes)
+        if cluster_id is not None and not 0 < len(cluster_id.encode()) <= CLUSTER_ID_MAX:
+            raise ValueError(f"a cluster id must be 1..{CLUSTER_ID_MAX} bytes")
+        self.cluster_id = cluster_id
+        # Peers that closed our DLH2 without an answer (a previous release): DLH1 until the link drops.
+        self._legacy_peers: set[str] = set()
+
         if not password:
             raise ValueError("a peer password is required")
         self._sync = sync_obj
@@ -296,6 +316,7 @@ class TcpPeerTransport(Transport):
                 "timeouts",
                 "accept_errors",
                 "connect_errors",
+                "cluster_id_mismatch",
             ),
             0,
         )
@@ -524,8 +545,10 @@ class TcpPeerTransport(Transport):
         conn.eph = X25519PrivateKey.generate()
         conn.nonce = os.urandom(16)
         group, ident = self._group.encode(), self._self.address.encode()
+        assert conn.peer is not None
+        v2 = self.cluster_id is not None and conn.peer.address not in self._legacy_peers
         conn.hello = (
-            _HELLO
+            (_HELLO2 if v2 else _HELLO)
             + bytes([len(group)])
             + group
             + bytes([len(ident)])
@@ -534,11 +557,26 @@ class TcpPeerTransport(Transport):
             + conn.nonce
             + _key_id(self._psk)
         )
+        if v2:
+            assert self.cluster_id is not None
+            cid = self.cluster_id.encode()
+            conn.hello += bytes([len(cid)]) + cid
         conn.state = "accept"
         self._queue_raw(conn, conn.hello)
 
+    def _mismatch(self, peer_address: str, theirs: bytes) -> str:
+        self.counters["cluster_id_mismatch"] += 1
+        reason = (
+            f"cluster id mismatch: peer {peer_address} belongs to cluster "
+            f"{theirs[:CLUSTER_ID_MAX].decode(errors='replace')!r}, "
+            f"this node to {self.cluster_id!r} (same group name and password, another cluster)"
+        )
+        log.warning("peer %s refused: %s", peer_address, reason)
+        return reason
+
     def _on_hello(self, conn: _Conn, hello: bytes) -> None:
-        if not hello.startswith(_HELLO):
+        v2 = hello.startswith(_HELLO2)
+        if not (v2 or hello.startswith(_HELLO)):
             raise HandshakeError("not a dledger peer")
         group, at = _field(hello, 4)
         ident, at = _field(hello, at)
@@ -547,9 +585,16 @@ class TcpPeerTransport(Transport):
         peer = self._nodes.get(ident.decode(errors="replace"))
         if peer is None:
             raise HandshakeError(f"unknown peer {ident[:64]!r}")
-        if len(hello) != at + 52:
+        theirs: bytes | None = None
+        if v2:
+            if len(hello) < at + 53:
+                raise HandshakeError("malformed hello")
+            theirs, end = _field(hello, at + 52)
+            if end != len(hello) or not 0 < len(theirs) <= CLUSTER_ID_MAX:
+                raise HandshakeError("malformed hello")
+        elif len(hello) != at + 52:
             raise HandshakeError("malformed hello")
-        peer_pub, nonce_i, key_id = hello[at : at + 32], hello[at + 32 : at + 48], hello[at + 48 :]
+        peer_pub, nonce_i, key_id = hello[at : at + 32], hello[at + 32 : at + 48], hello[at + 48 : at + 52]
         psk = self._psks.get(key_id)
         if psk is None:
             raise HandshakeError("the peer uses a password this node does not hold")
@@ -557,7 +602,19 @@ class TcpPeerTransport(Transport):
         shared = eph.exchange(X25519PublicKey.from_public_bytes(peer_pub))
         nonce_a = os.urandom(16)
         ident_a = self._self.address.encode()
-        accept_body = _ACCEPT + bytes([len(ident_a)]) + ident_a + _raw_public(eph) + nonce_a
+        if v2:
+            assert theirs is not None
+            ours = (self.cluster_id or "").encode()
+            if ours and theirs != ours:
+                reason = self._mismatch(peer.address, theirs)
+                # Unauthenticated on purpose: it tells the initiator not to fall back to DLH1.
+                self._queue_raw(conn, _REFUSE + reason.encode()[: HANDSHAKE_FRAME_MAX - 4])
+                raise HandshakeError(reason)
+            accept_body = (
+                _ACCEPT2 + bytes([len(ident_a)]) + ident_a + _raw_public(eph) + nonce_a + bytes([len(ours)]) + ours
+            )
+        else:
+            accept_body = _ACCEPT + bytes([len(ident_a)]) + ident_a + _raw_public(eph) + nonce_a
         transcript = hello + accept_body
         keys = _session_keys(psk, shared, nonce_i, nonce_a, transcript)
         mac_a = hmac.new(keys[:32], b"A" + transcript, "sha256").digest()
@@ -568,21 +625,36 @@ class TcpPeerTransport(Transport):
         self._queue_raw(conn, accept_body + mac_a)
 
     def _on_accept_frame(self, conn: _Conn, frame: bytes) -> None:
-        if not frame.startswith(_ACCEPT) or conn.eph is None:
+        conn.answered = True
+        assert conn.peer is not None
+        if frame.startswith(_REFUSE) and conn.hello.startswith(_HELLO2):
+            self.counters["cluster_id_mismatch"] += 1
+            reason = frame[4:].decode(errors="replace")
+            log.warning("peer %s refused this node: %s", conn.peer.address, reason)
+            raise HandshakeError(f"the peer refused: {reason}")
+        v2 = frame.startswith(_ACCEPT2) and conn.hello.startswith(_HELLO2)
+        if not (v2 or frame.startswith(_ACCEPT)) or conn.eph is None:
             raise HandshakeError("not a dledger peer")
         ident, at = _field(frame, 4)
-        if len(frame) != at + 32 + 16 + 32:
+        if len(frame) < at + 32 + 16 + 32:
             raise HandshakeError("malformed accept")
-        assert conn.peer is not None
+        theirs = b""
+        end = at + 48
+        if v2:
+            theirs, end = _field(frame, at + 48)
+        if len(frame) != end + 32:
+            raise HandshakeError("malformed accept")
         if ident.decode(errors="replace") != conn.peer.address:
             raise HandshakeError(f"expected peer {conn.peer.address}, reached {ident[:64]!r}")
-        peer_pub, nonce_a, mac_a = frame[at : at + 32], frame[at + 32 : at + 48], frame[at + 48 :]
-        accept_body = frame[: at + 48]
+        peer_pub, nonce_a, mac_a = frame[at : at + 32], frame[at + 32 : at + 48], frame[end:]
+        accept_body = frame[:end]
         transcript = conn.hello + accept_body
         shared = conn.eph.exchange(X25519PublicKey.from_public_bytes(peer_pub))
         keys = _session_keys(self._psk, shared, conn.nonce, nonce_a, transcript)
         if not hmac.compare_digest(mac_a, hmac.new(keys[:32], b"A" + transcript, "sha256").digest()):
             raise HandshakeError("the peer does not know the password")
+        if theirs and self.cluster_id is not None and theirs != self.cluster_id.encode():
+            raise HandshakeError(self._mismatch(conn.peer.address, theirs))
         mac_i = hmac.new(keys[:32], b"I" + transcript + mac_a, "sha256").digest()
         self._queue_raw(conn, _CONFIRM + mac_i)
         conn.send_cipher, conn.recv_cipher = _Cipher(keys[32:64]), _Cipher(keys[64:96])
@@ -667,6 +739,16 @@ class TcpPeerTransport(Transport):
             return
         conn.closed = True
         self._conns.pop(conn.fd, None)
+        if (
+            conn.outbound
+            and conn.state == "accept"
+            and not conn.answered
+            and not (reason or "").startswith(("refused", "no handshake"))
+            and conn.peer is not None
+            and conn.hello.startswith(_HELLO2)
+        ):
+            # Closed by the peer before any answer: a previous release, which knows only DLH1.
+            self._legacy_peers.add(conn.peer.address)
         try:
             self._sync.dl_poller.unsubscribe(conn.fd)
         except Exception:
@@ -682,12 +764,19 @@ class TcpPeerTransport(Transport):
         peer = conn.peer
         if peer is not None and self._links.get(peer.address) is conn:
             del self._links[peer.address]
+            self._legacy_peers.discard(peer.address)  # it may come back upgraded
             if notify:
                 self._onNodeDisconnected(peer)
 
 
 def tcp_transport_factory(
-    *, password: str, group: str, connect_via: dict[str, str], max_frame_bytes: int, idle_timeout_s: float
+    *,
+    password: str,
+    group: str,
+    connect_via: dict[str, str],
+    max_frame_bytes: int,
+    idle_timeout_s: float,
+    cluster_id: str | None = None,
 ) -> Callable[[Any, Any, Any], TcpPeerTransport]:
     def make(sync_obj: Any, self_node: Any, other_nodes: Any) -> TcpPeerTransport:
         return TcpPeerTransport(
@@ -700,6 +789,7 @@ def tcp_transport_factory(
             max_frame_bytes=max_frame_bytes,
             idle_timeout_s=idle_timeout_s,
             connect_retry_s=sync_obj.conf.connectionRetryTime,
+            cluster_id=cluster_id,
         )
 
     return make

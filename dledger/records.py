@@ -119,6 +119,9 @@ class RaftSettings:
     # How this node reaches each peer's Raft port (defaults to ``peers``; chaos tests route
     # pairs through proxies by giving each node its own view).
     raft_addresses: dict[str, str] | None = None
+    # The cluster this replica belongs to (``clusterId``, made by ``dledger-cluster up``); None: a
+    # legacy replica without one. Recorded in the data directory and checked in peer handshakes.
+    cluster_id: str | None = None
 
     def view(self) -> dict[str, str]:
         return dict(self.raft_addresses or self.peers)

@@ -60,7 +60,7 @@ from broker.protocol.routes import (
     TopicRouteData,
     UnregisterRequest,
 )
-from dledger.config import is_valid_host
+from dledger.config import CLUSTER_ID_RE, is_valid_host
 
 HEARTBEAT_TIMEOUT_MS_DEFAULT: Final = 120_000  # RocketMQ's brokerChannelMaxIdleTime
 BROKERS_MAX_DEFAULT: Final = 10_000
@@ -167,6 +167,12 @@ def validate_registration(reg: BrokerRegistration) -> None:
     validate_address(reg.address)
     if reg.remoting_address is not None:
         validate_address(reg.remoting_address)
+    if reg.cluster_id is not None and not (
+        isinstance(reg.cluster_id, str) and CLUSTER_ID_RE.fullmatch(reg.cluster_id)
+    ):
+        raise InvalidRecordError(
+            "INVALID_CLUSTER_ID", f"cluster_id must be 1..64 characters of [A-Za-z0-9_-], got {reg.cluster_id!r:.80}"
+        )
     if reg.role not in ROLES:
         raise InvalidRecordError(
             "INVALID_ROLE", f"role must be one of {', '.join(ROLES)}, got {reg.role!r:.60}"
@@ -243,6 +249,10 @@ class RouteTable:
         # Broker groups whose write permission was wiped (mqadmin wipeWritePerm): their queues are
         # routed read-only until addWritePerm, whatever their registrations announce.
         self._write_wiped: set[str] = set()
+        # Cluster name -> the clusterId of its groups (issue 28): the first id registered under a name
+        # holds while a group of that cluster is in the table; a broker of another cluster with the
+        # same name is refused (CLUSTER_ID_MISMATCH). Memory only, like the rest of the table.
+        self._cluster_ids: dict[str, str] = {}
 
     # -- writes ------------------------------------------------------------------------------
     def register(self, reg: BrokerRegistration, now_ms: int) -> RegisterResult:
@@ -254,6 +264,13 @@ class RouteTable:
             raise ConflictError(
                 "CLUSTER_MISMATCH",
                 f"broker name {reg.broker_name} belongs to cluster {group.cluster}, not {reg.cluster}",
+            )
+        known_id = self._cluster_ids.get(reg.cluster)
+        if known_id is not None and reg.cluster_id is not None and reg.cluster_id != known_id:
+            raise ConflictError(
+                "CLUSTER_ID_MISMATCH",
+                f"cluster {reg.cluster} registered here has clusterId {known_id}; broker {reg.broker_name} at "
+                f"{reg.address} has {reg.cluster_id}: another cluster with the same name (refused)",
             )
         stale = self._stale_reason(reg, group)
         if stale is not None:
@@ -274,6 +291,8 @@ class RouteTable:
             group.leader_term = reg.term
             self._take_leader_topics(reg, group, changes)
         self._live[reg.address] = self._live_record(reg, previous, now_ms)
+        if reg.cluster_id is not None and known_id is None:
+            self._cluster_ids[reg.cluster] = reg.cluster_id
         return RegisterResult(
             True, bool(changes), group.addrs.get(LEADER_ID), group.leader_term, tuple(changes)
         )
@@ -523,6 +542,8 @@ class RouteTable:
         if not group.addrs and live.broker_name != keep_group:
             self._count_topics((), tuple(group.topics))
             del self._groups[live.broker_name]
+            if not any(g.cluster == group.cluster for g in self._groups.values()):
+                self._cluster_ids.pop(group.cluster, None)
 
     def _remove(self, address: str) -> None:
         self._vacate(address)

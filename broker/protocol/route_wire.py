@@ -238,6 +238,8 @@ def registration_to_dict(reg: BrokerRegistration) -> dict[str, Any]:
         "data_version": reg.data_version,
         "heartbeat_timeout_ms": reg.heartbeat_timeout_ms,
         **({"remoting_address": reg.remoting_address} if reg.remoting_address is not None else {}),
+        # Only when set: a NameServer of a previous release refuses fields it does not know.
+        **({"cluster_id": reg.cluster_id} if reg.cluster_id is not None else {}),
     }
 
 
@@ -258,6 +260,7 @@ def registration_from_dict(body: Any) -> BrokerRegistration:
             data_version=f.integer("data_version", 0),
             heartbeat_timeout_ms=f.optional_integer("heartbeat_timeout_ms"),
             remoting_address=f.optional_text("remoting_address"),
+            cluster_id=f.optional_text("cluster_id"),
         )
 
     return _decode(body, decode)

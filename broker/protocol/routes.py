@@ -62,6 +62,7 @@ class BrokerRegistration:
     heartbeat_timeout_ms: int | None = None
     version: int = WIRE_VERSION
     remoting_address: str | None = None  # the broker's binary-protocol address (broker/edge/binary.py)
+    cluster_id: str | None = None  # the broker's clusterId (issue 28); None: a legacy broker without one
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ from broker.store.replay import ReplayGuardedNode
 from broker.store.schedule import SchedulePolicy, ScheduleService
 from broker.store.transactions import TransactionPolicy, TransactionService
 from dledger.clock import Clock, process_clock
+from dledger.cluster_id import ClusterIdMismatch, check_cluster_id
 from dledger.config import ConfigError, settings_from_config
 from dledger.durable import private_dir
 from dledger.inproc import InProcNetwork
@@ -452,6 +453,7 @@ class BrokerServer:
             term=self.node.term,
             topics=tuple(topics),
             remoting_address=self.remoting_address,
+            cluster_id=self.cfg.dledger.cluster_id,
         )
 
     # -- applies wake the long polls (the loop's thread: it owns the replica) ----------------------
@@ -500,6 +502,7 @@ class BrokerServer:
         leader = node["role"] == "LEADER" and self.ready
         return {
             "cluster": self.cfg.cluster,
+            "cluster_id": self.cfg.dledger.cluster_id,  # None: a legacy broker without clusterId
             "broker_name": self.cfg.broker_name,
             "self_id": self.cfg.dledger.self_id,
             "broker_id": 0 if leader else self.cfg.follower_broker_id,
@@ -633,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_broker_config(args.config)
         if cfg.security.acl_file:
             AclWatcher(cfg.security.acl_file)  # a broken ACL file stops the start, with its reason
-    except (ConfigError, OSError, AclError) as exc:
+        if cfg.dledger.cluster_id is not None:
+            check_cluster_id(cfg.dledger.node_dir, cfg.dledger.cluster_id)  # another cluster's data: refuse
+    except (ConfigError, OSError, AclError, ClusterIdMismatch) as exc:
         print(f"dledger-broker: {exc}", file=sys.stderr)
         return 2
     run_until_signalled(lambda stop: serve(cfg, stop))

@@ -71,6 +71,7 @@ from dledger.apps.cluster_plan import (
     skew_for,
 )
 from dledger.clock import SYSTEM
+from dledger.cluster_id import new_cluster_id
 
 __all__ = [
     "ACL_FILE", "ADMIN_CREDENTIALS_FILE", "NODES_PER_GROUP", "STATE_FILE", "ClusterAcl", "ClusterSettings",
@@ -322,6 +323,18 @@ def _code_dir(arg: str | None) -> str | None:
 
 
 # -- commands ----------------------------------------------------------------------------------------
+def _cluster_id_for(root: str, extra: dict[str, str], code_dir: str) -> str:
+    """The cluster's id: ``--set clusterId=...``, else the one this directory already has (an ``up``
+    after ``down`` keeps it: the data directories recorded it), else a new one. None ("") when the
+    cluster starts from an older release (``--code-dir``): its config parser refuses unknown keys."""
+    if "clusterId" in extra:
+        return extra["clusterId"]
+    previous = _load_settings(root)
+    if previous is not None and previous.cluster_id:
+        return previous.cluster_id
+    return "" if code_dir else new_cluster_id()
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     running = [p for p in _load_state(root) if is_running(p)]
@@ -332,12 +345,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     extra = dict(kv.split("=", 1) for kv in args.set or [])
     acl = make_acl(root, args.groups) if args.kind == "broker" and not args.no_acl else None
     code_dir = _code_dir(args.code_dir) or ""
+    cluster_id = _cluster_id_for(root, extra, code_dir)
     settings = ClusterSettings(kind=args.kind, host=args.host, raft_base=args.raft_port, http_base=args.http_port,
                                namesrv_base=args.namesrv_port, namesrv=args.namesrv, flush=args.flush, extra=extra,
-                               acl=acl is not None)
+                               acl=acl is not None, cluster_id=cluster_id)
     planned = plan(
         root, args.groups, args.host, args.raft_port, args.http_port, args.flush, extra,
-        kind=args.kind, namesrv=args.namesrv, namesrv_base=args.namesrv_port, acl=acl,
+        kind=args.kind, namesrv=args.namesrv, namesrv_base=args.namesrv_port, acl=acl, cluster_id=cluster_id,
     )
     clashes = port_clashes([p for p, _ in planned])
     if clashes:

@@ -71,6 +71,10 @@ class ClusterSettings:
     flush: str = "sync"
     extra: dict[str, str] = field(default_factory=dict)
     acl: bool = True
+    # The cluster's id (issue 28), made once per cluster directory by ``up`` and written as
+    # ``clusterId`` into every replica's config; "" for a cluster made before ids (or by an older
+    # release, which does not know the key): its replicas run without one.
+    cluster_id: str = ""
 
     def namesrv_addrs(self) -> list[str]:
         count = self.namesrv if self.kind == "broker" else 0
@@ -215,6 +219,8 @@ def plan_group(
     out = []
     for i, nid in enumerate(ids):
         node_extra = dict(s.extra)
+        if s.cluster_id:
+            node_extra.setdefault("clusterId", s.cluster_id)
         if s.kind == "broker":
             node_extra.setdefault("brokerClusterName", "DefaultCluster")
             node_extra.setdefault("namesrvAddr", ";".join(s.namesrv_addrs()))
@@ -251,12 +257,14 @@ def plan(
     namesrv: int = 0,
     namesrv_base: int = 9876,
     acl: ClusterAcl | None = None,
+    cluster_id: str = "",
 ) -> list[tuple[ProcessInfo, str]]:
     """The processes ``up`` would start and their config texts (pure: no I/O). With ``acl`` the
     NameServers and brokers enforce it and each group registers with its own account. Each group
     gets a peer password of its own."""
     s = ClusterSettings(kind=kind, host=host, raft_base=raft_base, http_base=http_base, namesrv_base=namesrv_base,
-                        namesrv=namesrv, flush=flush, extra=dict(extra), acl=acl is not None)
+                        namesrv=namesrv, flush=flush, extra=dict(extra), acl=acl is not None,
+                        cluster_id=cluster_id)
     out = plan_namesrvs(root, s, acl.path if acl else None)
     for g in range(groups):
         keys = acl.brokers[group_name(g)] if acl is not None else None

@@ -39,6 +39,7 @@ from broker.protocol.errors import ProtocolError
 from broker.serving.http_edge import ErrorAnswer, error_middleware, query_int
 from broker.serving.process_main import run_until_signalled, setup_logging
 from dledger.apps.checkpoint import ApplyCheckpoint
+from dledger.cluster_id import ClusterIdMismatch, check_cluster_id
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
 from dledger.node import (
     AppendFailedError,
@@ -221,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     try:
         cfg = load_dledger_config(args.config)
-    except (ConfigError, OSError) as exc:
+        if cfg.cluster_id is not None:
+            check_cluster_id(cfg.node_dir, cfg.cluster_id)  # another cluster's data: refuse
+    except (ConfigError, OSError, ClusterIdMismatch) as exc:
         print(f"dledger-node: {exc}", file=sys.stderr)
         return 2
     if not is_loopback(cfg.http_host):
