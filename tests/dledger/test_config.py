@@ -76,6 +76,7 @@ FULL_CONF = (
     "listenPort=10921\n"
     "brokerIP1=192.168.1.20\n"
     "dLegerPeerConnectAddrs=a_1-10.0.0.9:50000\n"
+    "clusterId=Zq3_x-9AbCdEfGhIjKlMnO\n"
 )
 
 
@@ -116,6 +117,7 @@ def test_full_file_round_trip(tmp_path: Path) -> None:
     assert cfg.retention_check_interval_ms == 5000
     assert cfg.max_entry_body_bytes == 1 << 20
     assert (cfg.http_host, cfg.listen_port) == ("192.168.1.20", 10921)
+    assert cfg.cluster_id == "Zq3_x-9AbCdEfGhIjKlMnO"
     assert cfg.source == str(path)
     # The password never shows up in logs of the config.
     assert "p@ss" not in repr(cfg)
