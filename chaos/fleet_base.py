@@ -197,7 +197,8 @@ class FleetRun:
             rows.append({"name": m.name, "group": m.group, "node_id": m.node_id,
                          "data_dir": os.path.join(CLUSTER_SUBDIR, "data", m.group, f"dledger-{m.node_id}"),
                          **{k: st.get(k) for k in ("role", "term", "leader_id", "commit_index", "applied_index",
-                                                   "first_index", "last_index", "writable")}})
+                                                   "first_index", "last_index", "writable",
+                                                   "cluster_id")}})
         self.info["replicas"] = rows
         self.info["counts"] = {**c.snapshot(), "drained": drained.messages}
 

@@ -376,7 +376,7 @@ class Run:
                 "name": m.name, "group": m.group, "node_id": m.node_id, "pid": p.pid,
                 "alive": target.is_running(m), "data_dir": os.path.relpath(data_dir(p, target.dir), self.dir),
                 **{k: st.get(k) for k in ("role", "term", "leader_id", "commit_index", "applied_index",
-                                          "first_index", "last_index", "writable")},
+                                          "first_index", "last_index", "writable", "cluster_id")},
             })
         return rows
 

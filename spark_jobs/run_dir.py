@@ -97,6 +97,7 @@ class RunDir:
         if not replicas:
             raise UsageError(f"no replica data under {data}/<group>/dledger-<node_id>/ (see docs/CHAOS.md)")
         run = _load_run_json(path, warnings)
+        check_one_cluster(run, replicas)
         statuses = _statuses(run)
         faults = _load_faults(os.path.join(path, "faults.jsonl"), warnings)
         samples = os.path.join(hist, "samples.jsonl")
@@ -159,6 +160,34 @@ def _load_run_json(path: str, warnings: list[str]) -> dict[str, Any]:
     if not isinstance(run, dict):
         raise UsageError(f"{run_json} must hold a JSON object")
     return run
+
+
+CLUSTER_ID_FILE = "cluster_id"  # dledger/cluster_id.py's FILE_NAME (spark_jobs does not import dledger)
+
+
+def check_one_cluster(run: dict[str, Any], replicas: list[tuple[str, str, str]]) -> None:
+    """UsageError when the run's replicas belong to more than one cluster (issue 28): the cluster
+    ids recorded in the replicas' data directories and in run.json's final statuses. Replicas
+    without an id (legacy) are not compared."""
+    seen: dict[str, list[str]] = {}
+    for group, node, d in replicas:
+        try:
+            with open(os.path.join(d, CLUSTER_ID_FILE), "rb") as f:
+                cid = f.read(257).decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cid:
+            seen.setdefault(cid[:256], []).append(f"{group}-{node} (data)")
+    rows = run.get("replicas")
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("cluster_id"), str) and row["cluster_id"]:
+            seen.setdefault(row["cluster_id"][:256], []).append(f"{row.get('name', '?')} (status)")
+    if len(seen) > 1:
+        parts = "; ".join(f"{cid}: {', '.join(names[:5])}" for cid, names in sorted(seen.items()))
+        raise UsageError(
+            f"the run mixes {len(seen)} clusters ({parts}): another cluster answered on this run's ports; "
+            "its data cannot be audited as this run's (docs/OPERATIONS.md#cluster-id)"
+        )
 
 
 def _int_or_none(v: Any) -> int | None:
