@@ -244,7 +244,9 @@ async def test_batched_produce_reports_on_stdout(cluster: InProcBrokerCluster) -
     lines = out.getvalue().splitlines()
     assert any("Send TPS:" in line and "Response Failed:" in line for line in lines)
     summary = next(line for line in lines if line.startswith("Send summary"))
-    assert re.match(r"Send summary: 215 msgs in 0\.\d\d s", summary), lines  # 50 calls, 7 failed, 5 msgs each
+    # 50 calls, 7 failed, 5 msgs each; the elapsed time is the run's own (a stalled loop makes it longer than
+    # --duration, as a CI run saw: 1.02 s), so only its format is checked
+    assert re.match(r"Send summary: 215 msgs in \d+\.\d\d s", summary), lines
     assert lines[-1].startswith("CPU client (pid ")  # the client's own CPU closes the summary
 
 
