@@ -206,7 +206,7 @@ def check_time(timestamp_ms: int, now_ms: int, window_ms: int, future_ms: int) -
         )
 
 
-class _KeyNonces:
+class KeyNonces:
     """One access key's nonces: nonce -> timestamp, a heap by timestamp, and the key's floor."""
 
     __slots__ = ("by_time", "floor_ms", "seen")
@@ -239,7 +239,7 @@ class NonceWindow:
         self.window_ms = window_ms
         self.future_ms = future_ms
         self.entries_per_key_max = entries_per_key_max
-        self._keys: dict[str, _KeyNonces] = {}
+        self._keys: dict[str, KeyNonces] = {}
         self._swept_ms: int | None = None
         self.evicted = 0
 
@@ -256,7 +256,7 @@ class NonceWindow:
         self._sweep(now_ms)
         k = self._keys.get(access_key)
         if k is None:
-            k = self._keys[access_key] = _KeyNonces()
+            k = self._keys[access_key] = KeyNonces()
         k.drop_through(now_ms - self.window_ms - 1)
         if nonce in k.seen:
             raise AuthError(401, "REPLAYED_REQUEST", "this signed request was already received (nonce reused)")

@@ -53,6 +53,7 @@ from broker.protocol.auth import (
     NONCES_PER_KEY_MAX_DEFAULT,
     WINDOW_MS_DEFAULT,
     AuthError,
+    KeyNonces,
     SignedHeader,
 )
 from broker.serving.security import SIGNED
@@ -75,22 +76,6 @@ def nonce_command(signed: SignedHeader, leader_ms: int, bodies: int) -> bytes:
                            "ts": signed.timestamp_ms, "now": leader_ms, "n": bodies})
 
 
-class _Key:
-    __slots__ = ("by_time", "floor_ms", "seen")
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}  # nonce -> timestamp
-        self.by_time: list[tuple[int, str]] = []
-        self.floor_ms = -1
-
-    def drop_through(self, ts_ms: int) -> None:
-        heap, seen = self.by_time, self.seen
-        while heap and heap[0][0] <= ts_ms:
-            t, n = heapq.heappop(heap)
-            if seen.get(n) == t:
-                del seen[n]
-
-
 class NonceLog:
     """The replicated nonce set. ``apply`` / ``restore_*`` on the apply thread; ``check`` from any."""
 
@@ -105,7 +90,7 @@ class NonceLog:
         self.per_key_max = per_key_max
         self._lock = threading.Lock()
         self._m = 0  # the newest leader time applied
-        self._keys: dict[str, _Key] = {}
+        self._keys: dict[str, KeyNonces] = {}
         self._by_time: list[tuple[int, str, str]] = []  # (ts, ak, nonce), for aging by M
         # (log index, position, ak, nonce) in log order: the front is the oldest remembered entry
         self._order: collections.deque[tuple[int, int, str, str]] = collections.deque()
@@ -178,7 +163,7 @@ class NonceLog:
     def _add(self, ak: str, nonce: str, ts: int, index: int, position: int) -> None:
         k = self._keys.get(ak)
         if k is None:
-            k = self._keys[ak] = _Key()
+            k = self._keys[ak] = KeyNonces()
         k.seen[nonce] = ts
         heapq.heappush(k.by_time, (ts, nonce))
         heapq.heappush(self._by_time, (ts, ak, nonce))
@@ -237,7 +222,7 @@ class NonceLog:
             cp = checkpoint or {}
             self._m = int(cp.get("m", 0))
             for ak, floor in dict(cp.get("floors") or {}).items():
-                self._keys.setdefault(str(ak), _Key()).floor_ms = int(floor)
+                self._keys.setdefault(str(ak), KeyNonces()).floor_ms = int(floor)
             self._skipped = dict.fromkeys(int(p) for p in cp.get("skipped") or [])
             from_index = int(cp.get("from_index", 0))
             return (from_index, int(cp.get("from_position", 0))) if from_index > 0 else None
