@@ -588,6 +588,21 @@ def context_switches(pid: int) -> int | None:
     return total
 
 
+_TICKS_S = os.sysconf("SC_CLK_TCK")
+
+
+def user_system_s(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of every thread of ``pid`` so far (None: gone): the split of
+    ``cpu_usage.cpu_seconds``, to tell the kernel's share (fdatasync, TCP) from Python's."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        return int(fields[11]) / _TICKS_S, int(fields[12]) / _TICKS_S
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class ClientSide(asyncio.Protocol):
     """The client's connection: the requests of one loop turn go in one write; answers resolve
     their futures."""
@@ -680,6 +695,7 @@ async def client_main(args: argparse.Namespace) -> dict[str, Any]:
             t.result()  # a sender failed: the run is broken
         cpu = CpuSampler(procs)
         switches = {name: context_switches(pid) for name, pid in procs.items()}
+        split = {name: user_system_s(pid) for name, pid in procs.items()}
         cpu.start()
         t_start = time.perf_counter()
         state["recording"] = True
@@ -692,6 +708,10 @@ async def client_main(args: argparse.Namespace) -> dict[str, Any]:
             before, after = switches[name], context_switches(pid)
             per = None if before is None or after is None or not messages else round((after - before) / messages, 2)
             used[name]["ctx_switches_per_msg"] = per
+            a, b = split[name], user_system_s(pid)
+            for i, key in enumerate(("user_us_per_msg", "system_us_per_msg")):
+                used[name][key] = None if a is None or b is None or not messages else round(
+                    (b[i] - a[i]) * 1e6 / messages, 1)  # fmt: skip
         for t in done:
             t.result()
         state["stop"] = True
@@ -877,7 +897,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
         cpu = case["cpu"]
         order = [n for n in (CLIENT, "leader", *FOLLOWERS) if n in cpu]
-        lines.append("  CPU µs/msg: " + ", ".join(f"{n} {cpu[n]['cpu_us_per_msg']}" for n in order))
+        lines.append("  CPU µs/msg (user + system): " + ", ".join(
+            f"{n} {cpu[n]['cpu_us_per_msg']} ({cpu[n]['user_us_per_msg']} + {cpu[n]['system_us_per_msg']})"
+            for n in order))  # fmt: skip
         lines.append("  context switches/msg: " + ", ".join(f"{n} {cpu[n]['ctx_switches_per_msg']}" for n in order))
     return "\n".join(lines)
 

@@ -125,11 +125,12 @@ def test_a_short_run_reports_every_process_and_ends_them(capsys: pytest.CaptureF
         assert case["rt_ms"]["p50"] <= case["rt_ms"]["p99"] <= case["rt_ms"]["max"]
         assert set(case["cpu"]) == {"client", "leader", "follower-1", "follower-2"}
         for name, cpu in case["cpu"].items():
-            assert cpu["cpu_us_per_msg"] is not None and cpu["ctx_switches_per_msg"] is not None, (name, cpu)
+            for key in ("cpu_us_per_msg", "user_us_per_msg", "system_us_per_msg", "ctx_switches_per_msg"):
+                assert cpu[key] is not None, (name, key, cpu)
             assert _gone(cpu["pid"]), f"{name} (pid {cpu['pid']}) still runs"
     assert list(tmp_path.iterdir()) == []  # each case's files are removed
 
     assert main(["hop-floor", "--senders", "2", "--duration", "1", "--warmup", "0.2", "--sync", "inline"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("hop-floor: --sync inline, codec raw, crypto off, 1024-byte bodies"), text
-    assert "2 senders: " in text and "CPU µs/msg: client " in text and "follower-2 " in text, text
+    assert "2 senders: " in text and "CPU µs/msg (user + system): client " in text and "follower-2 " in text, text
