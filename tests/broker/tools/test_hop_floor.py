@@ -134,3 +134,44 @@ def test_a_short_run_reports_every_process_and_ends_them(capsys: pytest.CaptureF
     text = capsys.readouterr().out
     assert text.startswith("hop-floor: --sync inline, codec raw, crypto off, 1024-byte bodies"), text
     assert "2 senders: " in text and "CPU µs/msg (user + system): client " in text and "follower-2 " in text, text
+
+
+class _Sent:
+    """Stands in for a link or a client connection: records what the leader writes to it."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def send(self, payload: bytes) -> None:
+        self.frames.append(payload)
+
+    write = send
+
+
+async def test_the_leader_replicates_a_turn_in_one_frame_and_answers_on_a_majority(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    ending = hop_floor._Ending(loop)
+    codec = hop_floor.RawCodec()
+    fd = os.open(tmp_path / "leader.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    leader = hop_floor.Leader(loop, codec, fd, "inline", ending)
+    links, client = [_Sent(), _Sent()], _Sent()
+    leader.links, leader.acked = links, [0, 0]  # type: ignore[assignment]
+    try:
+        for req_id in (10, 11, 12):  # one loop turn
+            leader.on_request(client, req_id, b"m%d" % req_id)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the turn ends: the batch goes
+        assert [len(link.frames) for link in links] == [1, 1]
+        first, count, records = codec.parse_append(links[0].frames[0])
+        assert (first, count) == (1, 3) and links[0].frames == links[1].frames
+        assert (tmp_path / "leader.log").read_bytes() == bytes(records)  # the leader's own copy
+        assert client.frames == []  # durable on the leader alone: not yet a majority
+        leader.on_ack(1, 2)
+        answers = hop_floor.FrameReader().feed(b"".join(client.frames))
+        assert [codec.parse_answer(a) for a in answers] == []  # the batch is answered as a whole (up to 3)
+        leader.on_ack(0, 3)
+        answers = hop_floor.FrameReader().feed(b"".join(client.frames))
+        assert [codec.parse_answer(a) for a in answers] == [(10, 1), (11, 2), (12, 3)]
+        assert len(client.frames) == 1  # one write per client connection
+    finally:
+        os.close(fd)
+    assert not ending.future.done()
