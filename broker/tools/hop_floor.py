@@ -910,6 +910,9 @@ def run_hop_floor(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"mq-bench hop-floor: INVALID_ARGUMENT: --senders: {exc}", file=sys.stderr)
         return 2
+    if args.dir is not None and not os.path.isdir(args.dir):
+        print(f"mq-bench hop-floor: INVALID_ARGUMENT: --dir: {args.dir!r} is not a directory", file=sys.stderr)
+        return 2
     if args.codec == "msgpack" or args.crypto:
         try:
             if args.codec == "msgpack":

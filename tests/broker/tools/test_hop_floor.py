@@ -97,11 +97,13 @@ async def test_the_syncer_covers_everything_written(mode: str, tmp_path: Path) -
     assert synced == ([1, 3] if mode == "thread" else [1, 2, 3])
 
 
-def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     for argv in (["hop-floor", "--senders", "0"], ["hop-floor", "--senders", "1,x"],
-                 ["hop-floor", "--sync", "later"], ["hop-floor", "--duration", "0"]):  # fmt: skip
+                 ["hop-floor", "--sync", "later"], ["hop-floor", "--duration", "0"],
+                 ["hop-floor", "--dir", str(tmp_path / "missing")]):  # fmt: skip
         assert main(argv) == 2, argv
-    assert "--senders" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--senders" in err and "--dir" in err
 
 
 def _gone(pid: int) -> bool:
