@@ -12,8 +12,8 @@ frames parsed from each read, no pickle). Per message (``--size`` bytes, 1 KiB b
 
 Whatever arrives in one loop turn travels together, as in the product: the leader replicates the
 requests of one turn as one frame per follower and answers them in one write; a follower writes
-and syncs the frames of one read together and acks once; the client writes the requests of one
-turn at once. ``--sync``: ``inline`` (fdatasync on the loop), ``thread`` (one flusher thread per
+each frame of one read, then syncs and acks once for them all; the client writes the requests of
+one turn at once. ``--sync``: ``inline`` (fdatasync on the loop), ``thread`` (one flusher thread per
 process with group commit, as ``dledger/flusher.py``: one job in flight, the next covers what was
 written meanwhile, its completion one ``call_soon_threadsafe``), ``none`` (no fdatasync).
 ``--crypto``: every peer frame sealed with AES-256-GCM (a key per direction, the nonce the frame's
@@ -385,6 +385,8 @@ class FollowerSide(asyncio.Protocol):
             self.syncer.wrote(last)
 
     def _ack(self, index: int) -> None:
+        if self.transport.is_closing():  # a flush that completed after the leader left
+            return
         plain = self.codec.ack(index)
         self.transport.write(frame(self.sealer.seal(plain) if self.sealer is not None else plain))
 
