@@ -522,7 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mq-bench",
         description="Benchmark a DLedger-mode cluster (RocketMQ's benchmark/producer.sh and consumer.sh).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="produce|consume|failover|stability|versus-nats|transaction")
+    sub = parser.add_subparsers(
+        dest="command", metavar="produce|consume|failover|stability|versus-nats|transaction|hop-floor"
+    )
 
     def common(p: argparse.ArgumentParser) -> None:
         add_namesrv_argument(p)
@@ -588,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.tools.txn_bench import add_parser as add_transaction
 
     add_transaction(sub, _positive)
+    from broker.tools.hop_floor import add_parser as add_hop_floor
+
+    add_hop_floor(sub, _positive)
     return parser
 
 
@@ -613,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.tools.versus_bench import run_versus
 
         return run_versus(args)
+    if args.command == "hop-floor":
+        from broker.tools.hop_floor import run_hop_floor
+
+        return run_hop_floor(args)
     if args.command == "stability":
         from broker.tools.stability_bench import run_stability
 
