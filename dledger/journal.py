@@ -36,6 +36,7 @@ from dledger.meta_store import FileMetaStore, JournalError, MetaStore
 log = logging.getLogger(__name__)
 
 NO_OP = b"\x01"
+_MEMBERSHIP_BYTE = b"M"  # dledger.membership.MEMBERSHIP_TYPE
 
 __all__ = ["NO_OP", "JournalError", "LazyEntry", "RaftJournal"]
 
@@ -142,6 +143,13 @@ class RaftJournal:
         self.after_truncate: Callable[[int], None] | None = None
         self.truncations_skipped = 0
         self.entries_truncated = 0
+        # Told of every membership entry SyncObj appends (a follower's; the leader appends its own
+        # through the replica): ``(index, term, body)``, after the entry is in the store.
+        self.on_membership: Callable[[int, int, bytes], None] | None = None
+
+    @property
+    def meta(self) -> MetaStore:
+        return self._meta
 
     # -- positions <-> indexes --------------------------------------------------------------
     def _first_visible(self) -> int:
@@ -178,6 +186,8 @@ class RaftJournal:
     # -- mutation (the replica's thread only) ------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
         self.store.append(idx, term, bytes(command))
+        if command[:1] == _MEMBERSHIP_BYTE and self.on_membership is not None:
+            self.on_membership(idx, term, bytes(command))
 
     def clear(self) -> None:
         # SyncObj calls this only when loading a snapshot, which dledger never makes.

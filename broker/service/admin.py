@@ -32,6 +32,7 @@ from broker.service.consumers import (
 )
 from broker.store.message import check_group, check_int, check_topic, encodable, encode_command
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
+from dledger.membership import MembershipError, check_membership_request
 
 log = logging.getLogger("broker.service")
 
@@ -550,3 +551,18 @@ class AdminOps(ServiceBase):
             return target  # already there: nothing to do
         leader: str | None = await node.transfer_leadership(target)
         return leader
+
+    @translated
+    async def membership(self) -> dict[str, Any]:
+        """The group's membership as this replica holds it (issue 27): voters, learners, the log
+        entry that set it, where it came from."""
+        return dict(await self.s.node.membership())
+
+    @translated
+    async def change_membership(self, payload: Any) -> dict[str, Any]:
+        """One membership change through the log (the leader only): ``{op, id, address?}``."""
+        try:
+            op, peer_id, address = check_membership_request(payload)
+            return dict(await self.s.node.change_membership(op, peer_id, address))
+        except MembershipError as exc:
+            raise ProtocolError(exc.code, str(exc), 400 if exc.code == "BAD_REQUEST" else 409) from None
