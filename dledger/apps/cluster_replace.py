@@ -202,14 +202,15 @@ def cmd_replace(args: argparse.Namespace, *, load_state: Any, save_state: Any, l
     try:
         deadline = started + args.wait
         leader, _st = _leader(live, deadline)
-        _membership_call(leader, root, {"op": "add_learner", "id": new_id, "address": raft_addr})
+        added = _membership_call(leader, root, {"op": "add_learner", "id": new_id, "address": raft_addr})
+        added_at = int(added.get("index") or 0)  # the entry that made it a learner: the whole log before it
         out["learner_added_s"] = round(SYSTEM.monotonic() - started, 3)
         last_print = 0.0
         while True:  # caught up: the leader's view of its lag
             leader, st = _leader(live, deadline)
             peer = (st.get("peers") or {}).get(new_id) or {}
-            lag = peer.get("lag")
-            if lag is not None and lag <= args.max_lag and peer.get("connected"):
+            lag, match = peer.get("lag"), peer.get("match_index") or 0
+            if lag is not None and lag <= args.max_lag and match >= added_at and peer.get("connected"):
                 break
             now = SYSTEM.monotonic()
             if now >= deadline:
@@ -221,8 +222,6 @@ def cmd_replace(args: argparse.Namespace, *, load_state: Any, save_state: Any, l
             time.sleep(0.2)
         out["caught_up_s"] = round(SYSTEM.monotonic() - started, 3)
         out["log_entries"] = st.get("last_index")
-        new_st = _status(info) or {}
-        out["log_bytes_received"] = new_st.get("bytes_stored")
         while True:  # promote: retried while the leader finds it behind (writes go on meanwhile)
             leader, _st = _leader(live, deadline)
             try:
@@ -236,6 +235,7 @@ def cmd_replace(args: argparse.Namespace, *, load_state: Any, save_state: Any, l
         answer = _membership_call(leader, root, {"op": "remove", "id": old.node_id})
         out["seconds"] = round(SYSTEM.monotonic() - started, 3)
         out["membership"] = {k: answer.get(k) for k in ("voters", "learners", "index")}
+        out["log_bytes_received"] = (_status(info) or {}).get("bytes_stored")  # a bare node's status has it
     except ReplaceError as exc:
         print(f"dledger-cluster: replace {old.name}: {exc}; {name} stays recorded (pid {info.pid}); the group's "
               f"membership: GET /v1/status of a replica", file=sys.stderr)
