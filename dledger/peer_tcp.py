@@ -34,8 +34,11 @@ SHA-256(psk), says which); so replicas switch one at a time without losing a lin
 
 Both sides prove they hold the password; each learns that the other is the configured peer it
 claims to be (ids are the Raft addresses of the members in force: dLegerPeers, then the
-membership entries of the log, issue 27; an unknown id is refused, so a member that joins is
-accepted only once the log lists it, and still only with the group's password); fresh nonces and
+membership entries of the log, issue 27); a peer whose id is not a member here but that proves
+the password is accepted as a *stranger* (a replica that missed a membership change must still
+hear a new member that leads; a removed member): the replica counts nothing it says (its votes
+and pre-votes are ignored, nothing is replicated to it; see ``DLedgerSyncObj.dl_node_for``), and
+it is never dialled. Without the password nobody gets that far; fresh nonces and
 ephemeral keys per connection give freshness (a recorded session cannot be replayed) and forward
 secrecy. After the handshake every frame is AES-256-GCM with a per-direction key and a nonce that
 is the frame's sequence number, so a frame replayed, dropped or reordered inside a session fails
@@ -382,8 +385,8 @@ class TcpPeerTransport(Transport):
         self._strangers.pop(node.address, None)
 
     def dropNode(self, node: Any) -> None:
-        """A member left: its link is closed and its connections are refused from now on
-        (``unknown peer``): a removed replica cannot disrupt the group."""
+        """A member left: its link is closed; if it comes back (it holds the password) it is a
+        stranger: counted for nothing, its votes ignored (a removed replica cannot disrupt the group)."""
         self._nodes.pop(node.address, None)
         self._last_connect.pop(node.address, None)
         for conn in list(self._conns.values()):
