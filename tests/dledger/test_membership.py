@@ -313,3 +313,28 @@ async def test_a_removed_member_does_not_disrupt_the_group(tmp_path: Any) -> Non
         await _committed_everywhere(others, locs[0].index, "the group to commit without it")
     finally:
         await c.stop()
+
+
+async def test_a_follower_that_missed_the_change_catches_up_from_a_new_member_that_leads(tmp_path: Any) -> None:
+    """Found by the simulator: a replica down while a learner was added and promoted does not know
+    the new member; once that member leads, the replica must still take its AppendEntries (it
+    proves the password: accepted as a stranger) and so learn the change from the log."""
+    g = Group(str(tmp_path))
+    c = g.c
+    await c.start()
+    try:
+        leader = await c.leader()
+        away = c.followers(leader)[0].settings.self_id
+        await c.stop_node(away)
+        n3 = await g.learner("n3")
+        await leader.change_membership("add_learner", "n3", g.address("n3"))
+        await wait_until(lambda: n3.commit_index >= leader.commit_index, 15, "the learner to catch up")
+        await _promote(leader, "n3")
+        assert await leader.transfer_leadership("n3", timeout_s=10) == "n3"
+        locs = await n3.append([b"led-by-the-new-member"])
+        back = await c.start_node(away)  # its log and dLegerPeers know nothing of n3
+        await wait_until(lambda: back.commit_index >= locs[0].index, 30, "the returning follower to catch up")
+        st = await back.status()
+        assert st["membership"]["voters"].keys() == {*c.ids, "n3"} and st["leader_id"] == "n3"
+    finally:
+        await c.stop()
