@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.client import CONSUME_SUCCESS, Message, Producer, PushConsumer
-from broker.client.transport import ClientError
+from broker.client.transport import ClientError, NamesrvClient, Transport
 from dledger.apps.cluster import is_running
 from dledger.waiting import wait_until
 from tests.broker.procs import REPO, ProcCluster
@@ -82,6 +82,19 @@ async def test_replace_a_dead_follower_under_load_then_lose_the_old_leader(tmp_p
                 # the run files know the new member; the operator's view of the group
                 names = {p.name for p in c.processes()}
                 assert new_name in names and dead not in names
+                # The new replica registers at the NameServer (its broker id: the dead one's place
+                # in dLegerPeers + 1, taken over in place), so clients route to it like any replica.
+                new_proc = next(p for p in c.processes() if p.name == new_name)
+                t = Transport(timeout_s=3.0, credentials=c.credentials)
+                try:
+                    async def registered() -> bool:
+                        info = await NamesrvClient(c.namesrv_addr, t).clusters(timeout_s=2.0)
+                        bd = info.brokers.get(GROUP)
+                        return bd is not None and f"127.0.0.1:{new_proc.http_port}" in bd.broker_addrs.values()
+
+                    await wait_until(registered, 60, "the new replica registered at the NameServer")
+                finally:
+                    await t.close()
                 view = json.loads(mqadmin(c, "getReplicas", "-m", GROUP, "--json").stdout)
                 roles = {r["id"]: r["role"] for r in view["replicas"]}
                 assert roles[new_id] == "voter" and view["membership"]["committed"]
