@@ -164,6 +164,9 @@ class ReplicaCore:
         self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
         self._self_address = settings.peers[settings.self_id]
         self.membership, self.membership_source = self._load_membership()
+        for placed in self.membership.placed:  # leaders named by members dLegerPeers does not list
+            for pid, addr in placed.membership.voters + placed.membership.learners:
+                self._addr_to_id.setdefault(addr, pid)
         self._install_membership: mship.Placed | None = None  # from the leader, for the next install
         self.sync: DLedgerSyncObj | None = None
         self._owner: int | None = None  # the thread that opened it (see _owned)

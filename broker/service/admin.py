@@ -545,8 +545,9 @@ class AdminOps(ServiceBase):
     async def transfer_leadership(self, target: str | None) -> str | None:
         """Hand leadership to ``target`` (a peer id) or to the best follower (None); the new leader."""
         node = self.s.node
-        if target is not None and (not isinstance(target, str) or target not in node.settings.peers):
-            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}", 400)
+        voters = node.core.membership.current.membership.voter_ids  # issue 27: the membership in force
+        if target is not None and (not isinstance(target, str) or target not in voters):
+            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(voters)}", 400)
         if target is not None and target == node.leader_id == node.settings.self_id:
             return target  # already there: nothing to do
         leader: str | None = await node.transfer_leadership(target)

@@ -336,5 +336,9 @@ async def test_a_follower_that_missed_the_change_catches_up_from_a_new_member_th
         await wait_until(lambda: back.commit_index >= locs[0].index, 30, "the returning follower to catch up")
         st = await back.status()
         assert st["membership"]["voters"].keys() == {*c.ids, "n3"} and st["leader_id"] == "n3"
+        # Restarted again, still from a dLegerPeers without n3: the saved membership names its leader.
+        await c.stop_node(away)
+        again = await c.start_node(away)
+        await wait_until(lambda: again.leader_id == "n3", 15, "the restarted follower to name its leader n3")
     finally:
         await c.stop()
