@@ -259,6 +259,7 @@ class ReplicaCore:
         self.sync = sync
         self.journal.after_truncate = self._after_truncate
         self.journal.on_membership = self._on_membership_entry
+        self.journal.on_membership_undone = self._membership_undone
         applied = self._sm.applied_index() if self._sm is not None else 0
         self.applied_index = max(applied, self.store.anchor[0])
         sync.dl_skip_replay(self.applied_index)
@@ -406,6 +407,11 @@ class ReplicaCore:
         self.membership.append(mship.Placed(index, term, members))
         self._membership_changed(f"log entry {index} (term {term})")
 
+    def _membership_undone(self, index: int) -> None:
+        """The entry of a membership saved a moment ago could not be stored: it is not in force."""
+        if self.membership.truncate_from(index):
+            self._membership_changed(f"entry {index} not stored")
+
     def _membership_changed(self, why: str) -> None:
         cur = self.membership.current
         self.journal.meta.save_membership(self.membership.encode())  # durable before it is used
@@ -472,13 +478,16 @@ class ReplicaCore:
         term = int(sync.raftCurrentTerm)
         body = mship.encode(new)
         index = self.store.last_index + 1
+        # Saved before the entry is written (see RaftJournal.add): a restart drops a saved
+        # membership whose entry is missing, never misses one whose entry is there.
+        self.membership.append(mship.Placed(index, term, new))
+        self._membership_changed(f"log entry {index} (term {term}), {op} {peer_id}")
         try:
             self.store.append(index, term, body)
         except StoreFullError as exc:
+            self._membership_undone(index)
             sync.dl_block_writes(exc)
             raise DiskFullError(f"no room in the log for the membership change ({exc})") from exc
-        self.membership.append(mship.Placed(index, term, new))
-        self._membership_changed(f"log entry {index} (term {term}), {op} {peer_id}")
         req = Request([], 0, done, self._clock.monotonic())
         self._waiting.append(_Waiting(index, term, [(req, [])]))
         self._waiting_indexes.add(index)

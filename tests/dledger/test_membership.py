@@ -114,6 +114,33 @@ def test_the_install_membership_message_has_a_fixed_schema() -> None:
         peer_codec.decode(peer_codec.encode({**msg, "config": b"x" * (peer_codec.MAX_CONFIG_BYTES + 1)}))
 
 
+def test_a_membership_is_saved_before_its_entry_is_written_and_undone_if_it_is_not() -> None:
+    """A crash between the two must leave a saved membership whose entry is missing (a restart drops
+    it), never an entry whose membership a restart would not take."""
+    from dledger.journal import RaftJournal
+    from dledger.log_store import StoreFullError
+    from dledger.memory_store import MemoryLogStore
+
+    store = MemoryLogStore()
+    journal = RaftJournal(store, MemoryMetaStore())
+    seen: list[int] = []
+    undone: list[int] = []
+    journal.on_membership = lambda index, _term, _body: seen.append(store.last_index)
+    journal.on_membership_undone = undone.append
+    body = mship.encode(mship.Membership.of(A))
+    journal.add(b"\x01", 1, 1)
+    journal.add(body, 2, 1)
+    assert seen == [1] and store.last_index == 2  # told (and saved) while the log ended at 1
+
+    def full(*_args: Any) -> None:
+        raise StoreFullError("no room", needed=100)
+
+    store.append = full  # type: ignore[method-assign]
+    with pytest.raises(StoreFullError):
+        journal.add(body, 3, 1)
+    assert undone == [3]
+
+
 # -- in-process groups on real sockets -----------------------------------------------------------
 class Group:
     """n0..n2 started from dLegerPeers; ``learner(nid)`` starts one more replica that joins as a
