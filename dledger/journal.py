@@ -36,7 +36,7 @@ from dledger.meta_store import FileMetaStore, JournalError, MetaStore
 log = logging.getLogger(__name__)
 
 NO_OP = b"\x01"
-_MEMBERSHIP_BYTE = b"M"  # dledger.membership.MEMBERSHIP_TYPE
+_MEMBERSHIP_TYPE = 0x4D  # b"M": dledger.membership.MEMBERSHIP_TYPE
 
 __all__ = ["NO_OP", "JournalError", "LazyEntry", "RaftJournal"]
 
@@ -186,7 +186,7 @@ class RaftJournal:
 
     # -- mutation (the replica's thread only) ------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
-        if command[:1] != _MEMBERSHIP_BYTE or self.on_membership is None:
+        if not command or command[0] != _MEMBERSHIP_TYPE or self.on_membership is None:  # one int compare
             self.store.append(idx, term, bytes(command))
             return
         # A membership is saved (durably) before its entry is written: a crash between the two

@@ -30,6 +30,9 @@ def test_membership_entry_round_trips_and_is_not_a_batch() -> None:
     from dledger import command_codec
 
     assert not command_codec.is_batch(body)  # state machines see a no-op
+    from dledger import journal
+
+    assert journal._MEMBERSHIP_TYPE == mship.MEMBERSHIP_TYPE  # the journal tells them apart by this byte
 
 
 @pytest.mark.parametrize(
