@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from chaos import fleet, plants, rolling
+from chaos import fleet, plants, replace, rolling
 from chaos.drill import DrillError, DrillOptions, run_drill
 from chaos.faults import (
     CRASH_GATES,
@@ -153,13 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     rolling.add_parser(sub, _bounded, _port_base)  # chaos/rolling.py
     fleet.add_parser(sub, _bounded, _port_base)  # chaos/fleet.py
+    replace.add_parser(sub, _bounded, _port_base)  # chaos/replace.py (issue 27 part 4)
     sub.add_parser("faults", help="list the fault names and the standard mix")
     sub.add_parser("plants", help="list the deliberate defects --plant can put in (sensitivity tests)")
     return parser
 
 
 FLEET_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "rolling-restart": rolling.run_from_args, "grow-shrink": fleet.run_from_args}
+    "rolling-restart": rolling.run_from_args, "grow-shrink": fleet.run_from_args,
+    "replace": replace.run_from_args}
 
 
 def _skew(text: str) -> tuple[float, float]:

@@ -62,6 +62,7 @@ DLEDGER_KEYS: frozenset[str] = frozenset(
         "brokerIP1",
         "dLegerPeerConnectAddrs",
         "clusterId",
+        "dLegerLearner",
     }
 )
 
@@ -159,6 +160,9 @@ class DLedgerConfig:
     peer_password_previous: str | None = field(default=None, repr=False)
     # clusterId: which cluster this node belongs to (None: legacy, no id). See docs/OPERATIONS.md.
     cluster_id: str | None = None
+    # dLegerLearner=true: this replica joins its group as a learner (issue 27, docs/OPERATIONS.md
+    # "Replacing a replica"); once the group's log has a membership, the log decides.
+    learner: bool = False
 
     @property
     def node_dir(self) -> str:
@@ -472,6 +476,7 @@ def parse_dledger_config(
         source=source,
         peer_connect_addrs=connect_addrs,
         cluster_id=cluster_id,
+        learner=r.boolean("dLegerLearner", False),
     )
 
 
@@ -496,6 +501,7 @@ def settings_from_config(cfg: DLedgerConfig) -> RaftSettings:
         password=cfg.peer_password,
         password_previous=cfg.peer_password_previous,
         cluster_id=cfg.cluster_id,
+        learner=cfg.learner,
         flush_policy=cfg.flush_policy,
         flush_interval_ms=cfg.flush_interval_ms,
         segment_bytes=cfg.segment_bytes,

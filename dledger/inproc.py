@@ -49,6 +49,8 @@ class InProcTransport(Transport):
         self.address: str = self_node.address
         self._network = network
         self._nodes = {n.address: n for n in other_nodes}
+        self._strangers: dict[str, Any] = {}  # peers that are not members here (see drain)
+        self._sync = sync_obj
         self._inbox: collections.deque[tuple[str, str, bytes]] = collections.deque()
         self._wake = wake
         self._ready = False
@@ -79,10 +81,20 @@ class InProcTransport(Transport):
         self._ready = False
 
     def addNode(self, node: Any) -> None:
-        raise NotImplementedError("dledger groups have fixed membership")
+        """A member joined (issue 27): the link comes up if both ends are attached."""
+        self._nodes[node.address] = node
+        self._strangers.pop(node.address, None)
+        connect = getattr(self._network, "connect", None)
+        if connect is not None and self._ready:
+            connect(self.address, node.address)
 
     def dropNode(self, node: Any) -> None:
-        raise NotImplementedError("dledger groups have fixed membership")
+        """A member left: it is no member here any more, but the link stays (as a TCP peer that
+        holds the password reconnects and is accepted): what it sends is handled as a stranger's
+        (DLedgerSyncObj.dl_node_for: its votes ignored, its AppendEntries answered by the term)."""
+        known = self._nodes.pop(node.address, None)
+        if known is not None and node.address in self._up:
+            self._strangers[node.address] = known
 
     def pending_bytes(self, node: Any) -> int:
         return 0
@@ -106,9 +118,16 @@ class InProcTransport(Transport):
         while self._inbox and n < max_items:
             kind, src, payload = self._inbox.popleft()
             n += 1
-            node = self._nodes.get(src)
+            node = self._nodes.get(src) or self._strangers.get(src)
             if node is None:
-                continue
+                if kind != "up":
+                    continue
+                # Not a member here (yet): see DLedgerSyncObj.dl_node_for (a network link is
+                # "authenticated" in process).
+                node_for = getattr(self._sync, "dl_node_for", None)
+                if node_for is None:
+                    continue
+                node = self._strangers[src] = node_for(src)
             if kind == "msg":
                 if src not in self._up:
                     continue  # sent over a connection that has since gone down
@@ -123,6 +142,7 @@ class InProcTransport(Transport):
                 self._onNodeConnected(node)
             elif kind == "down" and src in self._up:
                 self._up.discard(src)
+                self._strangers.pop(src, None)
                 self._onNodeDisconnected(node)
         return n
 
@@ -141,8 +161,10 @@ class InProcNetwork:
     def attach(self, transport: InProcTransport) -> None:
         with self._lock:
             self._transports[transport.address] = transport
-            for peer in transport.peer_addresses:
-                if self._linked(transport.address, peer):
+            # Linked with every replica either side lists (issue 27: see SimNetwork.attach).
+            listing = [a for a, t in self._transports.items() if transport.address in t.peer_addresses]
+            for peer in sorted(set(transport.peer_addresses) | set(listing)):
+                if peer != transport.address and self._linked(transport.address, peer):
                     transport.post("up", peer)
                     self._transports[peer].post("up", transport.address)
 
@@ -151,9 +173,8 @@ class InProcNetwork:
             transport = self._transports.pop(address, None)
             if transport is None:
                 return
-            for peer in transport.peer_addresses:
-                other = self._transports.get(peer)
-                if other is not None:
+            for peer, other in self._transports.items():  # everyone it was linked with (see attach)
+                if peer in transport.peer_addresses or address in other.peer_addresses or other.is_up(address):
                     other.post("down", address)
 
     def deliver(self, src: str, dst: str, frame: bytes) -> bool:
@@ -162,6 +183,13 @@ class InProcNetwork:
                 return False
             self._transports[dst].post("msg", src, frame)
             return True
+
+    def connect(self, a: str, b: str) -> None:
+        """``a`` learned of member ``b``: both ends hear the link come up (if both attached)."""
+        with self._lock:
+            if self._linked(a, b):
+                self._transports[a].post("up", b)
+                self._transports[b].post("up", a)
 
     def cut(self, a: str, b: str) -> None:
         """Partition ``a`` from ``b`` (both directions)."""

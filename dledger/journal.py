@@ -36,6 +36,7 @@ from dledger.meta_store import FileMetaStore, JournalError, MetaStore
 log = logging.getLogger(__name__)
 
 NO_OP = b"\x01"
+_MEMBERSHIP_TYPE = 0x4D  # b"M": dledger.membership.MEMBERSHIP_TYPE
 
 __all__ = ["NO_OP", "JournalError", "LazyEntry", "RaftJournal"]
 
@@ -142,6 +143,14 @@ class RaftJournal:
         self.after_truncate: Callable[[int], None] | None = None
         self.truncations_skipped = 0
         self.entries_truncated = 0
+        # Told of every membership entry SyncObj appends (a follower's; the leader appends its own
+        # through the replica): ``(index, term, body)``, after the entry is in the store.
+        self.on_membership: Callable[[int, int, bytes], None] | None = None
+        self.on_membership_undone: Callable[[int], None] | None = None  # its entry could not be stored
+
+    @property
+    def meta(self) -> MetaStore:
+        return self._meta
 
     # -- positions <-> indexes --------------------------------------------------------------
     def _first_visible(self) -> int:
@@ -177,7 +186,19 @@ class RaftJournal:
 
     # -- mutation (the replica's thread only) ------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
-        self.store.append(idx, term, bytes(command))
+        if not command or command[0] != _MEMBERSHIP_TYPE or self.on_membership is None:  # one int compare
+            self.store.append(idx, term, bytes(command))
+            return
+        # A membership is saved (durably) before its entry is written: a crash between the two
+        # leaves a saved membership whose entry is missing, which a restart drops (the other
+        # order would leave an entry in the log whose membership a restart never took).
+        self.on_membership(idx, term, bytes(command))
+        try:
+            self.store.append(idx, term, bytes(command))
+        except BaseException:
+            if self.on_membership_undone is not None:
+                self.on_membership_undone(idx)
+            raise
 
     def clear(self) -> None:
         # SyncObj calls this only when loading a snapshot, which dledger never makes.

@@ -24,6 +24,7 @@ log = logging.getLogger("dledger.journal")
 
 _TERM_FILE = "raft_term"
 _COMMIT_FILE = "raft_commit"
+_MEMBERSHIP_FILE = "membership"
 TERM_RECORD = struct.Struct("<QH")  # term, length of votedFor, then votedFor utf-8, then crc32
 COMMIT_RECORD = struct.Struct("<QI")  # commit index, crc32
 
@@ -40,6 +41,13 @@ class MetaStore(Protocol):
     def save_term_vote(self, term: int, voted_for: str | None) -> None: ...
 
     def save_commit_hint(self, commit_index: int) -> None: ...
+
+    def save_membership(self, record: bytes) -> None:
+        """The group's memberships as the log set them (``membership.MembershipHistory``): durable
+        on return (a restart must not fall back to dLegerPeers once retention dropped the entry)."""
+        ...
+
+    def load_membership(self) -> bytes | None: ...
 
 
 class FileMetaStore:
@@ -77,6 +85,16 @@ class FileMetaStore:
             self._hint_skipped = True
         else:
             self._hint_skipped = False
+
+    def save_membership(self, record: bytes) -> None:
+        replace_reserving(os.path.join(self._dir, _MEMBERSHIP_FILE), record)
+
+    def load_membership(self) -> bytes | None:
+        try:
+            with open(os.path.join(self._dir, _MEMBERSHIP_FILE), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
     def _load_term(self) -> tuple[int, str | None]:
         path = os.path.join(self._dir, _TERM_FILE)
@@ -118,6 +136,7 @@ class MemoryMetaStore:
         self.term = 0
         self.voted_for: str | None = None
         self.commit_hint = 0
+        self.membership: bytes | None = None  # durable when saved (fsynced in the file store)
         self._durable: tuple[int, str | None] = (0, None)
         self._durable_commit = 0
         # The simulator's planted "vote not durable" bug sets this: votes reach memory only.
@@ -138,8 +157,15 @@ class MemoryMetaStore:
     def save_commit_hint(self, commit_index: int) -> None:
         self._durable_commit, self.commit_hint = self.commit_hint, commit_index
 
+    def save_membership(self, record: bytes) -> None:
+        self.membership = record
+
+    def load_membership(self) -> bytes | None:
+        return self.membership
+
     def crash_image(self, rng: random.Random | None = None) -> MemoryMetaStore:
         image = MemoryMetaStore()
+        image.membership = self.membership
         image.term, image.voted_for = self._durable
         image._durable = self._durable
         # The hint is written without fsync: the new value may or may not have reached the disk.

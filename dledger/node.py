@@ -64,6 +64,7 @@ from dledger.flusher import Done, ThreadFlusher
 from dledger.inproc import InProcNetwork, InProcTransport
 from dledger.log_store import LogReader, LogStore
 from dledger.loop_poller import LoopPoller
+from dledger.membership import MembershipError
 from dledger.meta_store import FileMetaStore, MetaStore
 from dledger.peer_tcp import TcpPeerTransport
 from dledger.records import (
@@ -569,6 +570,54 @@ class DLedgerNode:
             hold, self._transfer_hold = self._transfer_hold, None
             hold.set_result(None)
         raise DLedgerError(f"leadership transfer to {started} did not complete within {timeout_s} s")
+
+    async def change_membership(
+        self, op: str, peer_id: str, address: str | None = None, timeout_s: float = 5.0, max_lag: int = 1000
+    ) -> dict[str, Any]:
+        """One membership change through the log (issue 27; the leader only): ``op`` is
+        ``add_learner`` (needs ``address``), ``promote`` (a caught-up learner becomes a voter) or
+        ``remove``. Resolves once the change committed: the new membership and its index.
+        Refusals raise ``MembershipError`` (coded), ``NotLeaderError``; no commit within
+        ``timeout_s`` raises ``AppendTimeoutError`` (the change may still commit)."""
+        self._check_owner()
+        if not self._running:
+            raise DLedgerError("the replica is not running")
+        loop = self._loop
+        assert loop is not None
+        future: asyncio.Future[None] = loop.create_future()
+
+        def done(_result: list[BodyLocation] | None, exc: BaseException | None) -> None:
+            if not future.done():
+                if exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+
+        deadline = self._clock.monotonic() + timeout_s
+        while True:
+            try:
+                index, new = await self.run_on_replica_thread(
+                    lambda: self.core.propose_membership(op, peer_id, address, done, max_lag=max_lag), timeout_s
+                )
+                break
+            except MembershipError as exc:
+                # A leader elected a moment ago: its term's first entry commits within a round trip.
+                if exc.code != "LEADER_NOT_READY" or self._clock.monotonic() + 0.02 >= deadline:
+                    raise
+                self._tick_soon()
+                await asyncio.sleep(0.02)
+        self._tick_soon()
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise AppendTimeoutError(
+                f"the membership change at index {index} did not commit within {timeout_s} s: the outcome is "
+                "unknown (see the membership in /v1/status)"
+            ) from None
+        return {"index": index, **new.view()}
+
+    async def membership(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        return dict(await self.run_on_replica_thread(self.core.membership_view, timeout_s))
 
     async def run_on_replica_thread(self, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
         """``fn()`` on the replica's thread (its loop), between two ticks, and its result. On that

@@ -22,6 +22,7 @@ import msgpack
 VERSION: Final = 1
 U63: Final = (1 << 63) - 1
 MAX_ENTRIES_PER_MESSAGE: Final = 100_000
+MAX_CONFIG_BYTES: Final = 8192
 
 
 class PeerCodecError(ValueError):
@@ -53,6 +54,12 @@ def _entries(v: Any) -> list[tuple[bytes, int, int]]:
             raise PeerCodecError("an entry must be [body, index, term]")
         out.append((e[0], _int(e[1]), _int(e[2])))
     return out
+
+
+def _config(v: Any) -> bytes:
+    if type(v) is not bytes or not 0 < len(v) <= MAX_CONFIG_BYTES:
+        raise PeerCodecError("a membership must be 1..8192 bytes")
+    return v
 
 
 def _anchor(v: Any) -> tuple[int, int, int]:
@@ -109,6 +116,13 @@ _SCHEMAS: Final[dict[str, tuple[int, tuple[tuple[str, Any, Any], ...]]]] = {
         (("term", _int, None), ("granted", _bool, None), ("current_term", _int, None), ("round", _int, None)),
     ),
     "dl_stale_term": (9, (("term", _int, None),)),
+    # Issue 27: the membership in force at the leader's anchor, sent just before a dl_install
+    # (only by a group whose membership changed: a group that never changed sends none, so mixed
+    # versions interoperate). ``config`` is a dledger.membership entry body.
+    "dl_membership": (
+        10,
+        (("term", _int, None), ("index", _int, None), ("entry_term", _int, None), ("config", _config, None)),
+    ),
 }
 _BY_CODE: Final = {code: (name, fields) for name, (code, fields) in _SCHEMAS.items()}
 

@@ -33,7 +33,12 @@ connections with the current one and accepts both (the key id, the first 4 bytes
 SHA-256(psk), says which); so replicas switch one at a time without losing a link.
 
 Both sides prove they hold the password; each learns that the other is the configured peer it
-claims to be (ids are the addresses in dLegerPeers; an unknown id is refused); fresh nonces and
+claims to be (ids are the Raft addresses of the members in force: dLegerPeers, then the
+membership entries of the log, issue 27); a peer whose id is not a member here but that proves
+the password is accepted as a *stranger* (a replica that missed a membership change must still
+hear a new member that leads; a removed member): the replica counts nothing it says (its votes
+and pre-votes are ignored, nothing is replicated to it; see ``DLedgerSyncObj.dl_node_for``), and
+it is never dialled. Without the password nobody gets that far; fresh nonces and
 ephemeral keys per connection give freshness (a recorded session cannot be replayed) and forward
 secrecy. After the handshake every frame is AES-256-GCM with a per-direction key and a nonce that
 is the frame's sequence number, so a frame replayed, dropped or reordered inside a session fails
@@ -91,6 +96,7 @@ _HELLO, _ACCEPT, _CONFIRM = b"DLH1", b"DLA1", b"DLC1"
 _HELLO2, _ACCEPT2, _REFUSE = b"DLH2", b"DLA2", b"DLR1"
 CLUSTER_ID_MAX = 64
 _PING = b""  # an empty body: keep-alive
+FALLBACK_DIAL_S = 3.0
 _NO_FD_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _psk_cache: dict[tuple[str, str], bytes] = {}
 
@@ -283,6 +289,11 @@ class TcpPeerTransport(Transport):
         self._sync = sync_obj
         self._self = self_node
         self._nodes = {n.address: n for n in other_nodes}
+        # Peers that hold the password but are not members here (issue 27): accepted, never dialled.
+        self._strangers: dict[str, Any] = {}
+        # Since when a member whose address is greater (it dials us) has had no link: after
+        # FALLBACK_DIAL_S we dial it ourselves (it may not know us yet: a member it has not heard of).
+        self._no_link_since: dict[str, float] = {}
         self._group = group
         self._psk = pre_shared_key(password, group)
         self._psks = {_key_id(self._psk): self._psk}
@@ -368,10 +379,19 @@ class TcpPeerTransport(Transport):
         return address in self._links
 
     def addNode(self, node: Any) -> None:
-        raise NotImplementedError("dledger groups have fixed membership")
+        """A member joined (a membership entry in the log, issue 27): connect to it, accept it.
+        It still has to pass the handshake: the group's password, and the cluster id check."""
+        self._nodes[node.address] = node
+        self._strangers.pop(node.address, None)
 
     def dropNode(self, node: Any) -> None:
-        raise NotImplementedError("dledger groups have fixed membership")
+        """A member left: its link is closed; if it comes back (it holds the password) it is a
+        stranger: counted for nothing, its votes ignored (a removed replica cannot disrupt the group)."""
+        self._nodes.pop(node.address, None)
+        self._last_connect.pop(node.address, None)
+        for conn in list(self._conns.values()):
+            if conn.peer is not None and conn.peer.address == node.address:
+                self._close(conn, "removed from the group", notify=True)
 
     def destroy(self) -> None:
         self.resolver.close()
@@ -442,8 +462,15 @@ class TcpPeerTransport(Transport):
 
     def _connect_missing(self, now: float) -> None:
         for address, node in self._nodes.items():
-            if address in self._links or not self._should_connect(address) or address in self.blocked:
+            if address in self._links or address in self.blocked:
+                self._no_link_since.pop(address, None)
                 continue
+            if not self._should_connect(address):
+                # It dials us, if it knows us; a member added by an entry it has not got yet does
+                # not: after FALLBACK_DIAL_S without a link, dial it (it accepts a stranger).
+                since = self._no_link_since.setdefault(address, now)
+                if now - since < FALLBACK_DIAL_S:
+                    continue
             if any(c.peer is node and not c.closed for c in self._conns.values()):
                 continue  # a connection is on its way
             last = self._last_connect.get(address)
@@ -564,6 +591,17 @@ class TcpPeerTransport(Transport):
         conn.state = "accept"
         self._queue_raw(conn, conn.hello)
 
+    def _stranger(self, ident: bytes) -> Any:
+        address = ident.decode(errors="replace")
+        host, sep, port = address.rpartition(":")
+        node_for = getattr(self._sync, "dl_node_for", None)
+        if node_for is None or not sep or not host or not port.isdigit() or len(self._strangers) >= 16:
+            raise HandshakeError(f"unknown peer {ident[:64]!r}")
+        node = self._strangers.get(address)
+        if node is None:
+            node = self._strangers[address] = node_for(address)
+        return node
+
     def _mismatch(self, peer_address: str, theirs: bytes) -> str:
         self.counters["cluster_id_mismatch"] += 1
         reason = (
@@ -584,7 +622,9 @@ class TcpPeerTransport(Transport):
             raise HandshakeError(f"wrong group {group[:64]!r}")
         peer = self._nodes.get(ident.decode(errors="replace"))
         if peer is None:
-            raise HandshakeError(f"unknown peer {ident[:64]!r}")
+            # Not a member here (yet, or any more): accepted once it proves the password (below),
+            # as a stranger (see DLedgerSyncObj.dl_node_for; issue 27).
+            peer = self._stranger(ident)
         theirs: bytes | None = None
         if v2:
             if len(hello) < at + 53:
@@ -677,6 +717,12 @@ class TcpPeerTransport(Transport):
         conn.eph = None
         old = self._links.get(conn.peer.address)
         if old is not None and old is not conn:
+            if old.outbound != conn.outbound:
+                # Both sides dialled (the fallback dial): keep the one the greater address opened.
+                keep_new = conn.outbound == self._should_connect(conn.peer.address)
+                if not keep_new:
+                    self._close(conn, None, notify=False)
+                    return
             self._close(old, None, notify=False)  # the peer restarted: the new session wins
         self._links[conn.peer.address] = conn
         if old is None:
@@ -765,6 +811,7 @@ class TcpPeerTransport(Transport):
         if peer is not None and self._links.get(peer.address) is conn:
             del self._links[peer.address]
             self._legacy_peers.discard(peer.address)  # it may come back upgraded
+            self._strangers.pop(peer.address, None)
             if notify:
                 self._onNodeDisconnected(peer)
 

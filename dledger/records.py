@@ -122,6 +122,9 @@ class RaftSettings:
     # The cluster this replica belongs to (``clusterId``, made by ``dledger-cluster up``); None: a
     # legacy replica without one. Recorded in the data directory and checked in peer handshakes.
     cluster_id: str | None = None
+    # This replica joins its group as a learner (issue 27): it receives the log and counts for
+    # nothing until a membership change promotes it; ``peers`` are the members it first contacts.
+    learner: bool = False
 
     def view(self) -> dict[str, str]:
         return dict(self.raft_addresses or self.peers)

@@ -55,6 +55,7 @@ from typing import Any, Protocol
 from pysyncobj import SyncObjConf
 
 from dledger import command_codec
+from dledger import membership as mship
 from dledger.clock import Clock
 from dledger.flusher import Flusher, SyncFlusher
 from dledger.journal import RaftJournal
@@ -162,6 +163,11 @@ class ReplicaCore:
         self._prevote = prevote
         self._addr_to_id = {addr: pid for pid, addr in settings.peers.items()}
         self._self_address = settings.peers[settings.self_id]
+        self.membership, self.membership_source = self._load_membership()
+        for placed in self.membership.placed:  # leaders named by members dLegerPeers does not list
+            for pid, addr in placed.membership.voters + placed.membership.learners:
+                self._addr_to_id.setdefault(addr, pid)
+        self._install_membership: mship.Placed | None = None  # from the leader, for the next install
         self.sync: DLedgerSyncObj | None = None
         self._owner: int | None = None  # the thread that opened it (see _owned)
         self._queue: collections.deque[Request] = collections.deque()
@@ -228,7 +234,14 @@ class ReplicaCore:
             commandsWaitLeader=False,
             onStateChanged=None,
         )
-        others = [addr for pid, addr in s.peers.items() if pid != s.self_id]
+        current = self.membership.current.membership
+        others = [addr for pid, addr in current.voters if pid != s.self_id]
+        learners = [addr for pid, addr in current.learners if pid != s.self_id]
+        log.info(
+            "membership in force: voters %s, learners %s (%s); this replica is %s",
+            sorted(current.voter_ids), sorted(current.learner_ids), self.membership_source,
+            current.role_of(s.self_id) or "not a member",
+        )
         sync = DLedgerSyncObj(
             self._self_address,
             others,
@@ -240,9 +253,13 @@ class ReplicaCore:
             prevote=self._prevote,
             batch_bytes=s.replication_batch_bytes,
             poller=poller,
+            learner_addresses=learners,
+            self_voter=s.self_id in current.voter_ids,
         )
         self.sync = sync
         self.journal.after_truncate = self._after_truncate
+        self.journal.on_membership = self._on_membership_entry
+        self.journal.on_membership_undone = self._membership_undone
         applied = self._sm.applied_index() if self._sm is not None else 0
         self.applied_index = max(applied, self.store.anchor[0])
         sync.dl_skip_replay(self.applied_index)
@@ -308,6 +325,17 @@ class ReplicaCore:
         return min(self._durable_index, int(self.store.last_index))
 
     def on_install_anchor(self, anchor_index: int) -> None:
+        # The log restarted after the leader's anchor: memberships set by entries we no longer
+        # hold are forgotten unless committed (then on the leader's log too); the leader said
+        # which one is in force at its anchor (dl_membership), whose entry may be gone everywhere.
+        given, self._install_membership = self._install_membership, None
+        keep = min(anchor_index, self.commit_index)
+        changed = self.membership.truncate_from(keep + 1)
+        if given is not None and given.index <= anchor_index and given.index > self.membership.current.index:
+            self.membership.append(given)
+            changed = True
+        if changed:
+            self._membership_changed(f"install at the leader's anchor {anchor_index}")
         self.applied_index = anchor_index
         self.commit_index = max(self.commit_index, anchor_index)
         self._durable_index = anchor_index  # reset() is durable when it returns
@@ -325,10 +353,209 @@ class ReplicaCore:
 
     def _after_truncate(self, from_index: int) -> None:
         """Entries from ``from_index`` on were cut (truncate_suffix syncs what remains): flushes in
-        flight and acknowledgements held for them speak for entries that are gone."""
+        flight and acknowledgements held for them speak for entries that are gone; a membership
+        they set gives way to the one before it."""
+        if self.membership.truncate_from(from_index):
+            self._membership_changed(f"truncation from index {from_index}")
         self._log_epoch += 1
         self._durable_index = min(self._durable_index, from_index - 1)
         self._held_acks.clear()
+
+    # -- membership (issue 27; the replica's thread) ----------------------------------------------
+    def _load_membership(self) -> tuple[mship.MembershipHistory, str]:
+        """The memberships saved beside the term and vote, checked against the log; else the
+        bootstrap from dLegerPeers (``learner``: this replica joins as a learner)."""
+        s = self.settings
+        voters = dict(s.peers)
+        learners: dict[str, str] = {}
+        if s.learner:
+            learners[s.self_id] = voters.pop(s.self_id)
+        bootstrap = mship.Membership.of(voters, learners)
+        raw = self.journal.meta.load_membership()
+        if raw is None:
+            return mship.MembershipHistory(bootstrap), "dLegerPeers" + (" (joining as a learner)" if s.learner else "")
+        try:
+            placed = mship.MembershipHistory.decode_placed(raw)
+        except mship.MembershipCodecError as exc:
+            raise DLedgerError(
+                f"{s.data_dir}: the saved membership is damaged ({exc}); restore it or the node"
+            ) from exc
+        store = self.store
+        kept = []
+        for p in placed:
+            # A change whose entry did not reach the disk before a crash is not in force.
+            if p.index > store.last_index:
+                continue
+            if p.index >= store.first_index and store.term_at(p.index) != p.term:
+                continue
+            kept.append(p)
+        history = mship.MembershipHistory(bootstrap, kept)
+        cur = history.current
+        source = (
+            f"meta/membership: log entry {cur.index} (term {cur.term})" if cur.index else "dLegerPeers"
+        )
+        return history, source
+
+    def _on_membership_entry(self, index: int, term: int, body: bytes) -> None:
+        """A follower appended a membership entry: it is in force from now on (Raft §4.1)."""
+        try:
+            members = mship.decode(body)
+        except mship.MembershipCodecError as exc:
+            # The same bytes on every replica: all ignore it alike.
+            log.error("ignoring a malformed membership entry at index %d: %s", index, exc)
+            return
+        self.membership.append(mship.Placed(index, term, members))
+        self._membership_changed(f"log entry {index} (term {term})")
+
+    def _membership_undone(self, index: int) -> None:
+        """The entry of a membership saved a moment ago could not be stored: it is not in force."""
+        if self.membership.truncate_from(index):
+            self._membership_changed(f"entry {index} not stored")
+
+    def _membership_changed(self, why: str) -> None:
+        cur = self.membership.current
+        self.journal.meta.save_membership(self.membership.encode())  # durable before it is used
+        self.membership_source = f"{why}" if cur.index else f"dLegerPeers (after {why})"
+        m = cur.membership
+        for pid, addr in m.voters + m.learners:
+            self._addr_to_id[addr] = pid
+        sid = self.settings.self_id
+        log.warning(
+            "membership now: voters %s, learners %s (from %s); this replica is %s",
+            sorted(m.voter_ids), sorted(m.learner_ids), why, m.role_of(sid) or "not a member",
+        )
+        self.counters["membership_changes"] += 1
+        if self.sync is not None:
+            self.sync.dl_set_members(
+                [a for p, a in m.voters if p != sid], [a for p, a in m.learners if p != sid], sid in m.voter_ids
+            )
+
+    def membership_for_install(self, anchor_index: int) -> tuple[int, int, bytes] | None:
+        placed = self.membership.at(anchor_index)
+        if placed.index == 0:
+            return None  # the bootstrap: a group that never changed sends nothing new on the wire
+        return placed.index, placed.term, mship.encode(placed.membership)
+
+    def on_install_membership(self, index: int, term: int, body: bytes) -> None:
+        try:
+            self._install_membership = mship.Placed(index, term, mship.decode(body))
+        except mship.MembershipCodecError as exc:
+            log.error("ignoring a malformed membership from the leader: %s", exc)
+
+    def member_lag(self, peer_id: str) -> tuple[int | None, float | None]:
+        """(entries behind the leader's last index, seconds since it last answered) for a member."""
+        sync = self.sync
+        assert sync is not None
+        address = self.membership.current.membership.addresses().get(peer_id)
+        node = sync.dl_nodes.get(address) if address is not None else None
+        if node is None or self.role != "LEADER":
+            return None, None
+        match = sync.dl_match_index().get(node)
+        heard = sync.dl_last_response().get(node)
+        now = self._clock.monotonic()
+        return (
+            (self.store.last_index - match) if match is not None else None,
+            (now - heard) if heard is not None else None,
+        )
+
+    def propose_membership(
+        self,
+        op: str,
+        peer_id: str,
+        address: str | None,
+        done: Callable[[list[BodyLocation] | None, BaseException | None], None],
+        *,
+        max_lag: int = 1000,
+    ) -> tuple[int, mship.Membership]:
+        """Append one membership change (the leader only); ``done`` is called once it commits (or
+        fails as an append would). Refusals raise ``MembershipError`` (coded), ``NotLeaderError``."""
+        self._owned()
+        sync = self.sync
+        assert sync is not None
+        if sync.dl_state != RAFT_STATE_LEADER:
+            raise NotLeaderError(self.leader_id)
+        new = self._membership_change(op, peer_id, address, max_lag)
+        term = int(sync.raftCurrentTerm)
+        body = mship.encode(new)
+        index = self.store.last_index + 1
+        # Saved before the entry is written (see RaftJournal.add): a restart drops a saved
+        # membership whose entry is missing, never misses one whose entry is there.
+        self.membership.append(mship.Placed(index, term, new))
+        self._membership_changed(f"log entry {index} (term {term}), {op} {peer_id}")
+        try:
+            self.store.append(index, term, body)
+        except StoreFullError as exc:
+            self._membership_undone(index)
+            sync.dl_block_writes(exc)
+            raise DiskFullError(f"no room in the log for the membership change ({exc})") from exc
+        req = Request([], 0, done, self._clock.monotonic())
+        self._waiting.append(_Waiting(index, term, [(req, [])]))
+        self._waiting_indexes.add(index)
+        sync.dl_send_now()
+        self._maybe_flush()
+        return index, new
+
+    def _membership_change(self, op: str, peer_id: str, address: str | None, max_lag: int) -> mship.Membership:
+        """The membership after ``op``, or the coded refusal: one change at a time, after this
+        leader's first entry committed, never the leader itself, a learner only once caught up."""
+        sync = self.sync
+        assert sync is not None
+        commit = int(sync.raftCommitIndex)
+        term = int(sync.raftCurrentTerm)
+        if commit <= self.store.anchor[0] or commit < 1 or sync._dl_term_at(commit) != term:
+            raise mship.MembershipError(
+                "LEADER_NOT_READY", "this leader's first entry of its term has not committed yet: retry shortly"
+            )
+        current = self.membership.current
+        if current.index > commit:
+            raise mship.MembershipError(
+                "MEMBERSHIP_CHANGE_PENDING",
+                f"the change at index {current.index} has not committed yet (commit index {commit}): "
+                "one change at a time",
+            )
+        if sync.dl_write_blocked is not None or self.disk_full:
+            raise DiskFullError("this leader's log refuses writes: no membership change now")
+        m = current.membership
+        if op == "add_learner":
+            if not address:
+                raise mship.MembershipError("BAD_REQUEST", "add_learner needs the new member's Raft address")
+            new = m.add_learner(peer_id, address)
+        elif op == "promote":
+            if peer_id not in m.learner_ids:
+                raise mship.MembershipError("NOT_A_LEARNER", f"{peer_id} is not a learner of this group")
+            lag, quiet = self.member_lag(peer_id)
+            # Caught up: it holds the entry that made it a learner (so it has answered since), it is
+            # at most max_lag entries behind, and it answered lately.
+            holds = lag is not None and self.store.last_index - lag >= current.index
+            if not holds or lag is None or quiet is None or lag > max_lag or quiet > self.settings.live_follower_s:
+                raise mship.MembershipError(
+                    "LEARNER_NOT_CAUGHT_UP",
+                    f"learner {peer_id} is {lag if lag is not None else 'an unknown number of'} entries behind "
+                    f"(at most {max_lag}, and it must hold entry {current.index}), last answered "
+                    f"{'never' if quiet is None else f'{quiet:.1f} s ago'}: wait until it has caught up",
+                )
+            new = m.promote(peer_id)
+        elif op == "remove":
+            if peer_id == self.settings.self_id:
+                raise mship.MembershipError(
+                    "REMOVE_LEADER", f"{peer_id} leads the group: transfer leadership first, then remove it"
+                )
+            new = m.remove(peer_id)
+        else:
+            raise mship.MembershipError("BAD_REQUEST", f"unknown membership operation {op!r}")
+        return new
+
+    def membership_view(self) -> dict[str, Any]:
+        cur = self.membership.current
+        m = cur.membership
+        return {
+            **m.view(),
+            "index": cur.index,
+            "term": cur.term,
+            "committed": cur.index <= self.commit_index,
+            "source": self.membership_source,
+            "self_role": m.role_of(self.settings.self_id),
+        }
 
     # -- requests (the replica's thread) ------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -709,18 +936,19 @@ class ReplicaCore:
         if target_id is not None:
             if target_id == self.settings.self_id:
                 raise DLedgerError("this node is already the leader")
-            address = self.settings.peers.get(target_id)
+            m = self.membership.current.membership
+            address = m.addresses().get(target_id)
             if address is None:
                 raise DLedgerError(f"unknown peer id {target_id!r}")
-            target = next((n for n in sync.otherNodes if n.address == address), None)
-        candidates = [target] if target is not None else list(sync.otherNodes)
+            if target_id not in m.voter_ids:
+                raise DLedgerError(f"transfer refused: {target_id} is a learner, not a voter")
+            target = sync.dl_nodes.get(address)
+        candidates = [target] if target is not None else list(sync.dl_peers)
         if not any(n is not None and sync.isNodeConnected(n) for n in candidates):
             raise DLedgerError(f"transfer refused: {target_id or 'no follower'} is not connected")
-        outcome: list[Any] = []
-        sync.transferLeadership(target, callback=lambda res, err: outcome.append(err))
-        if outcome and outcome[0] != 0:
+        if not sync.dl_transfer(target):
             # connected (checked above) but its match index is behind our last index: not yet
-            raise TransferNotReadyError(f"transfer refused (target not caught up yet): code {outcome[0]}")
+            raise TransferNotReadyError("transfer refused (target not caught up yet)")
         return target_id or "the most caught-up follower"
 
     def status(self) -> dict[str, Any]:
@@ -732,11 +960,13 @@ class ReplicaCore:
         match = {n.address: v for n, v in sync.dl_match_index().items()}
         nxt = {n.address: v for n, v in sync.dl_next_index().items()}
         view = self.settings.view()
-        for pid, addr in self.settings.peers.items():
+        members = self.membership.current.membership
+        for pid, addr in sorted(members.addresses().items()):
             if pid == self.settings.self_id:
                 continue
-            node = next((n for n in sync.otherNodes if n.address == addr), None)
+            node = sync.dl_nodes.get(addr)
             peers[pid] = {
+                "role": members.role_of(pid),
                 "address": addr,
                 "connect_address": view.get(pid, addr),
                 "connected": bool(node is not None and sync.isNodeConnected(node)),
@@ -768,6 +998,7 @@ class ReplicaCore:
             "write_blocked": str(sync.dl_write_blocked) if sync.dl_write_blocked is not None else None,
             "retention_floor": self._own_floor,
             "live_followers": self._live_followers,
+            "membership": self.membership_view(),
             "peers": peers,
             "counters": {
                 **dict(self.counters),

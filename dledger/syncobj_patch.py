@@ -66,6 +66,14 @@ test_syncobj_patch.py, test_sim.py's pre-vote scenarios and the simulator's plan
    TimeoutNow. The first entries it stores again, or the replica seeing room again
    (``dl_unblock_writes``), lift the block.
 
+10. Membership (issue 27): the voters (``dl_peers``) and learners (``dl_learners``) are ours, set by
+   the replica from the log (``dl_set_members``, ``dledger/membership.py``); pysyncobj's own
+   membership commands (pickled, applied by its apply loop, which we skip) stay off. Only voters
+   count for commit, check-quorum and elections; learners get the log (``dl_targets``); a node
+   that is not a voter does not campaign, vote or grant a pre-vote; votes and pre-votes from a
+   node that is not a voter are ignored. Leadership transfer is ours (``dl_transfer``: a caught-up
+   connected *voter*; pysyncobj's ``transferLeadership`` knows only the peers it started with).
+
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
 """
@@ -156,6 +164,10 @@ class NodeHooks(Protocol):
 
     def on_leader_floor(self, floor: int) -> None: ...
 
+    # Membership hooks (optional: a hand-built object's hooks may lack them).
+    # membership_for_install(anchor) -> (index, term, body) | None: what the leader sends with dl_install.
+    # on_install_membership(index, term, body): a follower is told the membership at the leader's anchor.
+
 
 def quorum_commit_index(
     commit_index: int,
@@ -163,6 +175,7 @@ def quorum_commit_index(
     peer_match: Sequence[int],
     current_term: int,
     term_at: Callable[[int], int],
+    count_self: bool = True,
 ) -> int:
     """The leader's commit index after counting matches (pure).
 
@@ -171,7 +184,9 @@ def quorum_commit_index(
     commits log entries from previous terms by counting replicas"; older entries commit with it.
     Terms never decrease along a log, so no lower index can be of the current term either.
     """
-    ranked = sorted([self_match, *peer_match], reverse=True)
+    ranked = sorted([self_match, *peer_match] if count_self else list(peer_match), reverse=True)
+    if not ranked:
+        return commit_index
     candidate = ranked[len(ranked) // 2]
     if candidate <= commit_index or term_at(candidate) != current_term:
         return commit_index
@@ -239,6 +254,8 @@ class DLedgerSyncObj(SyncObj):
         max_queued_bytes: int = 8 << 20,
         batch_bytes: int = 1 << 20,
         poller: Any = None,
+        learner_addresses: Sequence[str] = (),
+        self_voter: bool = True,
     ):
         install()
         conf.journalFile = journal
@@ -291,6 +308,8 @@ class DLedgerSyncObj(SyncObj):
                 "stalls",
                 "stepdowns_disk_full",
                 "writes_refused_disk_full",
+                "votes_ignored_not_voter",
+                "stepdowns_not_a_voter",
             ),
             0,
         )
@@ -307,16 +326,27 @@ class DLedgerSyncObj(SyncObj):
             made.append(transport_factory(sync_obj, self_node, other_nodes))
             return made[-1]
 
+        learners = [a for a in learner_addresses if a not in other_addresses]
         super().__init__(
             self_address,
-            other_addresses,
+            [*other_addresses, *learners],
             conf=conf,
             nodeClass=PeerNode,
             transportClass=make_transport,
         )
         self.dl_transport: Any = made[0]
-        # The group's other members, fixed (no membership changes), in one order for every process.
-        self.dl_peers: tuple[Any, ...] = tuple(sorted(self.otherNodes, key=lambda n: n.id))
+        # The group's other members (item 10), in one order for every process: voters count,
+        # learners only receive the log. Changed by the replica from the log (dl_set_members).
+        self.dl_nodes: dict[str, Any] = {n.address: n for n in self.otherNodes}
+        voters = set(other_addresses)
+        self.dl_peers: tuple[Any, ...] = tuple(
+            sorted((n for n in self.otherNodes if n.address in voters), key=lambda n: n.id)
+        )
+        self.dl_learners: tuple[Any, ...] = tuple(
+            sorted((n for n in self.otherNodes if n.address not in voters), key=lambda n: n.id)
+        )
+        self.dl_targets: tuple[Any, ...] = self.dl_peers + self.dl_learners
+        self.dl_self_voter = self_voter
 
     # -- read-only views of SyncObj state (the replica's thread only) -------------------------
     @property
@@ -339,6 +369,71 @@ class DLedgerSyncObj(SyncObj):
     def dl_others(self) -> tuple[Any, ...]:
         return self.dl_peers
 
+    def dl_set_members(
+        self, voter_addresses: Sequence[str], learner_addresses: Sequence[str], self_voter: bool
+    ) -> None:
+        """The membership in force changed (item 10): links to new members are opened, links to
+        removed ones closed; a leader starts probing the new ones."""
+        wanted = {*voter_addresses, *learner_addresses}
+        wanted.discard(self.selfNode.address)
+        for address in sorted(wanted - set(self.dl_nodes)):
+            node = PeerNode(address)
+            self.dl_nodes[address] = node
+            self.dl_transport.addNode(node)
+            if self.dl_state == RAFT_STATE_LEADER:
+                self._SyncObj__raftNextIndex[node] = self._SyncObj__getCurrentLogIndex() + 1
+                self._SyncObj__raftMatchIndex[node] = 0
+                self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
+                self.dl_probing.add(node)
+        for address in sorted(set(self.dl_nodes) - wanted):
+            node = self.dl_nodes.pop(address)
+            self.dl_transport.dropNode(node)
+            self._dl_forget(node)
+        voters = set(voter_addresses)
+        nodes = sorted(self.dl_nodes.values(), key=lambda n: n.id)
+        self.dl_peers = tuple(n for n in nodes if n.address in voters)
+        self.dl_learners = tuple(n for n in nodes if n.address not in voters)
+        self.dl_targets = self.dl_peers + self.dl_learners
+        self.dl_self_voter = self_voter
+        if not self_voter and self.dl_state != RAFT_STATE_LEADER and self.dl_prevote_term is not None:
+            self.dl_prevote_term = None
+        if not self_voter and self.dl_state == RAFT_STATE_CANDIDATE:  # a candidate that is no longer a voter
+            self._dl_step_down(None, "not_a_voter")
+
+    def dl_node_for(self, address: str) -> Any:
+        """The node object for a peer that authenticated with the group's password: a member's, or
+        a new one for a peer this replica does not count as a member (yet): a leader whose
+        membership entry has not reached this replica, a removed member. Such a peer's messages
+        are handled as Raft says (its AppendEntries followed if its term is current, its votes and
+        pre-votes ignored: it is no voter here), which lets a replica that missed a change catch up
+        from a new member that leads."""
+        node = self.dl_nodes.get(address)
+        return node if node is not None else PeerNode(address)
+
+    def _dl_forget(self, node: Any) -> None:
+        self._SyncObj__raftNextIndex.pop(node, None)
+        self._SyncObj__raftMatchIndex.pop(node, None)
+        self._SyncObj__lastResponseTime.pop(node, None)
+        self.dl_probing.discard(node)
+        self.dl_last_install.pop(node, None)
+
+    def dl_transfer(self, target: Any = None) -> bool:
+        """Leadership transfer (Raft TimeoutNow) to ``target`` or the most caught-up connected
+        voter; False (nothing sent) when it is not a connected voter whose log is complete."""
+        if self.dl_state != RAFT_STATE_LEADER:
+            return False
+        match = self._SyncObj__raftMatchIndex
+        if target is None:
+            candidates = [(match.get(n, 0), n.id, n) for n in self.dl_peers if self.isNodeConnected(n)]
+            if not candidates:
+                return False
+            target = max(candidates)[2]
+        if target not in self.dl_peers or not self.isNodeConnected(target):
+            return False
+        if match.get(target, 0) != self._SyncObj__getCurrentLogIndex():
+            return False
+        return bool(self.dl_transport.send(target, {"type": "timeout_now", "term": self._SyncObj__raftCurrentTerm}))
+
     def dl_skip_replay(self, applied_index: int) -> None:
         """Before the first tick: SyncObj need not re-run entries that are already applied."""
         store = self.dl_journal.store
@@ -360,7 +455,7 @@ class DLedgerSyncObj(SyncObj):
         if first:
             log.error("the log refuses writes (no room): %s", exc)
         if self.dl_state == RAFT_STATE_LEADER:
-            self.transferLeadership(None, callback=None)  # best effort: denied unless one is caught up
+            self.dl_transfer(None)  # best effort: denied unless one is caught up
             self._dl_step_down(None, "disk_full")
         elif self.dl_state == RAFT_STATE_CANDIDATE:
             self._dl_step_down(None, "disk_full")
@@ -414,7 +509,8 @@ class DLedgerSyncObj(SyncObj):
             if (
                 self.dl_state != RAFT_STATE_LEADER
                 and self._SyncObj__raftElectionDeadline < now
-                and any(self.isNodeConnected(n) for n in self.dl_peers)
+                and self.dl_self_voter  # a learner or a removed member never campaigns
+                and (not self.dl_peers or any(self.isNodeConnected(n) for n in self.dl_peers))
                 and self.dl_write_blocked is None  # a replica that cannot write must not lead
             ):
                 self._dl_campaign(now)
@@ -461,7 +557,7 @@ class DLedgerSyncObj(SyncObj):
         return float(low + (high - low) * self.dl_rng.random())
 
     def _dl_majority(self, count: int) -> bool:
-        return count > (len(self.dl_peers) + 1) / 2
+        return count > (len(self.dl_peers) + (1 if self.dl_self_voter else 0)) / 2
 
     def _dl_in_lease(self, now: float) -> bool:
         """Heard from a live leader within the minimum election timeout (or is the leader)."""
@@ -547,8 +643,20 @@ class DLedgerSyncObj(SyncObj):
 
     def _dl_become_leader(self) -> None:
         self.dl_counters["became_leader"] += 1
-        self.dl_probing = set(self.dl_peers)
+        self.dl_probing = set(self.dl_targets)
+        # Stock sets up the peers it started with and then replicates (our sender, to the members
+        # in force, item 10): the members it does not know are set up first.
+        last = self._SyncObj__getCurrentLogIndex()
+        for node in self.dl_targets:
+            self._SyncObj__raftNextIndex[node] = last + 1
+            self._SyncObj__raftMatchIndex[node] = 0
         self._SyncObj__onBecomeLeader()
+        now = dl_clock.current_monotonic()
+        for node in self.dl_targets:
+            self._SyncObj__lastResponseTime.setdefault(node, now)
+        targets = set(self.dl_targets)
+        for node in [n for n in self._SyncObj__raftMatchIndex if n not in targets]:
+            self._dl_forget(node)
 
     def _dl_step_down(self, term: int | None, reason: str) -> None:
         if term is not None and term > self._SyncObj__raftCurrentTerm:
@@ -570,6 +678,7 @@ class DLedgerSyncObj(SyncObj):
             [match.get(n, 0) for n in self.dl_peers],
             self._SyncObj__raftCurrentTerm,
             self._dl_term_at,
+            count_self=self.dl_self_voter,
         )
         if new != commit:
             self._SyncObj__raftCommitIndex = new
@@ -599,7 +708,11 @@ class DLedgerSyncObj(SyncObj):
                 # replica never acknowledges what it did not store; the leader sends it again.
                 self.dl_block_writes(exc)
         elif mtype == "next_node_idx":
-            self._dl_on_next_node_idx(node, message)
+            if node in self.dl_nodes.values():  # not from a member removed meanwhile
+                self._dl_on_next_node_idx(node, message)
+        elif mtype in ("request_vote", "dl_pre_vote") and (not self.dl_self_voter or node not in self.dl_peers):
+            # Item 10: a learner or a removed member neither votes nor asks for votes.
+            self.dl_counters["votes_ignored_not_voter"] += 1
         elif mtype == "request_vote":
             now = dl_clock.current_monotonic()
             if (
@@ -616,6 +729,7 @@ class DLedgerSyncObj(SyncObj):
                 self.dl_state == RAFT_STATE_CANDIDATE
                 and message["term"] == self._SyncObj__raftCurrentTerm
                 and node not in self.dl_voters
+                and node in self.dl_peers
             ):
                 self.dl_voters.add(node)
                 self._SyncObj__votesCount += 1
@@ -624,13 +738,18 @@ class DLedgerSyncObj(SyncObj):
         elif mtype == "dl_pre_vote":
             self._dl_on_pre_vote(node, message)
         elif mtype == "dl_pre_vote_response":
-            self._dl_on_pre_vote_response(node, message)
+            if node in self.dl_peers:
+                self._dl_on_pre_vote_response(node, message)
+        elif mtype == "dl_membership":
+            on_membership = getattr(self.dl_hooks, "on_install_membership", None)
+            if on_membership is not None and message["term"] >= self._SyncObj__raftCurrentTerm:
+                on_membership(message["index"], message["entry_term"], message["config"])
         elif mtype == "dl_stale_term":
             if message["term"] > self._SyncObj__raftCurrentTerm:
                 self._dl_step_down(message["term"], "stale_term")
         elif mtype == "timeout_now":
-            if self.dl_write_blocked is not None:
-                return  # it cannot write: no transfer to it (it would campaign once unblocked)
+            if self.dl_write_blocked is not None or not self.dl_self_voter:
+                return  # it cannot write (or vote): no transfer to it
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         else:
             log.warning("ignoring a peer message of type %r from %s", mtype, node)
@@ -815,7 +934,7 @@ class DLedgerSyncObj(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:
         self._SyncObj__newAppendEntriesTime = dl_clock.current_monotonic() + self.dl_conf.appendEntriesPeriod
         self.dl_commit_sent = int(self._SyncObj__raftCommitIndex)
-        nodes = self.dl_peers
+        nodes = self.dl_targets
         if not nodes:
             return
         self.dl_rotation = (self.dl_rotation + 1) % len(nodes)
@@ -881,6 +1000,20 @@ class DLedgerSyncObj(SyncObj):
         self.dl_installs_sent += 1
         anchor = self.dl_journal.store.anchor
         log.info("follower %s needs entries before our anchor %d: sending dl_install", node, anchor[0])
+        for_install = getattr(self.dl_hooks, "membership_for_install", None)
+        placed = for_install(anchor[0]) if for_install is not None else None
+        if placed is not None:  # the membership in force at the anchor (its entry may be gone)
+            index, entry_term, config = placed
+            self.dl_transport.send(
+                node,
+                {
+                    "type": "dl_membership",
+                    "term": self._SyncObj__raftCurrentTerm,
+                    "index": index,
+                    "entry_term": entry_term,
+                    "config": config,
+                },
+            )
         self.dl_transport.send(
             node, {"type": "dl_install", "term": self._SyncObj__raftCurrentTerm, "anchor": tuple(anchor)}
         )

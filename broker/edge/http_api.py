@@ -98,6 +98,8 @@ class BrokerApi:
         r.add_post("/v1/unregister", self.unregister)
         r.add_get("/v1/status", self.status)
         r.add_post("/v1/admin/transfer", self.transfer)
+        r.add_get("/v1/admin/membership", self.membership_get)
+        r.add_post("/v1/admin/membership", self.membership_change)
         RetryApi(self.svc, self.sec).add_routes(r)  # consumer retries and DLQs (broker/edge/http_retry.py)
         TransactionApi(self.svc, self.sec).add_routes(r)  # transactional messages (broker/edge/http_txn.py)
         export.register(r, self.sec, self.s)  # GET /v1/replica/files, /v1/replica/file (read-only, admin)
@@ -397,3 +399,17 @@ class BrokerApi:
             check_fields(body, frozenset({"target"}))
             target = body.get("target")
         return answer(request, {"leader_id": await self.svc.transfer_leadership(target)})
+
+    async def membership_get(self, request: web.Request) -> web.Response:
+        """The group's membership as this replica holds it (admin; issue 27)."""
+        self.sec.require(request, admin=True)
+        return answer(request, await self.svc.membership())
+
+    async def membership_change(self, request: web.Request) -> web.Response:
+        """``{op: add_learner|promote|remove, id, address?}`` (admin, the leader): one membership
+        change through the log; answers once it committed. Codes: NOT_LEADER, LEADER_NOT_READY,
+        MEMBERSHIP_CHANGE_PENDING, REMOVE_LEADER, LEARNER_NOT_CAUGHT_UP, NOT_A_LEARNER,
+        ALREADY_MEMBER, ADDRESS_IN_USE, UNKNOWN_MEMBER, LAST_VOTER, BAD_REQUEST."""
+        self.sec.require(request, admin=True)
+        body = await read_body(request)
+        return answer(request, await self.svc.change_membership(body))

@@ -520,9 +520,18 @@ class BrokerServer:
             "chain_crc_at_commit": node["chain_crc_at_commit"],
             "entries_truncated": node["counters"]["entries_truncated"],
             "peers": {
-                pid: {"lag": p["lag"], "connected": p["connected"], "match_index": p["match_index"]}
+                pid: {
+                    "lag": p["lag"],
+                    "connected": p["connected"],
+                    "match_index": p["match_index"],
+                    "role": p.get("role"),
+                    "address": p.get("address"),
+                }
                 for pid, p in node["peers"].items()
             },
+            # issue 27: the membership this replica uses and where it came from (dLegerPeers, or
+            # the log entry that set it, saved in meta/membership)
+            "membership": node.get("membership"),
             "topics": len(self.store.metadata_view().topics),
             "queues": self.store.queue_count(),
             "dispatch": dict(self.store.counters),

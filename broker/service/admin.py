@@ -32,6 +32,7 @@ from broker.service.consumers import (
 )
 from broker.store.message import check_group, check_int, check_topic, encodable, encode_command
 from broker.store.metadata import REFUSED_OFFSET_RESET, REFUSED_TOPIC_RECREATED, GroupConfig, TopicConfig
+from dledger.membership import MembershipError, check_membership_request
 
 log = logging.getLogger("broker.service")
 
@@ -544,9 +545,25 @@ class AdminOps(ServiceBase):
     async def transfer_leadership(self, target: str | None) -> str | None:
         """Hand leadership to ``target`` (a peer id) or to the best follower (None); the new leader."""
         node = self.s.node
-        if target is not None and (not isinstance(target, str) or target not in node.settings.peers):
-            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(node.settings.peers)}", 400)
+        voters = node.core.membership.current.membership.voter_ids  # issue 27: the membership in force
+        if target is not None and (not isinstance(target, str) or target not in voters):
+            raise ProtocolError("BAD_REQUEST", f"target must be one of {sorted(voters)}", 400)
         if target is not None and target == node.leader_id == node.settings.self_id:
             return target  # already there: nothing to do
         leader: str | None = await node.transfer_leadership(target)
         return leader
+
+    @translated
+    async def membership(self) -> dict[str, Any]:
+        """The group's membership as this replica holds it (issue 27): voters, learners, the log
+        entry that set it, where it came from."""
+        return dict(await self.s.node.membership())
+
+    @translated
+    async def change_membership(self, payload: Any) -> dict[str, Any]:
+        """One membership change through the log (the leader only): ``{op, id, address?}``."""
+        try:
+            op, peer_id, address = check_membership_request(payload)
+            return dict(await self.s.node.change_membership(op, peer_id, address))
+        except MembershipError as exc:
+            raise ProtocolError(exc.code, str(exc), 400 if exc.code == "BAD_REQUEST" else 409) from None

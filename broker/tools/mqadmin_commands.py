@@ -229,6 +229,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
     p.add_argument("-i", "--targetId", dest="target_id", default=None, help="peer id, e.g. n1 (default: any)")
+    # issue 27: a group's Raft membership (one server at a time, through the log)
+    p = cmd(
+        "getReplicas",
+        "A broker group's members: role (voter, learner), Raft address, match index and lag",
+        "mqadmin_membership:run_get_replicas",
+    )
+    p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
+    p = cmd(
+        "addLearner",
+        "Add a new replica to a broker group as a learner (receives the log, counts for nothing)",
+        "mqadmin_membership:run_add_learner",
+    )
+    p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("-i", "--id", required=True, help="the new replica's peer id (dLegerSelfId), e.g. n3")
+    p.add_argument("-a", "--address", required=True, help="its Raft address host:port (its dLegerPeers entry)")
+    p = cmd(
+        "promoteLearner",
+        "Make a caught-up learner a voter (waits up to --wait seconds for it to catch up)",
+        "mqadmin_membership:run_promote_learner",
+    )
+    p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("-i", "--id", required=True)
+    p.add_argument("--wait", type=positive_float, default=60.0, help="seconds to wait for catch-up (default 60)")
+    p = cmd(
+        "removeReplica",
+        "Remove a replica (voter or learner) from a broker group; not its leader",
+        "mqadmin_membership:run_remove_replica",
+    )
+    p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("-i", "--id", required=True)
+    p = cmd(
+        "replaceReplica",
+        "Swap a caught-up learner (--new) for a replica (--old): promote, then remove",
+        "mqadmin_membership:run_replace_replica",
+    )
+    p.add_argument("-m", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("--old", required=True, help="the replica to remove (e.g. a dead one)")
+    p.add_argument("--new", required=True, help="the learner that replaces it")
+    p.add_argument("--wait", type=positive_float, default=60.0, help="seconds to wait for catch-up (default 60)")
     # parity with RocketMQ (issue 16)
     p = cmd(
         "deleteSubGroup",

@@ -1,4 +1,4 @@
-"""``dledger-cluster up|down|status|start|stop|kill|restart|add-group|remove-group --dir DIR``: a
+"""``dledger-cluster up|down|status|start|stop|kill|restart|add-group|remove-group|replace --dir DIR``: a
 local cluster as processes on loopback.
 
 By default (``--kind broker``) it runs ``--namesrv N`` NameServers (ports 9876, 9877, ...) and
@@ -19,6 +19,10 @@ Per group: ``add-group`` plans the next group number (numbers are never reused),
 account, starts it and waits for its writable leader; ``remove-group GROUP`` stops its replicas
 (each unregisters from the NameServers) and moves them to ``retired`` in cluster.json — its data
 stays under DIR/data/GROUP. Retire a group only once it is drained (docs/OPERATIONS.md).
+
+Per replica: ``replace NAME`` swaps a dead replica for a new one through the group's log (a learner
+that catches up, is promoted, then the dead one removed; ``dledger/apps/cluster_replace.py``), and
+records the new process in cluster.json in place of the old one.
 
 ``down`` ends exactly the processes it recorded (checking /proc/<pid>/cmdline, so a recycled pid is
 never signalled). ``status`` asks each process; ``--json`` adds one summary per group.
@@ -137,6 +141,8 @@ def _save_state(root: str, procs: list[ProcessInfo], *, settings: ClusterSetting
     elif "settings" in old:
         state["settings"] = old["settings"]
     state["retired"] = retired if retired is not None else old.get("retired", [])
+    if "replaced" in old:  # replicas swapped out by `replace` (issue 27): their ids are not reused
+        state["replaced"] = old["replaced"]
     write_private(os.path.join(root, STATE_FILE), json.dumps(state, indent=2))
 
 
@@ -611,6 +617,13 @@ def build_parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("remove-group", help="stop a (drained) group's replicas; its data is kept")
     rm.add_argument("--dir", required=True)
     rm.add_argument("group", metavar="GROUP", help="e.g. RaftNode01")
+    rep = sub.add_parser("replace", help="replace a (dead) replica by a new one: learner, catch-up, swap (issue 27)")
+    rep.add_argument("--dir", required=True)
+    rep.add_argument("name", metavar="NAME", help="the replica to replace, e.g. RaftNode00-n2 (not running)")
+    rep.add_argument("--new-id", default=None, help="the new replica's peer id (default: the group's next, n3...)")
+    rep.add_argument("--max-lag", type=int, default=1000, help="entries behind the leader that count as caught up")
+    rep.add_argument("--wait", type=float, default=3600.0, help="seconds for the whole replacement (3600)")
+    rep.add_argument("--json", action="store_true")
     status = sub.add_parser("status", help="role, term and commit index of every process")
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
@@ -628,6 +641,14 @@ def main(argv: list[str] | None = None) -> int:
             if any("=" not in kv for kv in args.set or []):
                 raise UsageError("--set takes KEY=VALUE")
             return cmd_up(args)
+        if args.command == "replace":
+            from dledger.apps.cluster_replace import cmd_replace
+
+            return cmd_replace(
+                args, load_state=_load_state, save_state=_save_state, load_raw=_load_raw,
+                start_process=start_process, is_running=is_running, write_private=write_private,
+                usage_error=UsageError,
+            )
         commands = {"down": cmd_down, "start": cmd_start, "stop": cmd_stop, "kill": cmd_stop,
                     "restart": cmd_restart, "add-group": cmd_add_group, "remove-group": cmd_remove_group}
         return commands.get(args.command, cmd_status)(args)

@@ -8,6 +8,8 @@ Endpoints (msgpack where bodies are binary, JSON for admin; errors are ``{code, 
     GET  /v1/chain?from=N&to=M           JSON {from, crcs: [...]} chain CRCs of committed entries
     GET  /v1/state                       JSON of the apply checkpoint (index, bodies, digest)
     POST /v1/transfer   JSON {target?}   leadership transfer
+    GET  /v1/membership                  JSON: voters, learners, the entry that set them, its source
+    POST /v1/membership JSON {op, id, address?}  one membership change (add_learner|promote|remove)
     POST /v1/retention                   run the retention check now
 
 The broker (issue "namesrv/, broker/ and the client SDK") replaces this API with RocketMQ's; this
@@ -41,6 +43,7 @@ from broker.serving.process_main import run_until_signalled, setup_logging
 from dledger.apps.checkpoint import ApplyCheckpoint
 from dledger.cluster_id import ClusterIdMismatch, check_cluster_id
 from dledger.config import ConfigError, DLedgerConfig, load_dledger_config, settings_from_config
+from dledger.membership import MembershipError, check_membership_request
 from dledger.node import (
     AppendFailedError,
     AppendTimeoutError,
@@ -83,6 +86,8 @@ def is_loopback(host: str) -> bool:
 
 def _classify(exc: Exception) -> ErrorAnswer | None:
     """The log's errors, with the status that fits (``error_middleware`` answers the rest)."""
+    if isinstance(exc, MembershipError):
+        return ErrorAnswer(400 if exc.code == "BAD_REQUEST" else 409, exc.code, str(exc), {})
     if not isinstance(exc, DLedgerError):
         return None
     extra = {"leader_id": exc.leader_id} if isinstance(exc, NotLeaderError) else {}
@@ -102,6 +107,8 @@ class HttpApi:
         app.router.add_get("/v1/chain", self.chain)
         app.router.add_get("/v1/state", self.state)
         app.router.add_post("/v1/transfer", self.transfer)
+        app.router.add_get("/v1/membership", self.membership)
+        app.router.add_post("/v1/membership", self.change_membership)
         app.router.add_post("/v1/retention", self.retention)
         app.router.add_post("/v1/metrics/reset", self.reset_metrics)
         return app
@@ -174,6 +181,18 @@ class HttpApi:
                 raise ProtocolError("BAD_REQUEST", "target must be a peer id string", 400)
         leader = await self.node.transfer_leadership(target)
         return web.json_response({"leader_id": leader})
+
+    async def membership(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.node.membership())
+
+    async def change_membership(self, request: web.Request) -> web.Response:
+        """One membership change (issue 27): ``{op: add_learner|promote|remove, id, address?}``."""
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, ValueError):
+            raise ProtocolError("BAD_JSON", "request body is not JSON", 400) from None
+        op, peer_id, address = check_membership_request(payload)
+        return web.json_response(await self.node.change_membership(op, peer_id, address))
 
     async def reset_metrics(self, request: web.Request) -> web.Response:
         self.node.commit_latency_ms.clear()

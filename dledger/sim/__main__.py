@@ -4,6 +4,7 @@
     python -m dledger.sim --seed 137 --steps 3000 --verbose   # replay one seed, bit for bit
     python -m dledger.sim --seeds 200 --plant vote-not-durable   # show a planted bug is caught
     python -m dledger.sim --seeds 50 --json                   # figures for docs/PERFORMANCE.md
+    python -m dledger.sim --seeds 20 --membership             # membership changes under faults
 
 Exit 0 when every seed passed (or, with --plant, when some seed caught the plant), 1 otherwise,
 2 for bad usage.
@@ -19,7 +20,7 @@ import os
 import sys
 import time
 
-from dledger.sim.plants import PLANTS, run_job
+from dledger.sim.plants import PLANT_OPTIONS, PLANTS, run_job
 from dledger.sim.world import SimOptions
 
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3000, help="events in the fault phase of each seed")
     p.add_argument("--nodes", type=int, default=3, help="replicas per group (default 3)")
     p.add_argument("--no-faults", action="store_true", help="no faults: only clocks, delays, a client")
+    p.add_argument("--membership", action="store_true",
+                   help="membership changes under faults (two spare replicas; issue 27); "
+                   "a plant that needs it turns it on")
     p.add_argument("--plant", choices=sorted(PLANTS), help="plant a known bug (the run should then fail)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -41,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps, --nodes, --jobs and --seeds must be positive")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, stream=sys.stderr)
     seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.seeds))
-    options = SimOptions(nodes=args.nodes, steps=args.steps, faults=not args.no_faults)
+    membership = args.membership or bool(PLANT_OPTIONS.get(args.plant or "", {}).get("membership"))
+    options = SimOptions(nodes=args.nodes, steps=args.steps, faults=not args.no_faults, membership=membership)
     started = time.monotonic()
     work = [(s, options, args.plant) for s in seeds]
     if args.jobs > 1 and len(seeds) > 1:
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     replay = "python -m dledger.sim --seed {} --steps {}" + (
         f" --nodes {args.nodes}" if args.nodes != 3 else ""
     )
+    replay += " --membership" if membership and not args.plant else ""
     replay += f" --plant {args.plant}" if args.plant else ""
     for r in results if (args.verbose or len(results) == 1) else failed:
         print(r.line())

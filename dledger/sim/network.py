@@ -52,8 +52,11 @@ class SimNetwork:
 
     def attach(self, transport: InProcTransport) -> None:
         self._transports[transport.address] = transport
-        for peer in transport.peer_addresses:
-            if self._connected(transport.address, peer):
+        # Linked with every replica either side lists (one that lists it dials it, as over TCP:
+        # a member the attaching replica does not know yet still reaches it; issue 27).
+        listing = [a for a, t in self._transports.items() if transport.address in t.peer_addresses]
+        for peer in sorted(set(transport.peer_addresses) | set(listing)):
+            if peer != transport.address and self._connected(transport.address, peer):
                 transport.post("up", peer)
                 self._transports[peer].post("up", transport.address)
 
@@ -61,10 +64,15 @@ class SimNetwork:
         transport = self._transports.pop(address, None)
         if transport is None:
             return
-        for peer in transport.peer_addresses:
-            other = self._transports.get(peer)
-            if other is not None:
+        for peer, other in self._transports.items():  # everyone it was linked with (see attach)
+            if peer in transport.peer_addresses or address in other.peer_addresses or other.is_up(address):
                 other.post("down", address)
+
+    def connect(self, a: str, b: str) -> None:
+        """``a`` learned of member ``b`` (a membership change): the link comes up at both ends."""
+        if self._connected(a, b):
+            self._transports[a].post("up", b)
+            self._transports[b].post("up", a)
 
     def cut(self, a: str, b: str, one_way: bool = False) -> None:
         if one_way:

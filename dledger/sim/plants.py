@@ -20,15 +20,22 @@ out again; the simulator runs in one thread, so the patch affects only the run i
   (``world.FSYNC_ERROR_EVERY_S``), which loses the pages the failed fsync did not write.
 - ``refuse-on-local-state``: the refusal of a poison body depends on the replica's own history
   (every other poison body it judged), not on the body alone: replicas reach different outcomes.
+- ``membership-two-at-once`` (issue 27): the leader adds a new member straight as a voter and
+  does not wait for the previous change to commit (nor for its own term's first entry), so two
+  changes in a row jump 3 voters to 5, or 5 to 3 (majorities of the old and new memberships need
+  not overlap). Runs with the simulator's
+  membership changes on (``SimOptions(membership=True)``: ``--membership``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from dledger import membership as mship
 from dledger import syncobj_patch
 from dledger.meta_store import MemoryMetaStore
 from dledger.records import Refused
@@ -58,8 +65,9 @@ def _commit_any_term(
     peer_match: Sequence[int],
     current_term: int,
     term_at: Callable[[int], int],
+    count_self: bool = True,
 ) -> int:
-    ranked = sorted([self_match, *peer_match], reverse=True)
+    ranked = sorted([self_match, *peer_match] if count_self else list(peer_match), reverse=True)
     return max(commit_index, ranked[len(ranked) // 2])
 
 
@@ -139,6 +147,24 @@ def _refuse_on_local_state() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _membership_two_at_once() -> Iterator[None]:
+    original = ReplicaCore._membership_change
+
+    def change(core: ReplicaCore, op: str, peer_id: str, address: str | None, max_lag: int) -> mship.Membership:
+        m = core.membership.current.membership  # no pending check, no readiness, no catch-up
+        if op == "add_learner" and address is not None:  # ... and no learner stage: a voter at once
+            return mship.Membership(tuple(sorted((*m.voters, (peer_id, address)))), m.learners)
+        if op == "promote":
+            return m.promote(peer_id)
+        if op == "remove" and peer_id != core.settings.self_id:
+            return m.remove(peer_id)
+        return original(core, op, peer_id, address, max_lag)
+
+    with _patched(ReplicaCore, "_membership_change", change):
+        yield
+
+
 PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "truncate-non-conflicting": lambda: _patched(syncobj_patch, "align_append_entries", _stock_align),
     "ack-before-fsync": _ack_before_fsync,
@@ -148,7 +174,10 @@ PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "apply-raises": lambda: _patched(sim_replica, "refusal_of", _apply_raises),
     "refuse-on-local-state": _refuse_on_local_state,
     "ignore-fsync-error": _ignore_fsync_error,
+    "membership-two-at-once": _membership_two_at_once,
 }
+# Plants that need an option of the simulated world on to be exercised at all.
+PLANT_OPTIONS: dict[str, dict[str, Any]] = {"membership-two-at-once": {"membership": True, "steps": 9000}}
 
 
 def plant(name: str | None) -> contextlib.AbstractContextManager[None]:
@@ -163,6 +192,8 @@ def plant(name: str | None) -> contextlib.AbstractContextManager[None]:
 def run_job(job: tuple[int, SimOptions, str | None]) -> SimResult:
     """One seed, with a plant or without (a module-level function: worker processes import it)."""
     seed, options, planted = job
+    if planted in PLANT_OPTIONS:
+        options = dataclasses.replace(options, **PLANT_OPTIONS[planted])
     if not logging.getLogger().handlers:  # a worker process: the replicas' logs are noise here
         logging.getLogger("dledger").setLevel(logging.CRITICAL)
     with plant(planted):

@@ -38,6 +38,7 @@ from dledger.records import (
     AppendFailedError,
     AppendTimeoutError,
     BodyLocation,
+    DLedgerError,
     NotLeaderError,
     RaftSettings,
     Refused,
@@ -68,6 +69,11 @@ class SimOptions:
     # Mean seconds between failed fsyncs (EIO; the pages are lost, sim/replica.py) while faults are
     # on; None: FSYNC_ERROR_EVERY_S (0: off, so existing seeds replay as before).
     fsync_error_every_s: float | None = None
+    # Issue 27: membership changes under faults. Two spare replicas (n3, n4 of five) start as
+    # learners outside the group; the nemesis asks the leader for single-server changes (add a
+    # learner, promote it, remove a voter that does not lead, remove a learner), between 3 and 5
+    # voters. Off by default: the other seeds replay as before.
+    membership: bool = False
 
 
 @dataclasses.dataclass
@@ -85,6 +91,7 @@ class SimResult:
     leader_terms: int
     refused: int = 0  # poison bodies committed and refused by every replica
     fail_stops: int = 0  # replicas that failed stop on a failed fsync (and were restarted)
+    member_changes: int = 0  # membership changes a leader appended (SimOptions.membership)
 
     def line(self) -> str:
         status = "ok" if self.ok else f"FAIL: {self.error}"
@@ -103,6 +110,7 @@ class World:
         every = options.fsync_error_every_s
         self._fsync_error_every_s = FSYNC_ERROR_EVERY_S if every is None else every
         self.fail_stops = 0
+        self.member_changes = 0
         self.rng = random.Random(seed)
         self.poison_rng = random.Random(seed ^ 0x9015)  # its own stream: the rest of a run draws as before
         self.now = 0.0
@@ -118,17 +126,22 @@ class World:
         self.events = 0
         self._faults_on = False
         self._client_on = False
-        ids = [f"n{k}" for k in range(options.nodes)]
-        peers = {nid: f"10.0.0.{k + 1}:40911" for k, nid in enumerate(ids)}
+        spares = 2 if options.membership else 0
+        ids = [f"n{k}" for k in range(options.nodes + spares)]
+        addresses = {nid: f"10.0.0.{k + 1}:40911" for k, nid in enumerate(ids)}
+        self.initial_voters = ids[: options.nodes]
+        peers = {nid: addresses[nid] for nid in self.initial_voters}
         segment_bytes = self.rng.choice([16 << 10, 64 << 10, 1 << 20])
         retention = self.rng.random() < 0.3
         batch_bytes = self.rng.choice([2048, 16 << 10, 1 << 20])  # small: catch-up in many messages
         self.replicas: dict[str, SimReplica] = {}
         for nid in ids:
+            learner = nid not in peers  # a spare: joins as a learner when the group adds it
             settings = RaftSettings(
                 group="SimGroup",
                 self_id=nid,
-                peers=peers,
+                peers={**peers, nid: addresses[nid]} if learner else peers,
+                learner=learner,
                 data_dir=f"/sim/{nid}",
                 password="",
                 segment_bytes=segment_bytes,
@@ -338,8 +351,9 @@ class World:
                 "network",
                 "slow_fsync",
                 "none",
+                "member",
             ],
-            weights=[3, 3, 2, 2, 2, 2, 2, 1, 2],
+            weights=[3, 3, 2, 2, 2, 2, 2, 1, 2, 4 if self.opts.membership else 0],
         )[0]
         duration = rng.uniform(0.05, 3.0)
         self._trace("nemesis", kind, round(self.now, 6))
@@ -378,11 +392,56 @@ class World:
                 spike=rng.choice([0.0, 0.05, 0.2]),
             )
             self.after(duration, self._clean_network)
+        elif kind == "member":
+            self._member_change()
+            if rng.random() < 0.5:
+                self._member_change()  # at once: the leader must refuse it while one is pending
         elif kind == "slow_fsync":
             slow = self.replicas[rng.choice(ids)]
             slow.fsync_delay_s = rng.uniform(0.005, 0.2)
             self.after(duration, self._fast_fsync)
         self.after(rng.uniform(0.1, 1.0), self._nemesis)
+
+    def _membership_driver(self) -> None:
+        """Membership changes while the faults run (SimOptions.membership): often, sometimes two
+        asked at once (the leader must refuse the second while the first is pending)."""
+        if not self._faults_on:
+            return
+        self._member_change()
+        if self.rng.random() < 0.5:
+            self._member_change()
+        self.after(self.rng.uniform(0.05, 0.4), self._membership_driver)
+
+    def _member_change(self) -> None:
+        """Ask the leader (if any) for one membership change drawn from what is possible now."""
+        leader = next((r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"), None)
+        if leader is None or leader.core is None:
+            return
+        m = leader.core.membership.current.membership
+        options: list[tuple[str, str]] = []
+        options += [("add_learner", n) for n in self.replicas if n not in m.addresses()]
+        options += [("promote", n) for n in sorted(m.learner_ids) if len(m.voters) < 5]
+        options += [("remove", n) for n in sorted(m.voter_ids) if n != leader.id and len(m.voters) > 3]
+        options += [("remove", n) for n in sorted(m.learner_ids)]
+        if not options:
+            return
+        op, node = self.rng.choice(options)
+        address = self.replicas[node].address if op == "add_learner" else None
+        self._trace("member", op, node, round(self.now, 6))
+        try:
+            leader.core.propose_membership(op, node, address, lambda _r, _e: None, max_lag=50)
+        except DLedgerError:
+            return  # refused (pending, not caught up, not ready, no room): what the rules say
+        self.member_changes += 1
+        self.poke(leader.id)
+
+    def _members(self) -> list[SimReplica]:
+        """The replicas the group's leader counts as members (all of them without membership changes)."""
+        leader = next((r for r in self.replicas.values() if r.core is not None and r.core.role == "LEADER"), None)
+        if leader is None or leader.core is None:
+            return list(self.replicas.values())
+        members = leader.core.membership.current.membership.addresses()
+        return [r for r in self.replicas.values() if r.id in members]
 
     def _fsync_error(self) -> None:
         """The next flush of a node (the leader half the time) fails with EIO."""
@@ -444,6 +503,7 @@ class World:
             leader_terms=len(self.checker.leaders),
             refused=self.checker.refused,
             fail_stops=self.fail_stops,
+            member_changes=self.member_changes,
         )
 
     def _run_phases(self) -> None:
@@ -454,6 +514,8 @@ class World:
         self.after(0.5, self._client)
         if self._faults_on:
             self.after(1.0, self._nemesis)
+            if self.opts.membership:
+                self.after(0.7, self._membership_driver)
             if self._fsync_error_every_s > 0:
                 self.after(self.rng.expovariate(1 / self._fsync_error_every_s), self._fsync_error)
         while self.events < self.opts.steps and self._run_one():
@@ -486,7 +548,7 @@ class World:
 
     def _converged(self, index: int) -> bool:
         states = set()
-        for r in self.replicas.values():
+        for r in self._members():
             if r.core is None or r.core.commit_index < index or r.core.applied_index < index:
                 return False
             commit = min(r.core.commit_index, r.store.last_index)

@@ -76,6 +76,10 @@ ROUTES: list[tuple[str, str, Any, dict[str, Any] | None, Credentials]] = [
     ("DELETE", "/v1/topics/T2", None, None, ADMIN),
     ("GET", "/v1/replica/files", None, {"limit": 5}, ADMIN),
     ("POST", "/v1/admin/clean-expired-cq", {}, None, ADMIN),
+    ("GET", "/v1/admin/membership", None, None, ADMIN),
+    # issue 27: a membership change is an admin's, on the leader (before the transfer below moves it;
+    # this learner never starts: it counts for nothing)
+    ("POST", "/v1/admin/membership", {"op": "add_learner", "id": "n9", "address": "127.0.0.1:9"}, None, ADMIN),
     ("POST", "/v1/admin/transfer", {}, None, ADMIN),
 ]
 
@@ -103,7 +107,7 @@ async def test_every_route_needs_the_right_account(cluster: BrokerCluster) -> No
         other = CONSUMER if allowed is not CONSUMER else PRODUCER
         if allowed is ADMIN or path in ("/v1/send", "/v1/pull", "/v1/offsets"):
             assert (await status_of(other, addr, method, path, body, params))[0] == 403, (where, other.access_key)
-        assert (await status_of(allowed, addr, method, path, body, params))[0] == 200, where
+        assert (await status_of(allowed, addr, method, path, body, params)) == (200, "OK"), where
 
 
 async def test_followers_enforce_the_same_acl_and_the_sdk_passes_credentials(cluster: BrokerCluster) -> None:

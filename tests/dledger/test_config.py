@@ -18,6 +18,7 @@ from dledger.config import (
     load_properties,
     parse_dledger_config,
     parse_properties,
+    settings_from_config,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +78,7 @@ FULL_CONF = (
     "brokerIP1=192.168.1.20\n"
     "dLegerPeerConnectAddrs=a_1-10.0.0.9:50000\n"
     "clusterId=Zq3_x-9AbCdEfGhIjKlMnO\n"
+    "dLegerLearner=true\n"
 )
 
 
@@ -118,6 +120,7 @@ def test_full_file_round_trip(tmp_path: Path) -> None:
     assert cfg.max_entry_body_bytes == 1 << 20
     assert (cfg.http_host, cfg.listen_port) == ("192.168.1.20", 10921)
     assert cfg.cluster_id == "Zq3_x-9AbCdEfGhIjKlMnO"
+    assert cfg.learner and settings_from_config(cfg).learner
     assert cfg.source == str(path)
     # The password never shows up in logs of the config.
     assert "p@ss" not in repr(cfg)

@@ -207,7 +207,16 @@ async def test_wrong_password_and_unknown_identity_are_refused(group: InProcClus
             return not _closed_by_peer(init.sock, timeout_s=1.0)
 
     assert not await _in_thread(try_handshake, _raft_address(follower), "not-the-password-at-all")
-    assert not await _in_thread(try_handshake, "127.0.0.1:1", PASSWORD)  # not a configured peer
+    # Issue 27: a peer that proves the password but is no member (a replica that missed a membership
+    # change must hear a new member that leads) is accepted as a stranger and counted for nothing.
+    def stranger() -> bool:
+        init = Initiator(target, "TestGroup", "127.0.0.1:1", PASSWORD)
+        with init.sock:
+            confirm, _keys = init.handshake()
+            return confirm is not None and init.acceptor_proved
+
+    assert await _in_thread(stranger)
+    assert "127.0.0.1:1" not in leader._sync.dl_nodes  # not a member: nothing replicated to it, no vote
     assert not await _in_thread(try_handshake, _raft_address(follower), PASSWORD, "OtherGroup")
     await _still_leading(group, leader, term)
 
