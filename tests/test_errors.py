@@ -38,6 +38,7 @@ COMPUTED: dict[tuple[str, str], str] = {
     ),
     ("broker/serving/security.py", "authenticate"): "a refused signature (AuthError, its own code) answered early",
     ("broker/store/replay.py", "append"): "the replicated nonce window's refusals: _MESSAGES, collected below",
+    ("broker/service/admin.py", "change_membership"): "_MEMBERSHIP_REFUSALS, collected below",
 }
 REFUSALS = {(422, "RECORD_REFUSED"), (400, "BAD_COMMAND")}
 # Exceptions with a ``code`` that is no coded error: (file, class) -> why

@@ -77,6 +77,22 @@ def check_client_id(client_id: Any) -> str:
     return str(client_id)
 
 
+# A refused membership change (dledger.membership.MembershipError's codes): its answer (docs/API.md)
+_MEMBERSHIP_REFUSALS: dict[str, tuple[int, str]] = {
+    "BAD_REQUEST": (400, "BAD_REQUEST"),
+    "LEADER_NOT_READY": (409, "LEADER_NOT_READY"),
+    "MEMBERSHIP_CHANGE_PENDING": (409, "MEMBERSHIP_CHANGE_PENDING"),
+    "REMOVE_LEADER": (409, "REMOVE_LEADER"),
+    "LEARNER_NOT_CAUGHT_UP": (409, "LEARNER_NOT_CAUGHT_UP"),
+    "NOT_A_LEARNER": (409, "NOT_A_LEARNER"),
+    "ALREADY_MEMBER": (409, "ALREADY_MEMBER"),
+    "ADDRESS_IN_USE": (409, "ADDRESS_IN_USE"),
+    "UNKNOWN_MEMBER": (409, "UNKNOWN_MEMBER"),
+    "LAST_VOTER": (409, "LAST_VOTER"),
+    "BAD_MEMBERSHIP": (409, "BAD_MEMBERSHIP"),
+}
+
+
 class AdminOps(ServiceBase):
     _pending_commits: dict[tuple[str, str], dict[int, int]]
     _commits_noted: int
@@ -566,4 +582,5 @@ class AdminOps(ServiceBase):
             op, peer_id, address = check_membership_request(payload)
             return dict(await self.s.node.change_membership(op, peer_id, address))
         except MembershipError as exc:
-            raise ProtocolError(exc.code, str(exc), 400 if exc.code == "BAD_REQUEST" else 409) from None
+            status, code = _MEMBERSHIP_REFUSALS.get(exc.code, (409, "BAD_MEMBERSHIP"))
+            raise ProtocolError(code, str(exc), status) from None
