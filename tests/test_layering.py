@@ -50,7 +50,11 @@ ROCKETMQ_WIRE_MAY_IMPORT = ("broker.protocol",)
 # dledger.apps are processes, the top layer: they may use the serving kit's HTTP edge (one error
 # middleware, bounded parameters, the one coded error) and its process start-up. The dledger
 # library itself imports nothing above it.
-DLEDGER_APPS_MAY_IMPORT = ("broker.serving.http_edge", "broker.serving.process_main", "broker.protocol.errors")
+# dledger-cluster also drives a broker cluster's signed admin endpoint (``replace``: the membership
+# change on a broker group) as every client does: through the SDK's transport, never its own signer
+DLEDGER_APPS_MAY_IMPORT = (
+    "broker.serving.http_edge", "broker.serving.process_main", "broker.protocol.errors", "broker.client.transport",
+)
 
 
 def _unit(module: str) -> str:
@@ -242,7 +246,8 @@ ARROWS: dict[str, frozenset[str]] = {
     "broker.tools": frozenset({"broker.protocol", "broker.serving", "broker.client", "dledger", "dledger.apps"}),
     "namesrv": frozenset({"broker.protocol", "broker.serving", "dledger"}),
     # + broker.protocol: the one coded error, which dledger-node answers like every HTTP server
-    "dledger.apps": frozenset({"dledger", "broker.serving", "broker.protocol"}),
+    # + broker.client: dledger-cluster replace signs a broker group's membership change as a client does
+    "dledger.apps": frozenset({"dledger", "broker.serving", "broker.protocol", "broker.client"}),
     # + broker.store: the record and consume-queue codecs the replica reader decodes with (constants
     # and pure functions); broker.edge: the export's paths and page size (spark_jobs/remote.py)
     "spark_jobs": frozenset(
