@@ -320,24 +320,30 @@ class MessageStore(StoreStateEntries):
         if h is None:
             assert refusal is not None
             return self._refuse(position, "message", refusal)
-        topic, qid, tags, keys, store_ts, uid = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id
-        if not self.schedule.on_message(position, len(body), topic, h.properties):
-            self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
-            return None
-        if not self.txn.on_message(position, len(body), topic, h.properties, store_ts):
-            self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
-            return None
+        topic, qid, tags, keys, store_ts, uid, props = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id, \
+            h.properties
+        # A plain message (no properties, not the schedule's or the half messages' topic) is none of
+        # the schedule's or the transactions' business: both would answer True, and sent_topic the
+        # topic itself.
+        special = bool(props) or topic in (SCHEDULE_TOPIC, HALF_TOPIC)
+        if special:
+            if not self.schedule.on_message(position, len(body), topic, props):
+                self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
+                return None
+            if not self.txn.on_message(position, len(body), topic, props, store_ts):
+                self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
+                return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
             cq = self.cqs.get_or_create(topic, qid)
             self._queue_cache[key] = cq
-        offset = cq.append(position, len(body), tag_hash(tags), store_ts)
-        if PROP_HALF_POS in h.properties:
-            self.txn.on_dispatched(position, h.properties, offset)
+        offset = cq.append(position, len(body), tag_hash(tags) if tags else 0, store_ts)
+        if special and PROP_HALF_POS in props:
+            self.txn.on_dispatched(position, props, offset)
         # Added to the window once the whole apply call is done (one lock for all; apply()).
         self._dedup_adds.append(
-            (sent_topic(topic, h.properties), uid, position, qid, offset, store_ts, self._entry_index)
+            (sent_topic(topic, props) if special else topic, uid, position, qid, offset, store_ts, self._entry_index)
         )
         self._units_since_write_out += 1
         for k in keys:
