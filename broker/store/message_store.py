@@ -141,6 +141,7 @@ class MessageStore(StoreStateEntries):
         self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
+        self._index_puts: list[tuple[str, str, int, int]] = []  # this apply call's key index puts (apply())
         # The nonces of state-changing requests (broker/store/replay.py): a replay is refused at apply.
         self.nonces = NonceLog()
 
@@ -272,8 +273,9 @@ class MessageStore(StoreStateEntries):
                     produced.append(result)
                 out.append(produced if aligned else None)
                 self._applied = e.index
-        finally:  # what was dispatched is in the window, as if added one by one
+        finally:  # what was dispatched is in the window and the key index, as if added one by one
             self._flush_dedup_adds()
+            self._flush_index_puts()
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
@@ -296,6 +298,13 @@ class MessageStore(StoreStateEntries):
         self.snapshot(wait=True)
 
     # -- applying ---------------------------------------------------------------------------------
+    def _flush_index_puts(self) -> None:
+        if self._index_puts:
+            try:
+                self.index.put_many(self._index_puts)
+            finally:
+                self._index_puts.clear()
+
     def _flush_dedup_adds(self) -> None:
         if self._dedup_adds:
             self.dedup.add_many(self._dedup_adds)
@@ -346,10 +355,11 @@ class MessageStore(StoreStateEntries):
             (sent_topic(topic, props) if special else topic, uid, position, qid, offset, store_ts, self._entry_index)
         )
         self._units_since_write_out += 1
+        # Put in the key index once the whole apply call is done (one lock for all; apply()).
         for k in keys:
-            self.index.put(topic, k, position, store_ts)
+            self._index_puts.append((topic, k, position, store_ts))
         if uid:
-            self.index.put(topic, uid, position, store_ts)
+            self._index_puts.append((topic, uid, position, store_ts))
         touched.add(key)
         self.counters["messages"] += 1
         return offset
