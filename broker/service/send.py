@@ -179,7 +179,7 @@ class SendOps(ServiceBase):
             qids = []
         highest_qid = max(qids, default=qid)
         # Delayed and timed messages go to the schedule topic until due (broker/store/schedule.py).
-        msgs = [s.schedule.policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+        msgs = s.schedule.policy.prepare_batch(msgs)
         records = [encode_message(m) for m in msgs]
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:

@@ -110,6 +110,18 @@ class DedupWindow:
             e = self._entries.get((topic, unique_id))
             return FirstSend(*e) if e is not None and self._counts(e) else None
 
+    def lookup_many(self, topic: str, unique_ids: Sequence[str]) -> list[FirstSend | None]:
+        """``lookup`` of each of ``unique_ids`` (one lock for all)."""
+        if not self.enabled:
+            return [None] * len(unique_ids)
+        get, counts = self._entries.get, self._counts
+        out: list[FirstSend | None] = []
+        with self._lock:
+            for u in unique_ids:
+                e = get((topic, u))
+                out.append(FirstSend(*e) if e is not None and counts(e) else None)
+        return out
+
     def add(
         self, topic: str, unique_id: str, *, position: int, queue_id: int, queue_offset: int, store_ts: int, index: int
     ) -> None:
@@ -217,7 +229,7 @@ class SendDeduper:
     def known(self, topic: str, unique_ids: Sequence[str]) -> list[FirstSend | None]:
         if not deduplicated_topic(topic):
             return [None] * len(unique_ids)
-        return [self.window.lookup(topic, u) for u in unique_ids]
+        return self.window.lookup_many(topic, unique_ids)
 
     async def wait_in_flight(self, topic: str, unique_ids: Sequence[str], timeout_s: float) -> None:
         """Until no earlier attempt of these messages may still be stored unseen (bounded)."""
@@ -227,6 +239,8 @@ class SendDeduper:
         pending = [f for u in unique_ids if (f := self._in_flight.get((topic, u))) is not None]
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
+        if not self._uncertain:  # no failed attempt remembered (the usual case): nothing to look up
+            return
         terms = [t for u in unique_ids if (t := self._uncertain.get((topic, u))) is not None]
         if not terms:
             return

@@ -53,6 +53,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dledger.durable import fsync_dir, fsync_path
@@ -80,6 +81,10 @@ HEADER_SIZE = 64
 _SLOT = struct.Struct("<I")
 _ENTRY = struct.Struct("<IQiI")
 ENTRY_SIZE = _ENTRY.size  # 20
+_SLOT_SIZE = _SLOT.size
+_slot_unpack_from = _SLOT.unpack_from
+_slot_pack_into = _SLOT.pack_into
+_entry_pack_into = _ENTRY.pack_into
 _MAGIC = b"RKIX"
 _VERSION = 1
 STATE_OPEN = 1
@@ -285,27 +290,75 @@ class KeyIndex:
 
     def put(self, topic: str, key: str, position: int, store_ts: int) -> None:
         """Index ``position`` under (topic, key). Called by the single writer thread."""
-        h = key_hash(topic, key)
+        h = zlib.crc32(f"{topic}#{key}".encode())  # key_hash, inlined: every replica, every key of every message
         f = self._active
         if f is None or f.count >= f.entries_max or not _DIFF_MIN <= store_ts - f.base_ts <= _DIFF_MAX:
             f = self._roll(store_ts)
         with self._lock:
             n = f.count + 1
-            slot_at = HEADER_SIZE + (h % f.slots) * _SLOT.size
-            prev = _SLOT.unpack_from(f.mm, slot_at)[0]
-            _ENTRY.pack_into(f.mm, f.entry_offset(n), h, position, store_ts - f.base_ts, prev)
-            _SLOT.pack_into(f.mm, slot_at, n)  # after the entry: readers follow slots
+            mm = f.mm
+            slots = f.slots
+            slot_at = HEADER_SIZE + (h % slots) * _SLOT_SIZE
+            prev = _slot_unpack_from(mm, slot_at)[0]
+            # f.entry_offset(n), inlined
+            _entry_pack_into(mm, HEADER_SIZE + slots * _SLOT_SIZE + (n - 1) * ENTRY_SIZE, h, position,
+                             store_ts - f.base_ts, prev)
+            _slot_pack_into(mm, slot_at, n)  # after the entry: readers follow slots
             if n == 1:
                 f.begin_ts = f.end_ts = store_ts
                 f.begin_pos = f.end_pos = position
-            else:
-                if position <= f.end_pos:
+            else:  # the min/max of each range, compared in place
+                if store_ts < f.begin_ts:
+                    f.begin_ts = store_ts
+                if store_ts > f.end_ts:
+                    f.end_ts = store_ts
+                if position > f.end_pos:
+                    f.end_pos = position
+                else:
                     f.ordered = False
-                f.begin_ts = min(f.begin_ts, store_ts)
-                f.end_ts = max(f.end_ts, store_ts)
-                f.begin_pos = min(f.begin_pos, position)
-                f.end_pos = max(f.end_pos, position)
+                    if position < f.begin_pos:
+                        f.begin_pos = position
             f.count = n
+
+    def put_many(self, puts: Sequence[tuple[str, str, int, int]]) -> None:
+        """``put`` of each ``(topic, key, position, store_ts)``, in order: one lock for as many as the
+        active file takes (the same entries, slots and ranges as putting them one by one)."""
+        i, n_puts = 0, len(puts)
+        while i < n_puts:
+            store_ts = puts[i][3]
+            f = self._active
+            if f is None or f.count >= f.entries_max or not _DIFF_MIN <= store_ts - f.base_ts <= _DIFF_MAX:
+                f = self._roll(store_ts)
+            with self._lock:
+                mm, slots, base_ts, entries_max = f.mm, f.slots, f.base_ts, f.entries_max
+                entries_at = HEADER_SIZE + slots * _SLOT_SIZE - ENTRY_SIZE  # entry n at + n * ENTRY_SIZE
+                n = f.count
+                while i < n_puts:
+                    topic, key, position, store_ts = puts[i]
+                    if n >= entries_max or not _DIFF_MIN <= store_ts - base_ts <= _DIFF_MAX:
+                        break  # the next file's (rolled above, outside the lock)
+                    h = zlib.crc32(f"{topic}#{key}".encode())
+                    n += 1
+                    slot_at = HEADER_SIZE + (h % slots) * _SLOT_SIZE
+                    _entry_pack_into(mm, entries_at + n * ENTRY_SIZE, h, position, store_ts - base_ts,
+                                     _slot_unpack_from(mm, slot_at)[0])
+                    _slot_pack_into(mm, slot_at, n)  # after the entry: readers follow slots
+                    if n == 1:
+                        f.begin_ts = f.end_ts = store_ts
+                        f.begin_pos = f.end_pos = position
+                    else:
+                        if store_ts < f.begin_ts:
+                            f.begin_ts = store_ts
+                        if store_ts > f.end_ts:
+                            f.end_ts = store_ts
+                        if position > f.end_pos:
+                            f.end_pos = position
+                        else:
+                            f.ordered = False
+                            if position < f.begin_pos:
+                                f.begin_pos = position
+                    f.count = n
+                    i += 1
 
     def _roll(self, base_ts: int) -> _IndexFile:
         """Seal the active file (if any) and start a new one whose ts diffs count from ``base_ts``."""

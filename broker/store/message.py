@@ -380,6 +380,10 @@ def check_sys_flag(value: Any, name: str) -> int:
     return flag
 
 
+_FLAG_MAX = 2**31 - 1
+_BORN_TS_MAX = 2**63 - 1
+
+
 def build_messages(
     topic: str,
     queue_id: int,
@@ -412,16 +416,27 @@ def build_messages(
             raise ProtocolError("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ {BORN_HOST_CHARS_MAX}", 400)
         uid = item.get("unique_id")
         qid = item.get("queue_id")
+        flag = item.get("flag", 0)
+        born_ts = item.get("born_ts", store_ts)
+        # The field names of a refusal are formatted only for a value check_int would refuse (an
+        # int, not a bool, in range passes as is): no f-string per valid message.
+        if qid is None:
+            qid = queue_id
+        elif type(qid) is not int or not 0 <= qid < queue_ids_max:
+            qid = check_int(qid, f"messages[{i}].queue_id", 0, queue_ids_max - 1, "INVALID_QUEUE_ID")
+        if type(flag) is not int or not 0 <= flag <= _FLAG_MAX:
+            flag = check_int(flag, f"messages[{i}].flag", 0, _FLAG_MAX)
+        if type(born_ts) is not int or not 0 <= born_ts <= _BORN_TS_MAX:
+            born_ts = check_int(born_ts, f"messages[{i}].born_ts", 0, _BORN_TS_MAX)
         out.append(
             StoredMessage(
                 topic=topic,
-                queue_id=queue_id if qid is None else check_int(qid, f"messages[{i}].queue_id", 0, queue_ids_max - 1,
-                                                                 "INVALID_QUEUE_ID"),
-                flag=check_int(item.get("flag", 0), f"messages[{i}].flag", 0, 2**31 - 1),
+                queue_id=qid,
+                flag=flag,
                 tags=check_tags(item.get("tags")),
                 keys=check_keys(item.get("keys")),
                 properties=check_properties(item.get("properties")),
-                born_ts=check_int(item.get("born_ts", store_ts), f"messages[{i}].born_ts", 0, 2**63 - 1),
+                born_ts=born_ts,
                 born_host=born_host,
                 store_ts=store_ts,
                 unique_id=check_unique_id(uid) if uid is not None else new_unique_id(),

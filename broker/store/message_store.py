@@ -141,6 +141,7 @@ class MessageStore(StoreStateEntries):
         self.dedup = DedupWindow(dedup_max_messages, dedup_window_ms)
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
+        self._index_puts: list[tuple[str, str, int, int]] = []  # this apply call's key index puts (apply())
         # The nonces of state-changing requests (broker/store/replay.py): a replay is refused at apply.
         self.nonces = NonceLog()
 
@@ -272,8 +273,9 @@ class MessageStore(StoreStateEntries):
                     produced.append(result)
                 out.append(produced if aligned else None)
                 self._applied = e.index
-        finally:  # what was dispatched is in the window, as if added one by one
+        finally:  # what was dispatched is in the window and the key index, as if added one by one
             self._flush_dedup_adds()
+            self._flush_index_puts()
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
@@ -296,6 +298,13 @@ class MessageStore(StoreStateEntries):
         self.snapshot(wait=True)
 
     # -- applying ---------------------------------------------------------------------------------
+    def _flush_index_puts(self) -> None:
+        if self._index_puts:
+            try:
+                self.index.put_many(self._index_puts)
+            finally:
+                self._index_puts.clear()
+
     def _flush_dedup_adds(self) -> None:
         if self._dedup_adds:
             self.dedup.add_many(self._dedup_adds)
@@ -320,30 +329,37 @@ class MessageStore(StoreStateEntries):
         if h is None:
             assert refusal is not None
             return self._refuse(position, "message", refusal)
-        topic, qid, tags, keys, store_ts, uid = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id
-        if not self.schedule.on_message(position, len(body), topic, h.properties):
-            self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
-            return None
-        if not self.txn.on_message(position, len(body), topic, h.properties, store_ts):
-            self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
-            return None
+        topic, qid, tags, keys, store_ts, uid, props = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id, \
+            h.properties
+        # A plain message (no properties, not the schedule's or the half messages' topic) is none of
+        # the schedule's or the transactions' business: both would answer True, and sent_topic the
+        # topic itself.
+        special = bool(props) or topic in (SCHEDULE_TOPIC, HALF_TOPIC)
+        if special:
+            if not self.schedule.on_message(position, len(body), topic, props):
+                self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
+                return None
+            if not self.txn.on_message(position, len(body), topic, props, store_ts):
+                self.counters["transaction_second_copies"] += 1  # a commit of a resolved half
+                return None
         key = (topic, qid)
         cq = self._queue_cache.get(key)
         if cq is None:
             cq = self.cqs.get_or_create(topic, qid)
             self._queue_cache[key] = cq
-        offset = cq.append(position, len(body), tag_hash(tags), store_ts)
-        if PROP_HALF_POS in h.properties:
-            self.txn.on_dispatched(position, h.properties, offset)
+        offset = cq.append(position, len(body), tag_hash(tags) if tags else 0, store_ts)
+        if special and PROP_HALF_POS in props:
+            self.txn.on_dispatched(position, props, offset)
         # Added to the window once the whole apply call is done (one lock for all; apply()).
         self._dedup_adds.append(
-            (sent_topic(topic, h.properties), uid, position, qid, offset, store_ts, self._entry_index)
+            (sent_topic(topic, props) if special else topic, uid, position, qid, offset, store_ts, self._entry_index)
         )
         self._units_since_write_out += 1
+        # Put in the key index once the whole apply call is done (one lock for all; apply()).
         for k in keys:
-            self.index.put(topic, k, position, store_ts)
+            self._index_puts.append((topic, k, position, store_ts))
         if uid:
-            self.index.put(topic, uid, position, store_ts)
+            self._index_puts.append((topic, uid, position, store_ts))
         touched.add(key)
         self.counters["messages"] += 1
         return offset

@@ -33,6 +33,7 @@ refuses, so a queue rebuilt from the log equals the queue built by applying it.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Mapping
 from typing import Any, Final
@@ -77,7 +78,16 @@ def _int64_or_unparsed(value: Any) -> bool:
     return INT64_MIN <= number <= INT64_MAX
 
 
+@functools.lru_cache(maxsize=4096)
+def _topic_ok(topic: str) -> bool:
+    """``is_topic`` remembered: every replica checks the topic of every message it applies, and a
+    log names few topics (a pure function of the name, so a cached answer is the same answer)."""
+    return is_topic(topic)
+
+
 def _properties_refusal(topic: str, props: Mapping[Any, Any]) -> str | None:
+    if not props:  # most messages: none of the checks below can refuse an empty map
+        return None
     for name in (PROP_SCHED_POS, PROP_HALF_POS):
         if name in props and not _int64_or_unparsed(props[name]):
             return f"property {name} must be a decimal string within 64 bits, got {str(props[name])[:40]!r}"
@@ -107,7 +117,7 @@ def admit_message(record: bytes) -> tuple[RecordHeader | None, Refused | None]:
 def message_refusal(topic: str, queue_id: int, store_ts: int, props: Mapping[Any, Any]) -> str | None:
     """Why a decoded message cannot be applied (None: it can). Also asked by reads by position (a
     msg id): a refused record is in the log but in no queue, and is never served."""
-    if not is_topic(topic):
+    if not (isinstance(topic, str) and _topic_ok(topic)):
         return f"topic {topic[:140]!r} is not a valid topic name ({TOPIC_RULE})"
     if isinstance(queue_id, bool) or not 0 <= queue_id <= QUEUE_ID_MAX:
         return f"queue id {queue_id} is outside 0..{QUEUE_ID_MAX}"

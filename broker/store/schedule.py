@@ -119,6 +119,14 @@ class SchedulePolicy:
             return store_ts + self.levels_ms[level - 1], level
         return None
 
+    def prepare_batch(self, msgs: list[StoredMessage]) -> list[StoredMessage]:
+        """``prepare`` for a send request's messages (``where``: ``messages[i]``), formatting ``where``
+        only for a message ``prepare`` has to look into (a broker topic, or properties)."""
+        return [
+            m if not m.properties and m.topic not in BROKER_TOPICS else self.prepare(m, f"messages[{i}]")
+            for i, m in enumerate(msgs)
+        ]
+
     def prepare(self, m: StoredMessage, where: str) -> StoredMessage:
         """The record to append for ``m``: itself, or its schedule record when it is delayed."""
         if m.topic in BROKER_TOPICS:

@@ -115,6 +115,30 @@ def test_roll_over_and_query_across_files(tmp_path: Path) -> None:
     idx.close()
 
 
+def test_put_many_writes_what_puts_one_by_one_write(tmp_path: Path) -> None:
+    """``put_many`` (the store's apply: one lock per batch) leaves the same files as ``put`` called
+    for each in turn: entries, slot chains, counts, ranges and order flags, across rolls (full
+    files, a store time too far from a file's base) and out-of-order positions."""
+    puts = [("T", f"k{i % 5}", (i * 37) % 101 * 10, 1_000 + (i * 13) % 17) for i in range(45)]
+    puts += [("T", "late", 5, 1_000 + 2**31), ("U", "k1", 3, 1_000 + 2**31 - 1), ("T", "k1", 9_999, 1_020)]
+    one, many = tmp_path / "one", tmp_path / "many"
+    a = KeyIndex(str(one), slots=4, entries_per_file=10)
+    b = KeyIndex(str(many), slots=4, entries_per_file=10)
+    for p in puts:
+        a.put(*p)
+    b.put_many(puts[:7])
+    b.put_many([])
+    b.put_many(puts[7:])
+    for key in ("k0", "k1", "k2", "k3", "k4", "late"):
+        assert b.query("T", key, max_count=100) == a.query("T", key, max_count=100)
+    a.close()
+    b.close()
+    files_a, files_b = index_files(one), index_files(many)
+    assert [p.name for p in files_a] == [p.name for p in files_b] and len(files_a) >= 5
+    for fa, fb in zip(files_a, files_b, strict=True):
+        assert fa.read_bytes() == fb.read_bytes(), fa.name
+
+
 def test_roll_when_the_ts_diff_does_not_fit(tmp_path: Path) -> None:
     idx = KeyIndex(str(tmp_path), slots=4, entries_per_file=100)
     idx.put("T", "k", 1, 10_000_000_000)
