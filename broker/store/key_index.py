@@ -290,35 +290,7 @@ class KeyIndex:
 
     def put(self, topic: str, key: str, position: int, store_ts: int) -> None:
         """Index ``position`` under (topic, key). Called by the single writer thread."""
-        h = zlib.crc32(f"{topic}#{key}".encode())  # key_hash, inlined: every replica, every key of every message
-        f = self._active
-        if f is None or f.count >= f.entries_max or not _DIFF_MIN <= store_ts - f.base_ts <= _DIFF_MAX:
-            f = self._roll(store_ts)
-        with self._lock:
-            n = f.count + 1
-            mm = f.mm
-            slots = f.slots
-            slot_at = HEADER_SIZE + (h % slots) * _SLOT_SIZE
-            prev = _slot_unpack_from(mm, slot_at)[0]
-            # f.entry_offset(n), inlined
-            _entry_pack_into(mm, HEADER_SIZE + slots * _SLOT_SIZE + (n - 1) * ENTRY_SIZE, h, position,
-                             store_ts - f.base_ts, prev)
-            _slot_pack_into(mm, slot_at, n)  # after the entry: readers follow slots
-            if n == 1:
-                f.begin_ts = f.end_ts = store_ts
-                f.begin_pos = f.end_pos = position
-            else:  # the min/max of each range, compared in place
-                if store_ts < f.begin_ts:
-                    f.begin_ts = store_ts
-                if store_ts > f.end_ts:
-                    f.end_ts = store_ts
-                if position > f.end_pos:
-                    f.end_pos = position
-                else:
-                    f.ordered = False
-                    if position < f.begin_pos:
-                        f.begin_pos = position
-            f.count = n
+        self.put_many(((topic, key, position, store_ts),))
 
     def put_many(self, puts: Sequence[tuple[str, str, int, int]]) -> None:
         """``put`` of each ``(topic, key, position, store_ts)``, in order: one lock for as many as the
