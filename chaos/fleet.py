@@ -31,8 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 from broker.client.transport import ClientError, NamesrvClient, Transport
-from chaos.fleet_base import FleetOptions, FleetRun
-from chaos.layout import DEFAULT_PORT_BASE
+from chaos.fleet_base import FleetOptions, FleetRun, add_load_arguments, add_run_arguments
 from chaos.target import REPO, LocalTarget, Member, find_leader, groups_of, wait_for
 from chaos.workload import CONSUMER_GROUP, create_topic
 
@@ -205,14 +204,8 @@ def add_parser(sub: Any, bounded: Any, port_base: Any) -> None:
     p.add_argument("--dir", required=True, help="the run directory (new or empty)")
     p.add_argument("--groups", type=bounded(int, 2, 8), default=2, help="groups at the start (2)")
     p.add_argument("--retire", default=None, metavar="GROUP", help="the group to retire (default: the first)")
-    p.add_argument("--producers", type=bounded(int, 1, 64), default=4)
-    p.add_argument("--consumers", type=bounded(int, 1, 64), default=2)
-    p.add_argument("--rate", type=bounded(float, 1, 100000), default=50.0, help="sends/s per producer (50)")
-    p.add_argument("--steady", type=bounded(float, 0, 600), default=STEADY_S_DEFAULT,
-                   help=f"seconds of load between the steps ({STEADY_S_DEFAULT:g})")
-    p.add_argument("--port-base", type=port_base, default=DEFAULT_PORT_BASE)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+    add_load_arguments(p, bounded, consumers_min=1, steady_s=STEADY_S_DEFAULT, between="the steps")
+    add_run_arguments(p, port_base)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -52,6 +52,23 @@ class FleetOptions:
     route_refresh_s: float = 5.0  # the producers' route refresh (RocketMQ's pollNameServerInterval: 30 s)
 
 
+def add_load_arguments(p: Any, bounded: Any, *, consumers_min: int, steady_s: float, between: str) -> None:
+    """The load every fleet drill runs under: producers, consumers, their rate, the steady time
+    between two steps (``between``: what a step is, for the help)."""
+    p.add_argument("--producers", type=bounded(int, 1, 64), default=4)
+    p.add_argument("--consumers", type=bounded(int, consumers_min, 64), default=2)
+    p.add_argument("--rate", type=bounded(float, 1, 100000), default=50.0, help="sends/s per producer (50)")
+    p.add_argument("--steady", type=bounded(float, 0, 600), default=steady_s,
+                   help=f"seconds of load between {between} ({steady_s:g})")
+
+
+def add_run_arguments(p: Any, port_base: Any) -> None:
+    """Where a fleet drill's ports start, its seed, and whether the Spark audit runs."""
+    p.add_argument("--port-base", type=port_base, default=DEFAULT_PORT_BASE)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+
+
 def cluster_cmd(cluster_dir: str, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     """``dledger-cluster ARGS --dir CLUSTER_DIR`` (blocking: run it in a thread)."""
     return subprocess.run([sys.executable, "-m", "dledger.apps.cluster", *args, "--dir", cluster_dir],

@@ -21,8 +21,7 @@ import json
 import sys
 from typing import Any
 
-from chaos.fleet_base import FleetOptions, FleetRun
-from chaos.layout import DEFAULT_PORT_BASE
+from chaos.fleet_base import FleetOptions, FleetRun, add_load_arguments, add_run_arguments
 from chaos.target import groups_of, wait_for
 
 STEADY_S_DEFAULT = 3.0
@@ -91,14 +90,8 @@ class ReplaceDrill:
 def add_parser(sub: Any, bounded: Any, port_base: Any) -> None:
     p = sub.add_parser("replace", help="replace a dead replica under load, then lose the old leader; audit")
     p.add_argument("--dir", required=True, help="the run directory (new or empty)")
-    p.add_argument("--producers", type=bounded(int, 1, 64), default=4)
-    p.add_argument("--consumers", type=bounded(int, 0, 64), default=2)
-    p.add_argument("--rate", type=bounded(float, 1, 100000), default=50.0, help="sends/s per producer (50)")
-    p.add_argument("--steady", type=bounded(float, 0, 600), default=STEADY_S_DEFAULT,
-                   help=f"seconds of load between two steps ({STEADY_S_DEFAULT:g})")
-    p.add_argument("--port-base", type=port_base, default=DEFAULT_PORT_BASE)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+    add_load_arguments(p, bounded, consumers_min=0, steady_s=STEADY_S_DEFAULT, between="two steps")
+    add_run_arguments(p, port_base)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -32,8 +32,14 @@ import time
 from typing import Any
 
 from broker.client.transport import ClientError, NamesrvClient, Transport
-from chaos.fleet_base import FleetOptions, FleetRun, read_sends, send_gaps
-from chaos.layout import DEFAULT_PORT_BASE
+from chaos.fleet_base import (
+    FleetOptions,
+    FleetRun,
+    add_load_arguments,
+    add_run_arguments,
+    read_sends,
+    send_gaps,
+)
 from chaos.target import REPO, Member, groups_of, wait_for
 from dledger.apps.cluster import ProcessInfo, load_processes
 
@@ -257,11 +263,7 @@ def add_parser(sub: Any, bounded: Any, port_base: Any) -> None:
                        help="restart every replica of every group in turn under load (optionally: an upgrade)")
     p.add_argument("--dir", required=True, help="the run directory (new or empty)")
     p.add_argument("--groups", type=bounded(int, 1, 9), default=2)
-    p.add_argument("--producers", type=bounded(int, 1, 64), default=4)
-    p.add_argument("--consumers", type=bounded(int, 0, 64), default=2)
-    p.add_argument("--rate", type=bounded(float, 1, 100000), default=50.0, help="sends/s per producer (50)")
-    p.add_argument("--steady", type=bounded(float, 0, 600), default=STEADY_S_DEFAULT,
-                   help=f"seconds of load between two restarts ({STEADY_S_DEFAULT:g})")
+    add_load_arguments(p, bounded, consumers_min=0, steady_s=STEADY_S_DEFAULT, between="two restarts")
     p.add_argument("--upgrade-from", default=None, metavar="REV",
                    help="start the cluster from this git revision and restart every replica from this tree")
     p.add_argument("--transfer-first", action="store_true",
@@ -269,9 +271,7 @@ def add_parser(sub: Any, bounded: Any, port_base: Any) -> None:
     p.add_argument("--namesrv", type=bounded(int, 1, 5), default=1, help="NameServers (1)")
     p.add_argument("--roll-namesrv", action="store_true",
                    help="restart the NameServers too, first (each waits until every broker registered again)")
-    p.add_argument("--port-base", type=port_base, default=DEFAULT_PORT_BASE)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+    add_run_arguments(p, port_base)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
