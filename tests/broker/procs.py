@@ -97,6 +97,19 @@ class ProcCluster:
         return subprocess.run([sys.executable, "-m", "dledger.apps.cluster", *args, "--dir", self.root],
                               capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
 
+    def status(self) -> dict[str, Any]:
+        """``dledger-cluster status --json``: every process's row and every group's summary."""
+        return dict(json.loads(self.cluster("status", "--json").stdout))
+
+    def mqadmin(self, *args: str, check: bool = True, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """The project's ``mqadmin ARGS`` against this cluster (its NameServer and admin account);
+        ``check``: the command must exit 0."""
+        r = subprocess.run([sys.executable, "-m", "broker.tools.mqadmin", *args], capture_output=True, text=True,
+                           timeout=timeout_s, cwd=REPO, env={**os.environ, **self.env})
+        if check:
+            assert r.returncode == 0, r.stderr
+        return r
+
     def down(self) -> None:
         try:
             procs = self.processes()

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -20,20 +17,15 @@ from broker.client import CONSUME_SUCCESS, Message, MessageQueue, Producer, Push
 from broker.client.transport import ClientError, NamesrvClient, Transport
 from dledger.apps.cluster import is_running
 from dledger.waiting import wait_until
-from tests.broker.procs import REPO, ProcCluster
+from tests.broker.procs import ProcCluster
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "FleetTopic"
 
 
-def status(c: ProcCluster) -> dict[str, Any]:
-    r = c.cluster("status", "--json")
-    return dict(json.loads(r.stdout))
-
-
 def group_rows(c: ProcCluster, group: str) -> list[dict[str, Any]]:
-    return [r for r in status(c)["processes"] if r["group"] == group]
+    return [r for r in c.status()["processes"] if r["group"] == group]
 
 
 async def registered(c: ProcCluster, t: Transport) -> dict[str, dict[str, set[str]]]:
@@ -46,13 +38,6 @@ async def registered(c: ProcCluster, t: Transport) -> dict[str, dict[str, set[st
     return out
 
 
-def mqadmin(c: ProcCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "broker.tools.mqadmin", *args], capture_output=True, text=True,
-                       timeout=60, cwd=REPO, env={**os.environ, **c.env})
-    assert r.returncode == 0, r.stderr
-    return r
-
-
 async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
@@ -62,7 +47,7 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
     try:
         c.up()
         t = Transport(timeout_s=3.0, credentials=c.credentials)
-        st = status(c)
+        st = c.status()
         assert [g["group"] for g in st["groups"]] == ["RaftNode00", "RaftNode01"]
         assert all(g["healthy"] and g["writable"] and g["alive"] == 3 for g in st["groups"]), st["groups"]
         brokers = {r["name"]: f"127.0.0.1:{r['http_port']}" for r in st["processes"] if r["kind"] == "broker"}
@@ -73,8 +58,8 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
 
         await wait_until(every_broker_everywhere, 30, "every broker registered at every NameServer")
 
-        mqadmin(c, "updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
-        route = json.loads(mqadmin(c, "topicRoute", "-t", TOPIC, "--json").stdout)
+        c.mqadmin("updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
+        route = json.loads(c.mqadmin("topicRoute", "-t", TOPIC, "--json").stdout)
         assert sorted(q["broker_name"] for q in route["queue_datas"]) == ["RaftNode00", "RaftNode01"]
 
         # producers and consumers spread over the groups
@@ -98,7 +83,7 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
             await wait_until(lambda: set(sent) <= received, 60, "every message consumed")
 
             # a graceful stop of RaftNode00's leader hands over: one term step, RaftNode01 untouched
-            before = {g["group"]: g for g in status(c)["groups"]}
+            before = {g["group"]: g for g in c.status()["groups"]}
             leader = before["RaftNode00"]["leader"]
             stopped = c.cluster("stop", leader)
             assert stopped.returncode == 0, stopped.stderr
@@ -108,11 +93,11 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
                 assert "handed leadership of term" in f.read(), "the stopped leader did not hand over"
 
             async def new_leader() -> bool:
-                g = {x["group"]: x for x in status(c)["groups"]}["RaftNode00"]
+                g = {x["group"]: x for x in c.status()["groups"]}["RaftNode00"]
                 return g["writable"] and g["leader"] not in (None, leader)
 
             await wait_until(new_leader, 30, "a writable leader of RaftNode00 among the others")
-            after = {g["group"]: g for g in status(c)["groups"]}
+            after = {g["group"]: g for g in c.status()["groups"]}
             assert after["RaftNode00"]["term"] == before["RaftNode00"]["term"] + 1
             assert after["RaftNode01"]["term"] == before["RaftNode01"]["term"]
             assert after["RaftNode01"]["leader"] == before["RaftNode01"]["leader"]
@@ -123,14 +108,14 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
             assert c.cluster("kill", follower).returncode == 0
             assert not is_running(next(p for p in c.processes() if p.name == follower))
             assert c.cluster("start", follower).returncode == 0
-            await wait_until(lambda: all(g["healthy"] and g["alive"] == 3 for g in status(c)["groups"]), 60,
+            await wait_until(lambda: all(g["healthy"] and g["alive"] == 3 for g in c.status()["groups"]), 60,
                              "both groups whole again")
 
             # add a group, extend the topic onto it; then retire it
             added = c.cluster("add-group", "--json")
             assert added.returncode == 0, added.stderr
-            assert [g["group"] for g in status(c)["groups"]] == ["RaftNode00", "RaftNode01", "RaftNode02"]
-            mqadmin(c, "updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
+            assert [g["group"] for g in c.status()["groups"]] == ["RaftNode00", "RaftNode01", "RaftNode02"]
+            c.mqadmin("updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
 
             async def spread_to_three() -> bool:
                 r = await producer.send(Message(TOPIC, b"late"))
@@ -141,7 +126,7 @@ async def test_groups_one_cluster_stop_kill_add_remove(tmp_path: Any) -> None:
             await wait_until(lambda: set(sent) <= received, 60, "every message consumed, RaftNode02's too")
         removed = c.cluster("remove-group", "RaftNode02")
         assert removed.returncode == 0, removed.stderr
-        st = status(c)
+        st = c.status()
         assert st["retired"] == ["RaftNode02"] and [g["group"] for g in st["groups"]] == ["RaftNode00", "RaftNode01"]
 
         async def unregistered() -> bool:
@@ -166,7 +151,7 @@ async def test_a_leader_kill_in_one_group_does_not_disturb_the_other(tmp_path: A
     c = ProcCluster(str(tmp_path), namesrv=1, groups=2, seed=seed)
     try:
         c.up()
-        mqadmin(c, "updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
+        c.mqadmin("updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
         results: list[tuple[str, float, bool]] = []  # (phase, ms, ok) of RaftNode00's sends
         phase = "before"
         stop = asyncio.Event()
@@ -190,13 +175,13 @@ async def test_a_leader_kill_in_one_group_does_not_disturb_the_other(tmp_path: A
             task = asyncio.create_task(pinned())
             try:
                 await wait_until(lambda: sum(1 for p, _ms, ok in results if ok) >= 20, 60, "RaftNode00 acking")
-                before = {g["group"]: g for g in status(c)["groups"]}
+                before = {g["group"]: g for g in c.status()["groups"]}
                 victim = before["RaftNode01"]["leader"]
                 phase = "failover"
                 assert c.cluster("kill", victim).returncode == 0
 
                 async def new_leader() -> bool:
-                    g = {x["group"]: x for x in status(c)["groups"]}["RaftNode01"]
+                    g = {x["group"]: x for x in c.status()["groups"]}["RaftNode01"]
                     return bool(g["writable"]) and g["leader"] not in (None, victim)
 
                 await wait_until(new_leader, 60, "a writable leader of RaftNode01 among the others")
@@ -208,7 +193,7 @@ async def test_a_leader_kill_in_one_group_does_not_disturb_the_other(tmp_path: A
             finally:
                 stop.set()
                 await task
-        after = {g["group"]: g for g in status(c)["groups"]}
+        after = {g["group"]: g for g in c.status()["groups"]}
         assert after["RaftNode00"]["leader"] == before["RaftNode00"]["leader"]
         assert after["RaftNode00"]["term"] == before["RaftNode00"]["term"]
         assert after["RaftNode01"]["term"] > before["RaftNode01"]["term"]

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -20,24 +17,12 @@ from broker.client import CONSUME_SUCCESS, Message, Producer, PushConsumer
 from broker.client.transport import ClientError, NamesrvClient, Transport
 from dledger.apps.cluster import is_running
 from dledger.waiting import wait_until
-from tests.broker.procs import REPO, ProcCluster
+from tests.broker.procs import ProcCluster
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "ReplaceTopic"
 GROUP = "RaftNode00"
-
-
-def status(c: ProcCluster) -> dict[str, Any]:
-    return dict(json.loads(c.cluster("status", "--json").stdout))
-
-
-def mqadmin(c: ProcCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "broker.tools.mqadmin", *args], capture_output=True, text=True,
-                       timeout=120, cwd=REPO, env={**os.environ, **c.env})
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
 
 
 async def test_replace_a_dead_follower_under_load_then_lose_the_old_leader(tmp_path: Any) -> None:
@@ -46,7 +31,7 @@ async def test_replace_a_dead_follower_under_load_then_lose_the_old_leader(tmp_p
     c = ProcCluster(str(tmp_path), namesrv=1, groups=1, seed=seed)
     try:
         c.up()
-        mqadmin(c, "updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
+        c.mqadmin("updateTopic", "-c", "DefaultCluster", "-t", TOPIC, "-r", "4", "-w", "4")
         acked: set[str] = set()
         failed: list[str] = []
         stop = asyncio.Event()
@@ -65,7 +50,7 @@ async def test_replace_a_dead_follower_under_load_then_lose_the_old_leader(tmp_p
             task = asyncio.create_task(produce())
             try:
                 await wait_until(lambda: len(acked) >= 50, 60, "the producer acking")
-                rows = [r for r in status(c)["processes"] if r["group"] == GROUP]
+                rows = [r for r in c.status()["processes"] if r["group"] == GROUP]
                 leader = next(r["name"] for r in rows if r["role"] == "LEADER")
                 dead = next(r["name"] for r in rows if r["role"] == "FOLLOWER")
                 assert c.cluster("kill", dead).returncode == 0
@@ -95,26 +80,26 @@ async def test_replace_a_dead_follower_under_load_then_lose_the_old_leader(tmp_p
                     await wait_until(registered, 60, "the new replica registered at the NameServer")
                 finally:
                     await t.close()
-                view = json.loads(mqadmin(c, "getReplicas", "-m", GROUP, "--json").stdout)
+                view = json.loads(c.mqadmin("getReplicas", "-m", GROUP, "--json").stdout)
                 roles = {r["id"]: r["role"] for r in view["replicas"]}
                 assert roles[new_id] == "voter" and view["membership"]["committed"]
                 assert dead.split("-")[1] not in roles
                 # A second change for a member that is not a learner is refused with its code.
-                refused = mqadmin(c, "promoteLearner", "-m", GROUP, "-i", new_id, "--wait", "1", check=False)
+                refused = c.mqadmin("promoteLearner", "-m", GROUP, "-i", new_id, "--wait", "1", check=False)
                 assert refused.returncode == 1 and "NOT_A_LEARNER" in refused.stderr + refused.stdout
-                bad = mqadmin(c, "addLearner", "-m", GROUP, "-i", "bad-id", "-a", "x", check=False)
+                bad = c.mqadmin("addLearner", "-m", GROUP, "-i", "bad-id", "-a", "x", check=False)
                 assert bad.returncode == 2
                 # Leadership goes to voters in force only: the removed replica is still in the
                 # leader's dLegerPeers (its config is rewritten for its next restart), so a check
                 # against the config would try a transfer to a dead member (503); it is a bad target.
-                gone = mqadmin(c, "transferLeader", "-m", GROUP, "-i", dead.split("-")[1], check=False)
+                gone = c.mqadmin("transferLeader", "-m", GROUP, "-i", dead.split("-")[1], check=False)
                 assert gone.returncode == 1 and "BAD_REQUEST" in gone.stderr + gone.stdout, gone.stderr + gone.stdout
                 # Now the old leader dies: the two left (one of them the new replica) carry on.
                 assert c.cluster("kill", leader).returncode == 0
                 at_kill = len(acked)
 
                 def new_leader() -> bool:
-                    g = status(c)["groups"][0]
+                    g = c.status()["groups"][0]
                     return bool(g["writable"]) and g["leader"] not in (None, leader)
 
                 await wait_until(new_leader, 60, "a writable leader among the survivors")
