@@ -171,6 +171,13 @@ class Group:
         self.c.checkpoints[nid] = cp
         return node
 
+    async def caught_up_learner(self, leader: DLedgerNode, nid: str) -> DLedgerNode:
+        """A new replica ``nid`` started, added by ``leader`` as a learner, and caught up."""
+        node = await self.learner(nid)
+        await leader.change_membership("add_learner", nid, self.address(nid))
+        await wait_until(lambda: node.commit_index >= leader.commit_index, 15, "the learner to catch up")
+        return node
+
 
 async def _committed_everywhere(nodes: list[DLedgerNode], index: int, what: str) -> None:
     await wait_until(lambda: all(n.commit_index >= index for n in nodes), 15, what)
@@ -257,9 +264,7 @@ async def test_a_learner_counts_for_nothing(tmp_path: Any) -> None:
     await c.start()
     try:
         leader = await c.leader()
-        n3 = await g.learner("n3")
-        await leader.change_membership("add_learner", "n3", g.address("n3"))
-        await wait_until(lambda: n3.commit_index >= leader.commit_index, 15, "the learner to catch up")
+        n3 = await g.caught_up_learner(leader, "n3")
         for f in c.followers(leader):
             if f is not n3:
                 await c.stop_node(f.settings.self_id)
@@ -283,9 +288,7 @@ async def test_membership_survives_restart_and_retention_and_reaches_an_installe
     await c.start()
     try:
         leader = await c.leader()
-        n3 = await g.learner("n3")
-        await leader.change_membership("add_learner", "n3", g.address("n3"))
-        await wait_until(lambda: n3.commit_index >= leader.commit_index, 15, "the learner to catch up")
+        n3 = await g.caught_up_learner(leader, "n3")
         changed = await _promote(leader, "n3")
         lagger = next(n for n in c.followers(leader) if n is not n3).settings.self_id
         await c.stop_node(lagger)
@@ -356,9 +359,7 @@ async def test_a_follower_that_missed_the_change_catches_up_from_a_new_member_th
         leader = await c.leader()
         away = c.followers(leader)[0].settings.self_id
         await c.stop_node(away)
-        n3 = await g.learner("n3")
-        await leader.change_membership("add_learner", "n3", g.address("n3"))
-        await wait_until(lambda: n3.commit_index >= leader.commit_index, 15, "the learner to catch up")
+        n3 = await g.caught_up_learner(leader, "n3")
         await _promote(leader, "n3")
         assert await leader.transfer_leadership("n3", timeout_s=10) == "n3"
         locs = await n3.append([b"led-by-the-new-member"])
