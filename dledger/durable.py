@@ -84,3 +84,14 @@ def replace_reserving(path: str, data: bytes, mode: int = FILE_MODE) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def disk_used_ratio(path: str) -> float:
+    """The used fraction of ``path``'s file system as ``df`` shows it (and RocketMQ 5 computes it):
+    used / (used + what an unprivileged writer may still use). Blocks reserved for root count as
+    neither: with ext4's reservation (5 % by default, far more on some hosts) ``used / total`` stays
+    low while the disk is full, and ``(total - available) / total`` calls a disk full that is not."""
+    st = os.statvfs(path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    usable = st.f_bavail * st.f_frsize
+    return used / (used + usable) if used + usable > 0 else 0.0

@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 from pysyncobj import SyncObjConf
 
-from dledger import command_codec
+from dledger import command_codec, durable
 from dledger import membership as mship
 from dledger.clock import Clock
 from dledger.flusher import Flusher, SyncFlusher
@@ -157,7 +157,7 @@ class ReplicaCore:
         self._transport_factory = transport_factory
         self._events = events
         self._rng = rng or random.Random()
-        self._disk_used_ratio = disk_used_ratio or _disk_used_ratio
+        self._disk_used_ratio = disk_used_ratio or durable.disk_used_ratio
         self._free_bytes = free_bytes or _free_bytes
         self._space_probe_at: float | None = None
         self._prevote = prevote
@@ -1034,8 +1034,3 @@ def _latency_summary(samples: list[float]) -> dict[str, float | int]:
 def _free_bytes(path: str) -> int:
     """Bytes an unprivileged writer may still use on ``path``'s file system (statvfs f_bavail)."""
     return int(shutil.disk_usage(path).free)
-
-
-def _disk_used_ratio(path: str) -> float:
-    usage = shutil.disk_usage(path)
-    return (usage.total - usage.free) / usage.total if usage.total else 0.0

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import shutil
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dledger.clock import Clock
+from dledger.durable import disk_used_ratio
 
 if TYPE_CHECKING:
     from broker.server.config import BrokerConfig
@@ -216,8 +216,7 @@ class BrokerMetrics:
         s = self.s
         node = await s.node.status()
         try:
-            usage = shutil.disk_usage(s.cfg.store_dir)
-            disk: float | None = usage.used / usage.total if usage.total else None
+            disk: float | None = disk_used_ratio(s.cfg.store_dir)
         except OSError:
             disk = None
         ready = bool(s.ready)

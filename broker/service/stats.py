@@ -25,13 +25,13 @@ Reads run on any replica with the replicated state; the two writes need the read
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import retry_topic
 from broker.service.admin import AdminOps, ResetAnswer
 from broker.service.base import INT64_MAX, ServiceConfig, translated, translated_sync
 from broker.store.message import check_group, check_int, check_topic
+from dledger.durable import disk_used_ratio
 
 CLONE_TOPICS_MAX = 1024  # topics one clone copies (a group consumes a few)
 
@@ -87,8 +87,7 @@ class StatsOps(AdminOps):
     def runtime_info(self) -> RuntimeInfo:
         s = self.s
         try:
-            usage = shutil.disk_usage(s.cfg.store_dir)
-            disk: float | None = usage.used / usage.total if usage.total else None
+            disk: float | None = disk_used_ratio(s.cfg.store_dir)
         except OSError:
             disk = None
         return RuntimeInfo(
