@@ -461,7 +461,7 @@ class DLedgerNode:
         if self.core.role != "LEADER":
             raise NotLeaderError(self.core.leader_id)
         if self.core.disk_full:
-            raise DiskFullError("disk use is above the write limit: appends are refused")
+            raise DiskFullError(self.core.disk_full_reason())
         if self.core.write_blocked is not None:
             raise DiskFullError(f"the log has no room for writes: {self.core.write_blocked}")
         if self._queued_bytes + size > self.settings.max_pending_bytes:

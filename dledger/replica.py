@@ -180,6 +180,7 @@ class ReplicaCore:
         self.commit_index = 0
         self.applied_index = 0
         self.disk_full = False
+        self.disk_used = 0.0  # the store's file system, df's Use% as a fraction (last retention check)
         self.leader_floor = 0
         self._own_floor = 0
         self._live_followers: int | None = None
@@ -892,7 +893,14 @@ class ReplicaCore:
             floor = min(floor, self.leader_floor)
         self._own_floor = floor
         used = self._disk_used_ratio(s.data_dir)
-        self.disk_full = used >= s.disk_warning_ratio
+        full = used >= s.disk_warning_ratio
+        if full != self.disk_full:
+            if full:
+                log.error("%s; free space on that file system or raise the limit", self.disk_full_reason(used))
+            else:
+                log.warning("disk use of %s is %.1f %%: appends are accepted again", s.data_dir, used * 100)
+        self.disk_used = used
+        self.disk_full = full
         target = retention_target(
             self.store.segments(),
             keep_floor=floor,
@@ -916,6 +924,15 @@ class ReplicaCore:
                     self.store.anchor[0],
                     used * 100,
                 )
+
+    def disk_full_reason(self, used: float | None = None) -> str:
+        """Why appends are refused while ``disk_full``: the figures an operator acts on."""
+        s = self.settings
+        used = self.disk_used if used is None else used
+        return (
+            f"disk use of {s.data_dir} is {used * 100:.1f} % (df's Use%), at or above "
+            f"diskSpaceWarningLevelRatio {s.disk_warning_ratio * 100:.0f} %: appends are refused"
+        )
 
     def run_retention_now(self) -> None:
         self._owned()

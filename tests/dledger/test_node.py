@@ -327,7 +327,9 @@ async def test_disk_thresholds_remove_old_segments_and_refuse_writes(tmp_path: A
         # above diskSpaceWarningLevelRatio (90 %): writes are refused with a clear error
         c.disk_used[lid] = 0.93
         await wait_until(lambda: leader.disk_full, 10, "the leader to notice the full disk")
-        with pytest.raises(DiskFullError):
+        # the refusal says the figures an operator acts on
+        refusal = r"is 93\.0 % \(df's Use%\), at or above diskSpaceWarningLevelRatio 90 %"
+        with pytest.raises(DiskFullError, match=refusal):
             await leader.append([b"refused"])
         c.disk_used[lid] = 0.50
         await wait_until(lambda: not leader.disk_full, 10, "the leader to notice space again")
