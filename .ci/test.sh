@@ -18,6 +18,19 @@ VENV_BIN="$REPO/.venv/bin"
 export PATH="$VENV_BIN:$REPO/.ci/bin:$PATH"
 export PYTHONDONTWRITEBYTECODE=1
 
+# Test clusters refuse writes (DISK_FULL) at diskSpaceWarningLevelRatio, 90 % of df's Use%: say up
+# front how full the disks the run writes to are.
+"$VENV_BIN/python" - "$REPO" "${TMPDIR:-/tmp}" <<'EOF'
+import sys
+
+from dledger.durable import disk_used_ratio
+
+for path in sys.argv[1:]:
+    used = disk_used_ratio(path)
+    warn = "  WARNING: test clusters refuse writes at 90 %" if used >= 0.85 else ""
+    print(f"disk use of {path}: {used * 100:.1f} % (df's Use%){warn}")
+EOF
+
 failed=()
 step() { # step NAME COMMAND...: run one check, remember a failure, keep going
     local name="$1" rc=0
