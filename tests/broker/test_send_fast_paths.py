@@ -12,7 +12,22 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.store.message import MESSAGE_MAGIC, StoredMessage, decode_message, encode_message
+from broker.protocol.errors import ProtocolError
+from broker.store import message
+from broker.store.message import (
+    MESSAGE_MAGIC,
+    StoredMessage,
+    build_messages,
+    check_body,
+    check_int,
+    check_keys,
+    check_properties,
+    check_sys_flag,
+    check_tags,
+    check_unique_id,
+    decode_message,
+    encode_message,
+)
 
 
 def reference_record(m: StoredMessage) -> bytes:
@@ -86,3 +101,122 @@ def test_encode_message_from_many_threads_at_once() -> None:
     for t in threads:
         t.join()
     assert bad == []
+
+
+# -- build_messages: the checks' fast paths ---------------------------------------------------------
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("props", [
+    {"bench_ts_ns": "1764311111111111111"},
+    {"a.b-c_9": "v", "KEYS": "k1 k2", "é": "x"},
+    {"bad name": "v"},
+    {"n" * 65: "v"},
+    {5: "v"},
+    {_Str("ok"): "v"},
+    {_Str("bad name"): "v"},
+    {"ok": 5},
+    {"ok": "\ud800"},
+    {"ok": "é" * 20000},
+    {f"p{i}": "v" for i in range(200)},
+])
+def test_check_properties_answers_alike_for_names_seen_before_and_not(props: dict[Any, Any]) -> None:
+    """The first check of a name runs the rule and remembers a valid one; a later check of the same
+    map (names known now) gives the same map or the same error."""
+    first, second = outcome(check_properties, props), outcome(check_properties, props)
+    assert first == second
+    message._PROPERTY_NAMES_OK.clear()
+    assert outcome(check_properties, props) == first
+
+
+def test_check_properties_remembers_a_bounded_number_of_names() -> None:
+    message._PROPERTY_NAMES_OK.clear()
+    for i in range(message._PROPERTY_NAMES_REMEMBERED + 50):
+        check_properties({f"name{i}": "v"})
+    assert len(message._PROPERTY_NAMES_OK) == message._PROPERTY_NAMES_REMEMBERED
+    check_properties({"name-last": "v"})  # valid, checked, not remembered
+    assert "name-last" not in message._PROPERTY_NAMES_OK
+
+
+def outcome(check: Any, value: Any) -> Any:
+    try:
+        return ("ok", check(value))
+    except ProtocolError as exc:
+        return ("refused", exc.code, exc.message, exc.status)
+
+
+def build(items: Any, **kw: Any) -> Any:
+    ids = iter(range(10**6))
+    args: dict[str, Any] = dict(store_ts=1764311111200, max_size=4096, default_born_host="10.0.0.9",
+                                queue_ids_max=8, new_unique_id=lambda: f"GEN{next(ids)}")
+    args.update(kw)
+    return outcome(lambda it: build_messages("TopicA", 2, it, **args), items)
+
+
+def reference_build(items: Any, **kw: Any) -> Any:
+    """build_messages through the checks one field at a time, as before the fast paths."""
+    args: dict[str, Any] = dict(store_ts=1764311111200, max_size=4096, default_born_host="10.0.0.9", queue_ids_max=8)
+    args.update(kw)
+    ids = iter(range(10**6))
+
+    def run(items: Any) -> list[StoredMessage]:
+        out = []
+        total = 0
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ProtocolError("INVALID_BATCH", f"messages[{i}] must be a map", 400)
+            body = check_body(item.get("body"), args["max_size"])
+            total += len(body)
+            born_host = item.get("born_host", args["default_born_host"])
+            if not isinstance(born_host, str) or len(born_host) > 255:
+                raise ProtocolError("BAD_REQUEST", f"messages[{i}].born_host must be a string ≤ 255", 400)
+            uid = item.get("unique_id")
+            qid = item.get("queue_id")
+            qid = 2 if qid is None else check_int(qid, f"messages[{i}].queue_id", 0, 7, "INVALID_QUEUE_ID")
+            flag = check_int(item.get("flag", 0), f"messages[{i}].flag", 0, 2**31 - 1)
+            born_ts = check_int(item.get("born_ts", args["store_ts"]), f"messages[{i}].born_ts", 0, 2**63 - 1)
+            out.append(StoredMessage(
+                topic="TopicA", queue_id=qid, flag=flag, tags=check_tags(item.get("tags")),
+                keys=check_keys(item.get("keys")), properties=check_properties(item.get("properties")),
+                born_ts=born_ts, born_host=born_host, store_ts=args["store_ts"],
+                unique_id=check_unique_id(uid) if uid is not None else f"GEN{next(ids)}", body=body,
+                sys_flag=check_sys_flag(item["sys_flag"], f"messages[{i}].sys_flag") if "sys_flag" in item else 0,
+            ))
+        if total > args["max_size"]:
+            raise ProtocolError("MESSAGE_TOO_LARGE", f"batch bodies of {total} bytes exceed {args['max_size']}", 413)
+        return out
+
+    return outcome(run, items)
+
+
+def test_build_messages_gives_the_messages_and_refusals_of_the_field_by_field_checks() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    good: dict[str, Any] = {"body": b"b" * 100, "unique_id": "0123456789ABCDEF0123456789ABCDEF", "born_ts": 5,
+                            "born_host": "127.0.0.1", "properties": {"bench_ts_ns": "17"}, "queue_id": 3}
+    variants: dict[str, list[Any]] = {
+        "body": [b"x", b"", bytearray(b"ba"), "str", None, b"y" * 4096, b"y" * 4097, memoryview(b"mv")],
+        "unique_id": ["a_b-c", "bad id", "", 7, "é", "x" * 65],
+        "born_ts": [0, -1, True, 2**63, 1.5],
+        "born_host": ["", 5, "h" * 300],
+        "properties": [{}, {"bad name": "v"}, {"ok": 1}, [("a", "b")]],
+        "queue_id": [0, 7, 8, -1, True, "1"],
+        "tags": ["t", "a||b", "", 5, "\x01"],
+        "keys": ["k1 k2", ["k"], [""], ("a", "b"), 5, []],
+        "flag": [0, 1, -1, 2**31, False],
+        "sys_flag": [0, 1, 0x40, 0x4, -1, "1"],
+    }
+    for _ in range(1500):
+        items = []
+        for _ in range(rnd.randint(1, 4)):
+            item = dict(good)
+            for field in rnd.sample(sorted(variants), rnd.randint(0, 3)):
+                value = rnd.choice(variants[field] + [None])
+                if value is None and field in item:
+                    del item[field]
+                elif value is not None:
+                    item[field] = value
+            items.append(item)
+        assert build(items) == reference_build(items), items
