@@ -92,12 +92,23 @@ class SendAnswer:
     status: str = "SEND_OK"
 
     def to_dict(self) -> dict[str, Any]:
+        # SendResult.to_dict inlined (the leader answers every message sent): the same maps, keys
+        # in the same order.
+        results = []
+        for msg_id, unique_id, queue_offset, position, duplicate, queue_id in self.results:
+            r: dict[str, Any] = {"msg_id": msg_id, "unique_id": unique_id, "queue_offset": queue_offset,
+                                 "position": position}
+            if duplicate:
+                r["duplicate"] = True
+            if queue_id >= 0:
+                r["queue_id"] = queue_id
+            results.append(r)
         return {
             "status": self.status,
             "broker_name": self.broker_name,
             "queue_id": self.queue_id,
             "store_ts": self.store_ts,
-            "results": [r.to_dict() for r in self.results],
+            "results": results,
         }
 
 
@@ -222,6 +233,17 @@ class SendOps(ServiceBase):
         """``qids``: each message's queue when they named their own (else empty): then every result
         carries its queue id."""
         name = self.s.cfg.broker_name
+        refused = [i for i, loc in zip(fresh, locs, strict=True) if isinstance(loc.result, Refused)]
+        if refused:  # committed, refused by every replica's apply: stored nowhere a consumer reads
+            first = locs[fresh.index(refused[0])].result
+            raise refusal_error(first, "message" if len(msgs) == 1 else "batch", refused=refused)
+        prefix = name + ":"  # make_msg_id's format, per message without a call (a test pins the two)
+        if len(fresh) == len(msgs):  # nothing sent before (the usual send): fresh is every index, in order
+            # loc.result: the queue offset its apply assigned (results travel with the call)
+            return SendAnswer(name, qid, store_ts, tuple([
+                SendResult(f"{prefix}{loc.position:016X}", m.unique_id, loc.result, loc.position, False, q)
+                for m, loc, q in zip(msgs, locs, qids or [-1] * len(msgs), strict=True)
+            ]))
         # A retried send is answered with its first result (stored once); fresh messages as usual.
         results: list[SendResult | None] = [
             None if k is None else SendResult(make_msg_id(name, k.position), m.unique_id, k.queue_offset, k.position,
@@ -232,12 +254,7 @@ class SendOps(ServiceBase):
             first = firsts[0]
             assert first is not None
             qid, store_ts = first.queue_id, first.store_ts
-        refused = [i for i, loc in zip(fresh, locs, strict=True) if isinstance(loc.result, Refused)]
-        if refused:  # committed, refused by every replica's apply: stored nowhere a consumer reads
-            first = locs[fresh.index(refused[0])].result
-            raise refusal_error(first, "message" if len(msgs) == 1 else "batch", refused=refused)
         for i, loc in zip(fresh, locs, strict=True):
-            # loc.result: the queue offset its apply assigned (results travel with the call)
             results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position,
                                     queue_id=qids[i] if qids else -1)
         assert all(r is not None for r in results)

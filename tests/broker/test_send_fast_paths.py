@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import struct
 import threading
+import types
 import zlib
 from typing import Any
 
@@ -13,7 +14,10 @@ import msgpack
 import pytest
 
 from broker.protocol.errors import ProtocolError
+from broker.protocol.frames import pack_body
+from broker.service.send import SendOps, SendResult
 from broker.store import message
+from broker.store.dedup import FirstSend
 from broker.store.message import (
     MESSAGE_MAGIC,
     StoredMessage,
@@ -27,7 +31,10 @@ from broker.store.message import (
     check_unique_id,
     decode_message,
     encode_message,
+    make_msg_id,
+    parse_msg_id,
 )
+from dledger.records import BodyLocation, Refused
 
 
 def reference_record(m: StoredMessage) -> bytes:
@@ -220,3 +227,67 @@ def test_build_messages_gives_the_messages_and_refusals_of_the_field_by_field_ch
                     item[field] = value
             items.append(item)
         assert build(items) == reference_build(items), items
+
+
+# -- the send's answer ------------------------------------------------------------------------------
+def reference_answer_dict(name: str, msgs: list[StoredMessage], firsts: list[Any], fresh: list[int],
+                          locs: list[Any], qid: int, store_ts: int, qids: list[int]) -> dict[str, Any]:
+    """The answer map as SendOps._send_answer and SendAnswer.to_dict made it before (one
+    SendResult.to_dict per message)."""
+    results: list[Any] = [
+        None if k is None else SendResult(make_msg_id(name, k.position), m.unique_id, k.queue_offset, k.position,
+                                          duplicate=True, queue_id=k.queue_id if qids else -1)
+        for m, k in zip(msgs, firsts, strict=True)
+    ]
+    if not fresh:
+        qid, store_ts = firsts[0].queue_id, firsts[0].store_ts
+    for i, loc in zip(fresh, locs, strict=True):
+        results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position,
+                                queue_id=qids[i] if qids else -1)
+    return {"status": "SEND_OK", "broker_name": name, "queue_id": qid, "store_ts": store_ts,
+            "results": [r.to_dict() for r in results]}
+
+
+def send_ops(name: str) -> SendOps:
+    ops = SendOps.__new__(SendOps)
+    ops.s = types.SimpleNamespace(cfg=types.SimpleNamespace(broker_name=name))
+    return ops
+
+
+@pytest.mark.parametrize("known", ["none", "some", "all"])
+@pytest.mark.parametrize("own_queues", [False, True])
+def test_send_answer_maps_are_what_they_were(known: str, own_queues: bool) -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    name = "broker-a"
+    n = 32
+    msgs = [random_message(rnd)._replace(queue_id=i % 4) for i in range(n)]
+    firsts: list[Any] = [None] * n
+    if known != "none":
+        for i in range(n) if known == "all" else rnd.sample(range(n), 5):
+            firsts[i] = FirstSend(rnd.choice([0, 1, 2**40, 2**63 - 1]), rnd.randrange(8), rnd.randrange(10**6),
+                                  1764311111000 + i, 90 + i, i)
+    fresh = [i for i, k in enumerate(firsts) if k is None]
+    position = rnd.choice([0, 2**32 - 5, 2**62])
+    locs = []
+    for i in fresh:
+        locs.append(BodyLocation(100, 3, i, position, 1100, rnd.randrange(10**6)))
+        position += rnd.randrange(1, 2**20)
+    qids = [m.queue_id for m in msgs] if own_queues else []
+    answer = send_ops(name)._send_answer(msgs, firsts, fresh, locs, 2, 1764311111200, qids)
+    expected = reference_answer_dict(name, msgs, firsts, fresh, locs, 2, 1764311111200, qids)
+    got = answer.to_dict()
+    assert got == expected
+    assert pack_body(got) == pack_body(expected)  # the same keys in the same order: the same bytes
+    assert [r.to_dict() for r in answer.results] == expected["results"]
+    for r in answer.results:
+        assert parse_msg_id(r.msg_id) == (name, r.position)
+
+
+def test_send_answer_refuses_a_batch_an_apply_refused() -> None:
+    msgs = [random_message(random.Random(3)) for _ in range(3)]
+    locs = [BodyLocation(1, 1, i, 100 * i, 50, Refused("RECORD_REFUSED", "no") if i == 1 else 7) for i in range(3)]
+    with pytest.raises(ProtocolError) as refused:
+        send_ops("b")._send_answer(msgs, [None] * 3, [0, 1, 2], locs, 0, 1, [])
+    assert (refused.value.code, refused.value.status, refused.value.extra) == ("RECORD_REFUSED", 422, {"refused": [1]})
