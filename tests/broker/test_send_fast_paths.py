@@ -15,8 +15,15 @@ import pytest
 
 from broker.protocol.errors import ProtocolError
 from broker.protocol.frames import pack_body
+from broker.protocol.properties import (
+    BROKER_TOPICS,
+    PROP_DELAY,
+    PROP_TIMER_DELAY_SEC,
+    RESERVED_PROPS,
+    SCHEDULE_PROPS,
+)
 from broker.service.send import SendOps, SendResult
-from broker.store import message
+from broker.store import message, schedule
 from broker.store.dedup import FirstSend
 from broker.store.message import (
     MESSAGE_MAGIC,
@@ -34,6 +41,7 @@ from broker.store.message import (
     make_msg_id,
     parse_msg_id,
 )
+from broker.store.schedule import SchedulePolicy
 from dledger.records import BodyLocation, Refused
 
 
@@ -291,3 +299,59 @@ def test_send_answer_refuses_a_batch_an_apply_refused() -> None:
     with pytest.raises(ProtocolError) as refused:
         send_ops("b")._send_answer(msgs, [None] * 3, [0, 1, 2], locs, 0, 1, [])
     assert (refused.value.code, refused.value.status, refused.value.extra) == ("RECORD_REFUSED", 422, {"refused": [1]})
+
+
+# -- the schedule's prepare of a send's messages ----------------------------------------------------
+class _Watched(dict[str, str]):
+    """A property map that records every name looked up in it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.asked: set[str] = set()
+
+    def __contains__(self, key: object) -> bool:
+        self.asked.add(str(key))
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def test_every_property_due_of_reads_is_one_prepare_batch_looks_for() -> None:
+    """prepare_batch passes a message by when its properties miss every name of _DUE_PROPS: due_of
+    must read no other name (a new one added to due_of alone would be skipped)."""
+    policy = SchedulePolicy()
+    for props in ({}, {"x": "1"}, {PROP_DELAY: "0"}, {PROP_TIMER_DELAY_SEC: "-5"}):
+        watched = _Watched(props)
+        try:
+            policy.due_of(watched, 1764311111200, "messages[0]")
+        except ProtocolError:
+            pass
+        assert watched.asked <= schedule._DUE_PROPS, watched.asked - schedule._DUE_PROPS
+    assert set(RESERVED_PROPS) | set(SCHEDULE_PROPS) <= schedule._DUE_PROPS
+
+
+def test_prepare_batch_gives_what_prepare_gives_for_each_message() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    policy = SchedulePolicy()
+    names = [*RESERVED_PROPS, *SCHEDULE_PROPS, "bench_ts_ns", "KEYS", "UNIQ_KEY", "a.b"]
+    values = ["0", "1", "3", "18", "99", "-1", "x", "", " 7 ", "1764311111300", "99999999999999", "²"]
+    topics = ["TopicA", *BROKER_TOPICS]
+    for _ in range(3000):
+        msgs = []
+        for _ in range(rnd.randint(1, 4)):
+            props = {rnd.choice(names): rnd.choice(values) for _ in range(rnd.choice([0, 0, 1, 1, 2, 3]))}
+            msgs.append(StoredMessage(rnd.choice(topics) if rnd.random() < 0.1 else "TopicA", 1, 0, "", (), props,
+                                      1, "h", 1764311111200, "U1", b"b"))
+
+        def reference(msgs: list[StoredMessage]) -> list[StoredMessage]:
+            return [policy.prepare(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+
+        assert outcome(policy.prepare_batch, msgs) == outcome(reference, msgs), msgs
