@@ -56,6 +56,11 @@ MessageIn = Mapping[str, Any]
 ``build_messages`` (a bad one refuses the whole batch)."""
 
 
+# A named tuple made from its fields' tuple without its generated ``__new__`` (a Python function of
+# every field): for the results the leader makes per message sent, in the order of SendResult's fields.
+_new_tuple = tuple.__new__
+
+
 class SendResult(NamedTuple):
     """Where one message of a send was stored (a duplicate: where its first copy was). A named
     tuple: the leader makes one per message sent."""
@@ -241,7 +246,8 @@ class SendOps(ServiceBase):
         if len(fresh) == len(msgs):  # nothing sent before (the usual send): fresh is every index, in order
             # loc.result: the queue offset its apply assigned (results travel with the call)
             return SendAnswer(name, qid, store_ts, tuple([
-                SendResult(f"{prefix}{loc.position:016X}", m.unique_id, loc.result, loc.position, False, q)
+                _new_tuple(SendResult,
+                           (f"{prefix}{loc.position:016X}", m.unique_id, loc.result, loc.position, False, q))
                 for m, loc, q in zip(msgs, locs, qids or [-1] * len(msgs), strict=True)
             ]))
         # A retried send is answered with its first result (stored once); fresh messages as usual.

@@ -234,7 +234,12 @@ def test_build_messages_gives_the_messages_and_refusals_of_the_field_by_field_ch
                 elif value is not None:
                     item[field] = value
             items.append(item)
-        assert build(items) == reference_build(items), items
+        got = build(items)
+        assert got == reference_build(items), items
+        if got[0] == "ok":  # made without StoredMessage's __new__: the class and every field in place
+            for m, item in zip(got[1], items, strict=True):
+                assert type(m) is StoredMessage and len(m) == len(StoredMessage._fields)
+                assert m._asdict()["body"] == item["body"] and m.sys_flag == item.get("sys_flag", 0)
 
 
 # -- the send's answer ------------------------------------------------------------------------------
@@ -290,6 +295,7 @@ def test_send_answer_maps_are_what_they_were(known: str, own_queues: bool) -> No
     assert pack_body(got) == pack_body(expected)  # the same keys in the same order: the same bytes
     assert [r.to_dict() for r in answer.results] == expected["results"]
     for r in answer.results:
+        assert type(r) is SendResult and len(r) == len(SendResult._fields)
         assert parse_msg_id(r.msg_id) == (name, r.position)
 
 
