@@ -35,6 +35,7 @@ from broker.store.message import (
     check_int,
     check_topic,
     encode_message,
+    encode_messages,
     make_msg_id,
     parse_msg_id,
 )
@@ -196,7 +197,7 @@ class SendOps(ServiceBase):
         highest_qid = max(qids, default=qid)
         # Delayed and timed messages go to the schedule topic until due (broker/store/schedule.py).
         msgs = s.schedule.policy.prepare_batch(msgs)
-        records = [encode_message(m) for m in msgs]
+        records = encode_messages(msgs)
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
             raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})", 403)

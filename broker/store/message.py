@@ -144,6 +144,24 @@ def encode_message(m: StoredMessage) -> bytes:
     return record + _CRC.pack(zlib.crc32(record))
 
 
+def encode_messages(msgs: Sequence[StoredMessage]) -> list[bytes]:
+    """``[encode_message(m) for m in msgs]`` (the records of a send request) in one loop: no call and
+    no global lookups per message (a test pins the two to the same bytes)."""
+    try:
+        pack = _PACKERS.pack
+    except AttributeError:
+        pack = _PACKERS.pack = msgpack.Packer(use_bin_type=True).pack
+    hlen, crc_of, crc, magic, join = _HLEN.pack, zlib.crc32, _CRC.pack, MESSAGE_MAGIC, b"".join
+    out = []
+    for m in msgs:
+        body = m.body
+        sys_flag = m.sys_flag
+        header = pack(m[:_STORED_HEAD] + ((len(body), sys_flag) if sys_flag else (len(body),)))
+        record = join((magic, hlen(len(header)), header, body))
+        out.append(record + crc(crc_of(record)))
+    return out
+
+
 class CorruptRecordError(ValueError):
     """A message record whose bytes do not match its CRC: damaged storage, never served."""
 

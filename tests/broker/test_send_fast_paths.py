@@ -38,6 +38,7 @@ from broker.store.message import (
     check_unique_id,
     decode_message,
     encode_message,
+    encode_messages,
     make_msg_id,
     parse_msg_id,
 )
@@ -85,6 +86,15 @@ def test_encode_message_writes_the_bytes_the_plain_encoder_wrote() -> None:
         record = encode_message(m)
         assert record == reference_record(m)
         assert decode_message(record) == m
+
+
+def test_encode_messages_writes_what_encode_message_writes() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    for _ in range(50):
+        msgs = [random_message(rnd) for _ in range(rnd.randint(0, 40))]
+        assert encode_messages(msgs) == [reference_record(m) for m in msgs] == [encode_message(m) for m in msgs]
 
 
 def test_encode_message_keys_as_a_list_give_the_same_record() -> None:
