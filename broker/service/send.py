@@ -35,6 +35,7 @@ from broker.store.message import (
     check_int,
     check_topic,
     encode_message,
+    encode_messages,
     make_msg_id,
     parse_msg_id,
 )
@@ -54,6 +55,11 @@ MessageIn = Mapping[str, Any]
 """One message of a send as it travels (docs/API.md ``POST /v1/send``): ``body`` (bytes, required),
 ``tags``, ``keys``, ``properties``, ``unique_id``, ``born_ts``, ``born_host``, ``flag``; validated by
 ``build_messages`` (a bad one refuses the whole batch)."""
+
+
+# A named tuple made from its fields' tuple without its generated ``__new__`` (a Python function of
+# every field): for the results the leader makes per message sent, in the order of SendResult's fields.
+_new_tuple = tuple.__new__
 
 
 class SendResult(NamedTuple):
@@ -92,12 +98,23 @@ class SendAnswer:
     status: str = "SEND_OK"
 
     def to_dict(self) -> dict[str, Any]:
+        # SendResult.to_dict inlined (the leader answers every message sent): the same maps, keys
+        # in the same order.
+        results = []
+        for msg_id, unique_id, queue_offset, position, duplicate, queue_id in self.results:
+            r: dict[str, Any] = {"msg_id": msg_id, "unique_id": unique_id, "queue_offset": queue_offset,
+                                 "position": position}
+            if duplicate:
+                r["duplicate"] = True
+            if queue_id >= 0:
+                r["queue_id"] = queue_id
+            results.append(r)
         return {
             "status": self.status,
             "broker_name": self.broker_name,
             "queue_id": self.queue_id,
             "store_ts": self.store_ts,
-            "results": [r.to_dict() for r in self.results],
+            "results": results,
         }
 
 
@@ -180,7 +197,7 @@ class SendOps(ServiceBase):
         highest_qid = max(qids, default=qid)
         # Delayed and timed messages go to the schedule topic until due (broker/store/schedule.py).
         msgs = s.schedule.policy.prepare_batch(msgs)
-        records = [encode_message(m) for m in msgs]
+        records = encode_messages(msgs)
         tc = known or await self._topic_for_send(topic)
         if not tc.writable:
             raise ProtocolError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {tc.perm})", 403)
@@ -222,6 +239,18 @@ class SendOps(ServiceBase):
         """``qids``: each message's queue when they named their own (else empty): then every result
         carries its queue id."""
         name = self.s.cfg.broker_name
+        refused = [i for i, loc in zip(fresh, locs, strict=True) if isinstance(loc.result, Refused)]
+        if refused:  # committed, refused by every replica's apply: stored nowhere a consumer reads
+            first = locs[fresh.index(refused[0])].result
+            raise refusal_error(first, "message" if len(msgs) == 1 else "batch", refused=refused)
+        prefix = name + ":"  # make_msg_id's format, per message without a call (a test pins the two)
+        if len(fresh) == len(msgs):  # nothing sent before (the usual send): fresh is every index, in order
+            # loc.result: the queue offset its apply assigned (results travel with the call)
+            return SendAnswer(name, qid, store_ts, tuple([
+                _new_tuple(SendResult,
+                           (f"{prefix}{loc.position:016X}", m.unique_id, loc.result, loc.position, False, q))
+                for m, loc, q in zip(msgs, locs, qids or [-1] * len(msgs), strict=True)
+            ]))
         # A retried send is answered with its first result (stored once); fresh messages as usual.
         results: list[SendResult | None] = [
             None if k is None else SendResult(make_msg_id(name, k.position), m.unique_id, k.queue_offset, k.position,
@@ -232,12 +261,7 @@ class SendOps(ServiceBase):
             first = firsts[0]
             assert first is not None
             qid, store_ts = first.queue_id, first.store_ts
-        refused = [i for i, loc in zip(fresh, locs, strict=True) if isinstance(loc.result, Refused)]
-        if refused:  # committed, refused by every replica's apply: stored nowhere a consumer reads
-            first = locs[fresh.index(refused[0])].result
-            raise refusal_error(first, "message" if len(msgs) == 1 else "batch", refused=refused)
         for i, loc in zip(fresh, locs, strict=True):
-            # loc.result: the queue offset its apply assigned (results travel with the call)
             results[i] = SendResult(make_msg_id(name, loc.position), msgs[i].unique_id, loc.result, loc.position,
                                     queue_id=qids[i] if qids else -1)
         assert all(r is not None for r in results)

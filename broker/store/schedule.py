@@ -82,6 +82,17 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# (name, scale to ms, absolute time): the timer properties ``due_of`` reads, the first one present wins
+_TIMER_PROPS: tuple[tuple[str, int, bool], ...] = (
+    (PROP_TIMER_DELIVER_MS, 1, True),
+    (PROP_TIMER_DELAY_SEC, 1000, False),
+    (PROP_TIMER_DELAY_MS, 1, False),
+    (PROP_START_DELIVER, 1, True),
+)
+# Every property ``due_of`` looks at: a message with none of them is not delayed and refused nothing.
+_DUE_PROPS: frozenset[str] = frozenset((*RESERVED_PROPS, *(name for name, _, _ in _TIMER_PROPS), PROP_DELAY))
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulePolicy:
     levels_ms: tuple[int, ...] = parse_delay_levels(DEFAULT_DELAY_LEVELS)
@@ -93,12 +104,7 @@ class SchedulePolicy:
             if name in props:
                 raise ProtocolError("BAD_REQUEST", f"{where}: property {name} is reserved for the broker", 400)
         timer = None
-        for name, scale, absolute in (
-            (PROP_TIMER_DELIVER_MS, 1, True),
-            (PROP_TIMER_DELAY_SEC, 1000, False),
-            (PROP_TIMER_DELAY_MS, 1, False),
-            (PROP_START_DELIVER, 1, True),
-        ):
+        for name, scale, absolute in _TIMER_PROPS:
             if name in props:
                 value = _int_prop(props[name], name, where)
                 timer = value * scale if absolute else store_ts + value * scale
@@ -121,9 +127,11 @@ class SchedulePolicy:
 
     def prepare_batch(self, msgs: list[StoredMessage]) -> list[StoredMessage]:
         """``prepare`` for a send request's messages (``where``: ``messages[i]``), formatting ``where``
-        only for a message ``prepare`` has to look into (a broker topic, or properties)."""
+        only for a message ``prepare`` has to look into (a broker topic, or a property ``due_of``
+        reads: ``prepare`` returns any other message as it is)."""
         return [
-            m if not m.properties and m.topic not in BROKER_TOPICS else self.prepare(m, f"messages[{i}]")
+            m if m.topic not in BROKER_TOPICS and (not m.properties or m.properties.keys().isdisjoint(_DUE_PROPS))
+            else self.prepare(m, f"messages[{i}]")
             for i, m in enumerate(msgs)
         ]
 
