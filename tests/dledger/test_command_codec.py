@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Callable
 
 import pytest
 
@@ -34,7 +35,7 @@ def _reference(entry_body: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def _outcome(fn, arg):  # type: ignore[no-untyped-def]
+def _outcome(fn: Callable[[bytes], object], arg: bytes) -> object:
     try:
         return fn(arg)
     except cc.CommandCodecError:
