@@ -41,6 +41,21 @@ def encode_batch(bodies: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def encode_batch_with_offsets(bodies: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """``encode_batch(bodies)`` and ``body_offsets(bodies)`` in one pass (the leader's write)."""
+    parts: list[bytes] = [_PREFIX.pack(BATCH_TYPE, BATCH_VERSION, len(bodies))]
+    offsets: list[int] = []
+    pack_len = _LEN.pack
+    offset = PREFIX_BYTES
+    for body in bodies:
+        size = len(body)
+        parts += (pack_len(size), body)
+        offset += LEN_BYTES
+        offsets.append(offset)
+        offset += size
+    return b"".join(parts), offsets
+
+
 def batch_overhead(count: int) -> int:
     """Bytes an entry body adds around ``count`` bodies."""
     return PREFIX_BYTES + LEN_BYTES * count
