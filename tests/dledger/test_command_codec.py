@@ -79,3 +79,14 @@ def test_decode_adds_the_base_and_returns_bytes_for_any_buffer() -> None:
 def test_not_a_batch_is_refused(bad: bytes) -> None:
     with pytest.raises(cc.CommandCodecError):
         cc.decode_batch(bad)
+
+
+def test_encode_with_offsets_is_encode_batch_and_body_offsets() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    for _ in range(200):
+        bodies = [rng.randbytes(rng.choice((0, 1, 5, 700))) for _ in range(rng.randrange(0, 40))]
+        payload, offsets = cc.encode_batch_with_offsets(bodies)
+        assert payload == cc.encode_batch(bodies)  # the bytes stored and replicated: unchanged
+        assert offsets == cc.body_offsets(bodies)
