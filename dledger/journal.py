@@ -42,15 +42,26 @@ __all__ = ["NO_OP", "JournalError", "LazyEntry", "RaftJournal"]
 
 
 class LazyEntry:
-    """A journal entry ``(command, index, term)`` whose command is read on first use."""
+    """A journal entry ``(command, index, term)`` whose command and term are read on first use.
 
-    __slots__ = ("_command", "_store", "index", "term")
+    The term too: SyncObj reads ``journal[0][1]`` (the first index) on every AppendEntries a
+    follower takes, and reading the first entry's term there was an index-file pread per message.
+    ``term=None``: read from the store when first asked for."""
 
-    def __init__(self, store: LogStore | None, index: int, term: int, command: bytes | None = None):
+    __slots__ = ("_command", "_store", "_term", "index")
+
+    def __init__(self, store: LogStore | None, index: int, term: int | None, command: bytes | None = None):
         self._store = store
         self.index = index
-        self.term = term
+        self._term = term
         self._command = command
+
+    @property
+    def term(self) -> int:
+        if self._term is None:
+            assert self._store is not None
+            self._term = self._store.term_at(self.index)
+        return self._term
 
     def command(self) -> bytes:
         if self._command is None:
@@ -169,7 +180,9 @@ class RaftJournal:
             return LazyEntry(None, index, anchor_term, NO_OP)
         if index == self.store.last_index:
             return LazyEntry(self.store, index, self.store.last_term)
-        return LazyEntry(self.store, index, self.store.term_at(index))
+        if not self.store.first_index <= index <= self.store.last_index:
+            self.store.term_at(index)  # raises IndexOutOfRangeError, as before (the term is lazy)
+        return LazyEntry(self.store, index, None)
 
     def __getitem__(self, item: int | slice) -> Any:
         n = len(self)

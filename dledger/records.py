@@ -208,11 +208,10 @@ def to_committed(entry: Entry, store: LogReader) -> CommittedEntry:
     body = entry.body
     if not command_codec.is_batch(body):
         return CommittedEntry(entry.index, entry.term, entry.position, entry.chain_crc, [])
-    base = entry.position + store.header_bytes
     return CommittedEntry(
         entry.index,
         entry.term,
         entry.position,
         entry.chain_crc,
-        [(base + off, b) for off, b in command_codec.decode_batch(body)],
+        command_codec.decode_batch(body, entry.position + store.header_bytes),
     )

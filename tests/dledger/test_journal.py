@@ -9,6 +9,7 @@ import pytest
 
 from dledger.entry_store import EntryStore
 from dledger.journal import JournalError, RaftJournal
+from dledger.log_store import IndexOutOfRangeError
 
 
 def make(tmp_path: Any) -> RaftJournal:
@@ -72,3 +73,33 @@ def test_compaction_entry_points_are_refused(tmp_path: Any) -> None:
         j.deleteEntriesTo(1)
     with pytest.raises(JournalError):
         j.clear()
+
+
+class _CountingStore:
+    """An EntryStore whose term_at calls are counted (the index-file reads behind them)."""
+
+    def __init__(self, store: EntryStore):
+        self._store = store
+        self.term_reads = 0
+
+    def term_at(self, index: int) -> int:
+        self.term_reads += 1
+        return self._store.term_at(index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_an_entry_term_is_read_only_when_used_and_agrees_with_the_store(tmp_path: Any) -> None:
+    store = _CountingStore(EntryStore(str(tmp_path / "store"), segment_bytes=1 << 20, recent_bytes=0))
+    j = RaftJournal(store, str(tmp_path / "meta"))
+    for i in range(1, 11):
+        j.add(f"cmd{i}".encode(), i, 1 if i < 6 else 2)
+    assert j[0][1] == 1 and store.term_reads == 0  # what SyncObj reads per AppendEntries
+    assert [j[p][2] for p in range(10)] == [store.term_at(i) for i in range(1, 11)] == [1] * 5 + [2] * 5
+    e = j.entry_at_index(3)
+    assert e.term == 1 and tuple(e) == (b"cmd3", 3, 1) and e == (b"cmd3", 3, 1)
+    with pytest.raises(IndexOutOfRangeError):  # outside the log: refused at once, as before
+        j.entry_at_index(11)
+    reopened = RaftJournal(store, str(tmp_path / "meta"))
+    assert reopened[4][2] == 1 and reopened[5][2] == 2
