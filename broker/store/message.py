@@ -71,6 +71,9 @@ MESSAGE_MAGICS = (MESSAGE_MAGIC, MESSAGE_MAGIC_V1)
 COMMAND_MAGIC = b"C"
 _CRC = struct.Struct("<I")
 _HLEN = struct.Struct("<I")
+_MAGIC_BYTES = tuple(m[0] for m in MESSAGE_MAGICS)  # the magics as a record's first byte reads (an int)
+_hlen_from = _HLEN.unpack_from
+_unpackb = msgpack.unpackb
 
 POSITION_MAX = 2**63 - 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -163,15 +166,16 @@ def decode_header(record: bytes | memoryview) -> tuple[RecordHeader, int]:
 
 def _header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
     """The header's fields as stored (``RecordHeader``'s, then an optional ``sys_flag``) and where the
-    body starts; raises ValueError on a malformed record."""
-    if len(record) < 5 or bytes(record[0:1]) not in MESSAGE_MAGICS:
+    body starts; raises ValueError on a malformed record. Every replica decodes every message it
+    applies here: the magic is read as an int (no slice and copy), the length and decoder are bound
+    once at import."""
+    if len(record) < 5 or record[0] not in _MAGIC_BYTES:
         raise ValueError("not a message record")
-    (hlen,) = _HLEN.unpack_from(record, 1)
-    end = 5 + hlen
+    end = 5 + _hlen_from(record, 1)[0]
     if end > len(record):
         raise ValueError("message header runs past the record")
     try:
-        header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
+        header = _unpackb(record[5:end], raw=False, use_list=True)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ValueError(f"undecodable message header: {exc}") from None
     if not isinstance(header, list) or len(header) < _HEADER_FIELDS:

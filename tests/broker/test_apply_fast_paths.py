@@ -6,10 +6,12 @@ from __future__ import annotations
 import collections
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.store.dedup import DedupWindow, FirstSend, deduplicated_topic
+from broker.store.message import MESSAGE_MAGIC, MESSAGE_MAGICS, StoredMessage, _header_fields, encode_message
 
 
 class ReferenceWindow:
@@ -97,3 +99,27 @@ def test_a_restore_that_falls_short_keeps_the_entries_it_re_added() -> None:
         w.add("T", uid, position=10 + i, queue_id=0, queue_offset=1 + i, store_ts=1000, index=2)
     assert w.lookup("T", "a") is None  # seq 11 with 17 added: outside the last 5
     assert w.checkpoint()["from_position"] == 10 and len(w) == 3
+
+
+def _record(magic: bytes) -> bytes:
+    m = StoredMessage("T", 1, 0, "tg", ("k",), {"a": "b"}, 5, "h:1", 6, "U" * 32, b"body")
+    return magic + encode_message(m)[1:]
+
+
+def test_header_decode_reads_the_magic_as_a_byte_of_any_buffer() -> None:
+    """``_header_fields`` reads the first byte as an int: bytes and memoryviews decode alike,
+    both magics are messages, and every other first byte (a command's among them) is refused as
+    the slice comparison refused it."""
+    for magic in MESSAGE_MAGICS:
+        record = _record(magic)
+        want = _header_fields(record)
+        assert _header_fields(memoryview(bytearray(record))) == want and _header_fields(memoryview(record)) == want
+    for first in range(256):
+        record = bytes([first]) + _record(MESSAGE_MAGIC)[1:]
+        if bytes([first]) in MESSAGE_MAGICS:
+            assert _header_fields(record)[0][0] == "T"
+        else:
+            with pytest.raises(ValueError, match="not a message record"):
+                _header_fields(memoryview(record))
+    with pytest.raises(ValueError, match="not a message record"):
+        _header_fields(MESSAGE_MAGIC + b"\0\0\0")
