@@ -160,11 +160,11 @@ def record_size(magic: bytes, header_bytes: int, body_len: int) -> int:
 
 def decode_header(record: bytes | memoryview) -> tuple[RecordHeader, int]:
     """The header and where the body starts; raises ValueError on a malformed record."""
-    header, end = _header_fields(record)
+    header, end = decode_header_fields(record)
     return RecordHeader._make(header if len(header) == _HEADER_FIELDS else header[:_HEADER_FIELDS]), end
 
 
-def _header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
+def decode_header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
     """The header's fields as stored (``RecordHeader``'s, then an optional ``sys_flag``) and where the
     body starts; raises ValueError on a malformed record. Every replica decodes every message it
     applies here: the magic is read as an int (no slice and copy), the length and decoder are bound
@@ -205,7 +205,7 @@ def _header_types_ok(h: list[Any]) -> bool:
 
 
 def decode_message(record: bytes) -> StoredMessage:
-    fields, start = _header_fields(record)
+    fields, start = decode_header_fields(record)
     h = RecordHeader._make(fields if len(fields) == _HEADER_FIELDS else fields[:_HEADER_FIELDS])
     end = len(record)
     if record[:1] == MESSAGE_MAGIC:

@@ -63,7 +63,7 @@ from broker.store.message import (
     tag_hash,
 )
 from broker.store.metadata import GroupConfig, Metadata, TopicConfig
-from broker.store.record_rules import RefusalLog, admit_command, admit_message, message_refusal, refused
+from broker.store.record_rules import RefusalLog, admit_command, admitted_fields, message_refusal, refused
 from broker.store.replay import NONCE_OP, NonceLog
 from broker.store.schedule import ScheduleIndex
 from broker.store.snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
@@ -325,12 +325,11 @@ class MessageStore(StoreStateEntries):
         if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/store/replay.py)
             self.counters["replay_skipped"] += 1
             return None
-        h, refusal = admit_message(body)
-        if h is None:
-            assert refusal is not None
-            return self._refuse(position, "message", refusal)
-        topic, qid, tags, keys, store_ts, uid, props = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id, \
-            h.properties
+        h = admitted_fields(body)
+        if isinstance(h, Refused):
+            return self._refuse(position, "message", h)
+        # RecordHeader's fields, by position (no RecordHeader built per message)
+        topic, qid, tags, keys, props, store_ts, uid = h[0], h[1], h[3], h[4], h[5], h[8], h[9]
         # A plain message (no properties, not the schedule's or the half messages' topic) is none of
         # the schedule's or the transactions' business: both would answer True, and sent_topic the
         # topic itself.

@@ -5,13 +5,38 @@ from __future__ import annotations
 
 import collections
 import random
+import struct
+from typing import Any
 
+import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from broker.protocol.properties import (
+    HALF_TOPIC,
+    PROP_CHECK_IMMUNITY,
+    PROP_DUE_MS,
+    PROP_HALF_POS,
+    PROP_LEVEL,
+    PROP_PGROUP,
+    PROP_REAL_TOPIC,
+    PROP_SCHED_POS,
+    SCHEDULE_TOPIC,
+)
 from broker.store.dedup import DedupWindow, FirstSend, deduplicated_topic
-from broker.store.message import MESSAGE_MAGIC, MESSAGE_MAGICS, StoredMessage, _header_fields, encode_message
+from broker.store.message import (
+    MESSAGE_MAGIC,
+    MESSAGE_MAGIC_V1,
+    MESSAGE_MAGICS,
+    RecordHeader,
+    StoredMessage,
+    decode_header,
+    decode_header_fields,
+    encode_message,
+)
+from broker.store.record_rules import admit_message, admitted_fields, message_refusal, refused
+from dledger.records import Refused
 
 
 class ReferenceWindow:
@@ -107,19 +132,73 @@ def _record(magic: bytes) -> bytes:
 
 
 def test_header_decode_reads_the_magic_as_a_byte_of_any_buffer() -> None:
-    """``_header_fields`` reads the first byte as an int: bytes and memoryviews decode alike,
+    """``decode_header_fields`` reads the first byte as an int: bytes and memoryviews decode alike,
     both magics are messages, and every other first byte (a command's among them) is refused as
     the slice comparison refused it."""
     for magic in MESSAGE_MAGICS:
         record = _record(magic)
-        want = _header_fields(record)
-        assert _header_fields(memoryview(bytearray(record))) == want and _header_fields(memoryview(record)) == want
+        want = decode_header_fields(record)
+        assert decode_header_fields(memoryview(bytearray(record))) == want
+        assert decode_header_fields(memoryview(record)) == want
     for first in range(256):
         record = bytes([first]) + _record(MESSAGE_MAGIC)[1:]
         if bytes([first]) in MESSAGE_MAGICS:
-            assert _header_fields(record)[0][0] == "T"
+            assert decode_header_fields(record)[0][0] == "T"
         else:
             with pytest.raises(ValueError, match="not a message record"):
-                _header_fields(memoryview(record))
+                decode_header_fields(memoryview(record))
     with pytest.raises(ValueError, match="not a message record"):
-        _header_fields(MESSAGE_MAGIC + b"\0\0\0")
+        decode_header_fields(MESSAGE_MAGIC + b"\0\0\0")
+
+
+def _reference_admission(record: bytes) -> tuple[list[Any] | None, Refused | None]:
+    """Admission as it was: the header, then every rule of ``message_refusal``."""
+    try:
+        h, _ = decode_header(record)
+    except ValueError as exc:
+        return None, refused(f"undecodable message record: {exc}")
+    reason = message_refusal(h.topic, h.queue_id, h.store_ts, h.properties)
+    return (None, refused(reason)) if reason is not None else (list(h), None)
+
+
+PROPERTY_NAMES = [PROP_SCHED_POS, PROP_HALF_POS, PROP_DUE_MS, PROP_LEVEL, PROP_PGROUP, PROP_REAL_TOPIC,
+                  PROP_CHECK_IMMUNITY, "bench_ts_ns", "a"]
+PROPERTY_VALUES = st.one_of(
+    st.sampled_from(["12", "-3", "x", "", str(2**63), str(-(2**63) - 1)]),
+    st.integers(-(2**63), 2**64 - 1), st.booleans(), st.none(), st.lists(st.integers(-9, 9), max_size=2),
+)
+TOPICS_ADMITTED_OR_NOT = ["T", "VersusBench", SCHEDULE_TOPIC, HALF_TOPIC, "%RETRY%g", "bad topic", "", "a/b", "T" * 200]
+
+
+@settings(max_examples=600, deadline=None)
+@example(topic=HALF_TOPIC, queue_id=0, store_ts=0, props={PROP_PGROUP: 5}, sys_flag=None)
+@example(topic=SCHEDULE_TOPIC, queue_id=0, store_ts=0, props={PROP_DUE_MS: [1]}, sys_flag=None)
+@example(topic="T", queue_id=0, store_ts=0, props={PROP_HALF_POS: True}, sys_flag=None)
+@example(topic="T", queue_id=True, store_ts=0, props={}, sys_flag=None)
+@example(topic="T", queue_id=0, store_ts=True, props={}, sys_flag=None)
+@given(
+    topic=st.sampled_from(TOPICS_ADMITTED_OR_NOT),
+    queue_id=st.one_of(st.integers(-5, 5), st.sampled_from([2**31 - 1, 2**31, 2**64 - 1]), st.booleans()),
+    store_ts=st.one_of(st.integers(-5, 5), st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, -(2**63)]), st.booleans()),
+    props=st.dictionaries(st.sampled_from(PROPERTY_NAMES), PROPERTY_VALUES, max_size=4),
+    sys_flag=st.sampled_from([None, 0, 1, True]),
+)
+def test_admission_fast_path_answers_as_every_rule(
+    topic: str, queue_id: int, store_ts: int, props: dict[str, Any], sys_flag: int | None
+) -> None:
+    """``admitted_fields`` (the apply's form, with its fast path) admits and refuses exactly what
+    the header and ``message_refusal`` did, with the same reason; ``admit_message`` too."""
+    fields: list[Any] = [topic, queue_id, 0, "", [], props, 1, "h:1", store_ts, "U" * 32, 4]
+    if sys_flag is not None:
+        fields.append(sys_flag)
+    header = msgpack.packb(fields, use_bin_type=True)
+    record = MESSAGE_MAGIC_V1 + struct.pack("<I", len(header)) + header + b"body"
+    want_fields, want_refusal = _reference_admission(record)
+    for _ in range(2):  # the topic's validity remembered or not
+        got = admitted_fields(record)
+        if want_refusal is not None:
+            assert got == want_refusal
+            assert admit_message(record) == (None, want_refusal)
+        else:
+            assert isinstance(got, list) and got[:11] == want_fields and got == fields
+            assert admit_message(record) == (RecordHeader._make(fields[:11]), None)
