@@ -48,7 +48,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, PROP_SCHED_POS, SCHEDULE_TOPIC
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, QueueReader, finish_flush
 from broker.store.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.store.key_index import KeyIndex
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.store")
 
 WRITE_OUT_EVERY_UNITS = 8192
+_HOOKED_TOPICS = (SCHEDULE_TOPIC, HALF_TOPIC)  # every message of these concerns the schedule or transactions
 
 
 class ApplyListener(Protocol):
@@ -330,10 +331,11 @@ class MessageStore(StoreStateEntries):
             return self._refuse(position, "message", h)
         # RecordHeader's fields, by position (no RecordHeader built per message)
         topic, qid, tags, keys, props, store_ts, uid = h[0], h[1], h[3], h[4], h[5], h[8], h[9]
-        # A plain message (no properties, not the schedule's or the half messages' topic) is none of
-        # the schedule's or the transactions' business: both would answer True, and sent_topic the
-        # topic itself.
-        special = bool(props) or topic in (SCHEDULE_TOPIC, HALF_TOPIC)
+        # A plain message (not on the schedule's or the half messages' topic, no schedule or half
+        # position among its properties) is none of the schedule's or the transactions' business:
+        # both hooks would answer True and change nothing, on_dispatched would not look, and
+        # sent_topic would answer the topic itself (tests/broker/test_apply_fast_paths.py).
+        special = topic in _HOOKED_TOPICS or (props and (PROP_SCHED_POS in props or PROP_HALF_POS in props))
         if special:
             if not self.schedule.on_message(position, len(body), topic, props):
                 self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
