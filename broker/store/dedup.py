@@ -151,7 +151,7 @@ class DedupWindow:
             last_topic, counted = None, False  # deduplicated_topic of the last topic (a batch has one or few)
             try:
                 for topic, unique_id, position, queue_id, queue_offset, store_ts, index in adds:
-                    if topic is not last_topic:
+                    if topic != last_topic:  # (each decoded message has its own str: equal, not the same)
                         last_topic, counted = topic, deduplicated_topic(topic)
                     if not counted or not unique_id:
                         continue
