@@ -143,6 +143,7 @@ class MessageStore(StoreStateEntries):
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
         self._index_puts: list[tuple[str, str, int, int]] = []  # this apply call's key index puts (apply())
+        self._dispatched = 0  # messages this apply call dispatched (counted at its end)
         # The nonces of state-changing requests (broker/store/replay.py): a replay is refused at apply.
         self.nonces = NonceLog()
 
@@ -277,6 +278,9 @@ class MessageStore(StoreStateEntries):
         finally:  # what was dispatched is in the window and the key index, as if added one by one
             self._flush_dedup_adds()
             self._flush_index_puts()
+            dispatched, self._dispatched = self._dispatched, 0
+            self.counters["messages"] += dispatched
+            self._units_since_write_out += dispatched
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
@@ -323,7 +327,8 @@ class MessageStore(StoreStateEntries):
     def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | Refused | None:
         """Index one message record; its queue offset (None: a second copy, skipped; ``Refused``:
         a record admission refused)."""
-        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/store/replay.py)
+        nonces = self.nonces
+        if nonces.skip_left and nonces.take_skip(self._entry_index, position):  # a refused replay's (replay.py)
             self.counters["replay_skipped"] += 1
             return None
         h = admitted_fields(body)
@@ -355,14 +360,13 @@ class MessageStore(StoreStateEntries):
         self._dedup_adds.append(
             (sent_topic(topic, props) if special else topic, uid, position, qid, offset, store_ts, self._entry_index)
         )
-        self._units_since_write_out += 1
         # Put in the key index once the whole apply call is done (one lock for all; apply()).
         for k in keys:
             self._index_puts.append((topic, k, position, store_ts))
         if uid:
             self._index_puts.append((topic, uid, position, store_ts))
         touched.add(key)
-        self.counters["messages"] += 1
+        self._dispatched += 1  # counted into "messages" and the units to write out by apply()
         return offset
 
     def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | Refused | None]:
