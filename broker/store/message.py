@@ -175,7 +175,7 @@ def decode_header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
     if end > len(record):
         raise ValueError("message header runs past the record")
     try:
-        header = _unpackb(record[5:end], raw=False, use_list=True)
+        header = _unpackb(record[5:end])  # msgpack >= 1.0's defaults: raw=False, use_list=True (no keywords to parse)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ValueError(f"undecodable message header: {exc}") from None
     if not isinstance(header, list) or len(header) < _HEADER_FIELDS:

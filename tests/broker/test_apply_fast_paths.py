@@ -142,6 +142,8 @@ def test_header_decode_reads_the_magic_as_a_byte_of_any_buffer() -> None:
     for magic in MESSAGE_MAGICS:
         record = _record(magic)
         want = decode_header_fields(record)
+        end = 5 + struct.unpack_from("<I", record, 1)[0]
+        assert want == (msgpack.unpackb(record[5:end], raw=False, use_list=True), end)  # msgpack's defaults
         assert decode_header_fields(memoryview(bytearray(record))) == want
         assert decode_header_fields(memoryview(record)) == want
     for first in range(256):
