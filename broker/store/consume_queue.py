@@ -82,6 +82,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _UNIT = struct.Struct("<QIQQ")
+_pack_unit = _UNIT.pack
 UNIT_SIZE = _UNIT.size  # 28
 _ZERO_UNIT = bytes(UNIT_SIZE)
 MIN_OFFSET_FILE = "min_offset"
@@ -328,12 +329,18 @@ class ConsumeQueue:
     # -- writing -----------------------------------------------------------------------------
 
     def append(self, position: int, size: int, tag_hash: int, store_ts: int) -> int:
-        """Buffer one unit; returns its offset. Readers see it at once; files after write_out."""
-        packed = _UNIT.pack(position, size, tag_hash, store_ts)
-        with self._lock:
+        """Buffer one unit; returns its offset. Readers see it at once; files after write_out. (Every
+        replica appends every message here: the lock taken with acquire/release, a fifth cheaper
+        than ``with``, the packer bound at import.)"""
+        packed = _pack_unit(position, size, tag_hash, store_ts)
+        lock = self._lock
+        lock.acquire()
+        try:
             offset = self._max_offset
             self._buffer += packed
             self._max_offset = offset + 1
+        finally:
+            lock.release()
         if offset + 1 - self._written >= BUFFER_UNITS_MAX:
             self.write_out()
         return offset

@@ -77,6 +77,10 @@ class FirstSend(NamedTuple):
     seq: int  # the window's add counter when it was added
 
 
+# A window's entry: the FirstSend fields, then its (topic, unique id) key.
+_Entry = tuple[int, int, int, int, int, int, tuple[str, str]]
+
+
 class DedupWindow:
     """Owned by the store's apply thread (``add``); readers on other threads call ``lookup``."""
 
@@ -84,10 +88,12 @@ class DedupWindow:
         assert max_messages >= 0 and window_ms > 0
         self.max_messages = max_messages
         self.window_ms = window_ms
-        # (topic, unique id) -> the FirstSend fields as a plain tuple (see FirstSend)
-        self._entries: collections.OrderedDict[tuple[str, str], tuple[int, int, int, int, int, int]] = (
-            collections.OrderedDict()
-        )
+        # (topic, unique id) -> the FirstSend fields, then the key, as a plain tuple (see FirstSend)
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        # Every entry added, oldest first. A key added again leaves its earlier entry here: an entry
+        # that is not its key's in ``_entries`` any more is stale and skipped. The first live one is
+        # the oldest (what an ordered dict's front was, without its cost per add).
+        self._order: collections.deque[_Entry] = collections.deque()
         self._lock = threading.Lock()
         self._seq = 0  # messages added so far
         self._max_ts = 0  # newest store time applied
@@ -100,7 +106,7 @@ class DedupWindow:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _counts(self, e: tuple[int, int, int, int, int, int]) -> bool:
+    def _counts(self, e: _Entry) -> bool:
         return e[5] > self._seq - self.max_messages and e[3] >= self._max_ts - self.window_ms
 
     def lookup(self, topic: str, unique_id: str) -> FirstSend | None:
@@ -108,7 +114,7 @@ class DedupWindow:
             return None
         with self._lock:
             e = self._entries.get((topic, unique_id))
-            return FirstSend(*e) if e is not None and self._counts(e) else None
+            return FirstSend(*e[:6]) if e is not None and self._counts(e) else None
 
     def lookup_many(self, topic: str, unique_ids: Sequence[str]) -> list[FirstSend | None]:
         """``lookup`` of each of ``unique_ids`` (one lock for all)."""
@@ -119,7 +125,7 @@ class DedupWindow:
         with self._lock:
             for u in unique_ids:
                 e = get((topic, u))
-                out.append(FirstSend(*e) if e is not None and counts(e) else None)
+                out.append(FirstSend(*e[:6]) if e is not None and counts(e) else None)
         return out
 
     def add(
@@ -139,29 +145,45 @@ class DedupWindow:
         evicting after each add would have dropped."""
         if not self.enabled:
             return
-        entries = self._entries
+        entries, order = self._entries, self._order
         with self._lock:
-            for topic, unique_id, position, queue_id, queue_offset, store_ts, index in adds:
-                if not unique_id or not deduplicated_topic(topic):
-                    continue
-                key = (topic, unique_id)
-                if store_ts > self._max_ts:
-                    self._max_ts = store_ts
-                if key in entries:
-                    del entries[key]
-                self._seq += 1
-                entries[key] = (position, queue_id, queue_offset, store_ts, index, self._seq)
-            while entries:
-                front = next(iter(entries.values()))
-                if self._counts(front):
-                    break
-                entries.popitem(last=False)
+            seq, max_ts = self._seq, self._max_ts
+            last_topic, counted = None, False  # deduplicated_topic of the last topic (a batch has one or few)
+            try:
+                for topic, unique_id, position, queue_id, queue_offset, store_ts, index in adds:
+                    if topic != last_topic:  # (each decoded message has its own str: equal, not the same)
+                        last_topic, counted = topic, deduplicated_topic(topic)
+                    if not counted or not unique_id:
+                        continue
+                    if store_ts > max_ts:
+                        max_ts = store_ts
+                    seq += 1
+                    key = (topic, unique_id)
+                    entries[key] = e = (position, queue_id, queue_offset, store_ts, index, seq, key)
+                    order.append(e)
+            finally:
+                self._seq, self._max_ts = seq, max_ts
+            # Drop from the front what no longer counts (``_counts``), and the stale entries before
+            # the first one that still counts.
+            seq_floor, ts_floor = seq - self.max_messages, max_ts - self.window_ms
+            while order:
+                e = order[0]
+                if entries.get(e[6]) is e:
+                    if e[5] > seq_floor and e[3] >= ts_floor:
+                        break
+                    del entries[e[6]]
+                order.popleft()
+
+    def _front(self) -> _Entry | None:
+        """The oldest entry (lock held)."""
+        entries = self._entries
+        return next((e for e in self._order if entries.get(e[6]) is e), None)
 
     def checkpoint(self) -> dict[str, int]:
         """What the store's snapshot keeps (apply thread)."""
         with self._lock:
-            e = next(iter(self._entries.values()), None)
-            front = FirstSend(*e) if e is not None else None
+            e = self._front()
+            front = FirstSend(*e[:6]) if e is not None else None
             return {
                 "from_index": front.index if front is not None else 0,
                 "from_position": front.position if front is not None else 0,
@@ -175,6 +197,7 @@ class DedupWindow:
         nothing to do)."""
         with self._lock:
             self._entries.clear()
+            self._order.clear()
             if not checkpoint:
                 return None
             self._seq = int(checkpoint.get("from_seq", 0))

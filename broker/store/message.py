@@ -72,6 +72,9 @@ MESSAGE_MAGICS = (MESSAGE_MAGIC, MESSAGE_MAGIC_V1)
 COMMAND_MAGIC = b"C"
 _CRC = struct.Struct("<I")
 _HLEN = struct.Struct("<I")
+_MAGIC_BYTES = tuple(m[0] for m in MESSAGE_MAGICS)  # the magics as a record's first byte reads (an int)
+_hlen_from = _HLEN.unpack_from
+_unpackb = msgpack.unpackb
 
 POSITION_MAX = 2**63 - 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -177,21 +180,22 @@ def record_size(magic: bytes, header_bytes: int, body_len: int) -> int:
 
 def decode_header(record: bytes | memoryview) -> tuple[RecordHeader, int]:
     """The header and where the body starts; raises ValueError on a malformed record."""
-    header, end = _header_fields(record)
+    header, end = decode_header_fields(record)
     return RecordHeader._make(header if len(header) == _HEADER_FIELDS else header[:_HEADER_FIELDS]), end
 
 
-def _header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
+def decode_header_fields(record: bytes | memoryview) -> tuple[list[Any], int]:
     """The header's fields as stored (``RecordHeader``'s, then an optional ``sys_flag``) and where the
-    body starts; raises ValueError on a malformed record."""
-    if len(record) < 5 or bytes(record[0:1]) not in MESSAGE_MAGICS:
+    body starts; raises ValueError on a malformed record. Every replica decodes every message it
+    applies here: the magic is read as an int (no slice and copy), the length and decoder are bound
+    once at import."""
+    if len(record) < 5 or record[0] not in _MAGIC_BYTES:
         raise ValueError("not a message record")
-    (hlen,) = _HLEN.unpack_from(record, 1)
-    end = 5 + hlen
+    end = 5 + _hlen_from(record, 1)[0]
     if end > len(record):
         raise ValueError("message header runs past the record")
     try:
-        header = msgpack.unpackb(record[5:end], raw=False, use_list=True)
+        header = _unpackb(record[5:end])  # msgpack >= 1.0's defaults: raw=False, use_list=True (no keywords to parse)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ValueError(f"undecodable message header: {exc}") from None
     if not isinstance(header, list) or len(header) < _HEADER_FIELDS:
@@ -221,7 +225,7 @@ def _header_types_ok(h: list[Any]) -> bool:
 
 
 def decode_message(record: bytes) -> StoredMessage:
-    fields, start = _header_fields(record)
+    fields, start = decode_header_fields(record)
     h = RecordHeader._make(fields if len(fields) == _HEADER_FIELDS else fields[:_HEADER_FIELDS])
     end = len(record)
     if record[:1] == MESSAGE_MAGIC:

@@ -48,7 +48,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, SCHEDULE_TOPIC
+from broker.protocol.properties import HALF_TOPIC, PROP_HALF_POS, PROP_SCHED_POS, SCHEDULE_TOPIC
 from broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, PendingSync, QueueReader, finish_flush
 from broker.store.dedup import DEFAULT_MAX_MESSAGES, DEFAULT_WINDOW_MS, DedupWindow, sent_topic
 from broker.store.key_index import KeyIndex
@@ -63,7 +63,7 @@ from broker.store.message import (
     tag_hash,
 )
 from broker.store.metadata import GroupConfig, Metadata, TopicConfig
-from broker.store.record_rules import RefusalLog, admit_command, admit_message, message_refusal, refused
+from broker.store.record_rules import RefusalLog, admit_command, admitted_fields, message_refusal, refused
 from broker.store.replay import NONCE_OP, NonceLog
 from broker.store.schedule import ScheduleIndex
 from broker.store.snapshot import SNAPSHOT_VERSION, read_snapshot, write_snapshot
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.store")
 
 WRITE_OUT_EVERY_UNITS = 8192
+_HOOKED_TOPICS = (SCHEDULE_TOPIC, HALF_TOPIC)  # every message of these concerns the schedule or transactions
 
 
 class ApplyListener(Protocol):
@@ -142,6 +143,7 @@ class MessageStore(StoreStateEntries):
         self._entry_index = 0  # the log index of the entry being applied
         self._dedup_adds: list[tuple[str, str, int, int, int, int, int]] = []  # this apply call's (apply())
         self._index_puts: list[tuple[str, str, int, int]] = []  # this apply call's key index puts (apply())
+        self._dispatched = 0  # messages this apply call dispatched (counted at its end)
         # The nonces of state-changing requests (broker/store/replay.py): a replay is refused at apply.
         self.nonces = NonceLog()
 
@@ -276,6 +278,9 @@ class MessageStore(StoreStateEntries):
         finally:  # what was dispatched is in the window and the key index, as if added one by one
             self._flush_dedup_adds()
             self._flush_index_puts()
+            dispatched, self._dispatched = self._dispatched, 0
+            self.counters["messages"] += dispatched
+            self._units_since_write_out += dispatched
         if self._units_since_write_out >= WRITE_OUT_EVERY_UNITS:
             self.cqs.write_out_all()
             self._units_since_write_out = 0
@@ -322,19 +327,20 @@ class MessageStore(StoreStateEntries):
     def _dispatch(self, position: int, body: bytes, touched: set[tuple[str, int]]) -> int | Refused | None:
         """Index one message record; its queue offset (None: a second copy, skipped; ``Refused``:
         a record admission refused)."""
-        if self.nonces.take_skip(self._entry_index, position):  # a refused replay's (broker/store/replay.py)
+        nonces = self.nonces
+        if nonces.skip_left and nonces.take_skip(self._entry_index, position):  # a refused replay's (replay.py)
             self.counters["replay_skipped"] += 1
             return None
-        h, refusal = admit_message(body)
-        if h is None:
-            assert refusal is not None
-            return self._refuse(position, "message", refusal)
-        topic, qid, tags, keys, store_ts, uid, props = h.topic, h.queue_id, h.tags, h.keys, h.store_ts, h.unique_id, \
-            h.properties
-        # A plain message (no properties, not the schedule's or the half messages' topic) is none of
-        # the schedule's or the transactions' business: both would answer True, and sent_topic the
-        # topic itself.
-        special = bool(props) or topic in (SCHEDULE_TOPIC, HALF_TOPIC)
+        h = admitted_fields(body)
+        if isinstance(h, Refused):
+            return self._refuse(position, "message", h)
+        # RecordHeader's fields, by position (no RecordHeader built per message)
+        topic, qid, tags, keys, props, store_ts, uid = h[0], h[1], h[3], h[4], h[5], h[8], h[9]
+        # A plain message (not on the schedule's or the half messages' topic, no schedule or half
+        # position among its properties) is none of the schedule's or the transactions' business:
+        # both hooks would answer True and change nothing, on_dispatched would not look, and
+        # sent_topic would answer the topic itself (tests/broker/test_apply_fast_paths.py).
+        special = topic in _HOOKED_TOPICS or (props and (PROP_SCHED_POS in props or PROP_HALF_POS in props))
         if special:
             if not self.schedule.on_message(position, len(body), topic, props):
                 self.counters["schedule_duplicates"] += 1  # a delayed message delivered already
@@ -354,14 +360,13 @@ class MessageStore(StoreStateEntries):
         self._dedup_adds.append(
             (sent_topic(topic, props) if special else topic, uid, position, qid, offset, store_ts, self._entry_index)
         )
-        self._units_since_write_out += 1
         # Put in the key index once the whole apply call is done (one lock for all; apply()).
         for k in keys:
             self._index_puts.append((topic, k, position, store_ts))
         if uid:
             self._index_puts.append((topic, uid, position, store_ts))
         touched.add(key)
-        self.counters["messages"] += 1
+        self._dispatched += 1  # counted into "messages" and the units to write out by apply()
         return offset
 
     def _command(self, position: int, body: bytes) -> tuple[bool, dict[str, Any] | Refused | None]:

@@ -96,7 +96,7 @@ class NonceLog:
         self._order: collections.deque[tuple[int, int, str, str]] = collections.deque()
         self._skipped: dict[int, None] = {}  # positions of bodies skipped by a refusal, oldest first
         self._skip_entry = -1
-        self._skip_left = 0
+        self.skip_left = 0  # bodies of entry _skip_entry still to skip (the store's apply reads it first: take_skip)
         self.refused: collections.Counter[str] = collections.Counter()
 
     def __len__(self) -> int:
@@ -143,14 +143,14 @@ class NonceLog:
 
     def _refuse(self, code: str, index: int, n: int) -> dict[str, Any]:
         self.refused[code] += 1
-        self._skip_entry, self._skip_left = index, n
+        self._skip_entry, self.skip_left = index, n
         return {"refused": code}
 
     def take_skip(self, index: int, position: int) -> bool:
         """Whether the body at ``position`` of entry ``index`` belongs to a refused request."""
-        if self._skip_left <= 0 or index != self._skip_entry:
+        if self.skip_left <= 0 or index != self._skip_entry:
             return False
-        self._skip_left -= 1
+        self.skip_left -= 1
         with self._lock:
             self._skipped[position] = None
             while len(self._skipped) > SKIPPED_MAX:
@@ -218,7 +218,7 @@ class NonceLog:
             self._keys.clear()
             self._by_time.clear()
             self._order.clear()
-            self._skip_left = 0
+            self.skip_left = 0
             cp = checkpoint or {}
             self._m = int(cp.get("m", 0))
             for ak, floor in dict(cp.get("floors") or {}).items():
