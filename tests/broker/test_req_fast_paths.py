@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import random
 import types
+from typing import Any
 
 from prometheus_client import generate_latest
 
+from broker.client.message import MessageQueue, SendItem, SendResult, SendStatus, send_result_from_answer
+from broker.client.transport import ClientError
 from broker.server import metrics as metrics_mod
 from broker.server.metrics import OTHER, BrokerMetrics, RateWindow
 from dledger.clock import ManualClock
@@ -55,3 +58,76 @@ def test_sent_with_cached_children_equals_the_plain_lookups() -> None:
     assert fast.producer_rate.rates() == plain.producer_rate.rates()
     assert OTHER in fast.producer_rate.rates()
     assert len(fast._sent_children) <= 5  # the bound's topics and OTHER
+
+
+def _result_plain(answer: Any, mq: MessageQueue, index: int | None = None) -> SendResult:
+    """``send_result_from_answer`` as it was: the dataclasses' own constructors, a list per answer."""
+    try:
+        raw = answer["results"]
+        queue_id = answer.get("queue_id", mq.queue_id)
+        if index is not None:
+            one = raw[index]
+            raw = (one,)
+            queue_id = one.get("queue_id", queue_id)
+        results = [
+            SendItem(str(r["msg_id"]), str(r["unique_id"]), int(r["queue_offset"]), int(r.get("position", -1)))
+            for r in raw
+        ]
+        broker = answer.get("broker_name", mq.broker_name)
+        if type(queue_id) is int and queue_id == mq.queue_id and broker == mq.broker_name:
+            stored_mq = mq
+        else:
+            stored_mq = MessageQueue(mq.topic, str(broker), int(queue_id))
+        status = answer.get("status", "SEND_OK")
+        first = results[0]
+        return SendResult(
+            status=SendStatus(status), msg_id=first.msg_id, unique_id=first.unique_id, message_queue=stored_mq,
+            queue_offset=first.queue_offset, store_ts=int(answer.get("store_ts", 0)), items=tuple(results),
+        )
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ClientError("BAD_ANSWER", f"unexpected send answer: {exc!r}") from None
+
+
+def _outcome(f: Any, *args: Any) -> Any:
+    try:
+        r = f(*args)
+    except ClientError as exc:
+        return ("error", exc.code, exc.message)
+    return ("ok", r, repr(r), hash(r), r.__dict__, [i.__dict__ for i in r.items])
+
+
+def test_send_result_from_answer_equals_the_dataclass_constructors() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    mq = MessageQueue("T", "B", 1)
+
+    def result(i: int) -> Any:
+        r: dict[str, Any] = {"msg_id": f"B:{i:016X}", "unique_id": f"{i:032X}", "queue_offset": i}
+        if rnd.random() < 0.8:
+            r["position"] = i * 1000
+        if rnd.random() < 0.5:
+            r["queue_id"] = rnd.choice([1, 2, "1"])
+        if rnd.random() < 0.03:
+            r[rnd.choice(["msg_id", "unique_id", "queue_offset"])] = rnd.choice([None, "x", [1]])
+        if rnd.random() < 0.02:
+            del r["msg_id"]
+        return r if rnd.random() > 0.01 else "not a map"
+
+    seen = set()
+    for _ in range(3000):
+        answer: Any = {"results": [result(i) for i in range(rnd.randint(0, 5))]}
+        choices: list[tuple[str, list[Any]]] = [
+            ("status", ["SEND_OK", "FLUSH_DISK_TIMEOUT", "NOPE"]), ("queue_id", [1, 3, "x"]),
+            ("broker_name", ["B", "C"]), ("store_ts", [7, "8", None]),
+        ]
+        for key, values in choices:
+            if rnd.random() < 0.5:
+                answer[key] = rnd.choice(values)
+        if rnd.random() < 0.02:
+            answer = rnd.choice([{}, [], {"results": {0: {}}}, {"results": None}])
+        for index in [None, *range(-1, 6)]:
+            got, want = _outcome(send_result_from_answer, answer, mq, index), _outcome(_result_plain, answer, mq, index)
+            assert got == want, (answer, index)
+            seen.add(got[0])
+    assert seen == {"ok", "error"}
