@@ -4,16 +4,19 @@ answers."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import types
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 
 from broker.client.message import MessageQueue, SendItem, SendResult, SendStatus, send_result_from_answer
 from broker.client.transport import ClientError
 from broker.server import metrics as metrics_mod
 from broker.server.metrics import OTHER, BrokerMetrics, RateWindow
+from broker.store.dedup import DedupWindow, SendDeduper
 from dledger.clock import ManualClock
 
 
@@ -131,3 +134,43 @@ def test_send_result_from_answer_equals_the_dataclass_constructors() -> None:
             assert got == want, (answer, index)
             seen.add(got[0])
     assert seen == {"ok", "error"}
+
+
+async def test_in_flight_attempts_per_topic_wait_and_leave_nothing_behind() -> None:
+    """Overlapping attempts of one unique id (a retry racing its first attempt), other topics and a
+    failed append: a waiter waits for every attempt holding its ids, and the per-topic maps are
+    empty once all attempts ended (memory bounded by what is in flight)."""
+    d = SendDeduper(DedupWindow())
+    gates = {name: asyncio.get_running_loop().create_future() for name in ("a", "b", "c")}
+
+    def append(name: str) -> Any:
+        async def run() -> str:
+            await gates[name]
+            return name
+        return run
+
+    a = asyncio.ensure_future(d.appending("T", ["u1", "u2", "u2"], append("a")))
+    b = asyncio.ensure_future(d.appending("T", ["u2", "u3"], append("b")))  # takes u2 over from a
+    c = asyncio.ensure_future(d.appending("U", ["u1"], append("c")))
+    await asyncio.sleep(0)
+    w1 = asyncio.ensure_future(d.wait_in_flight("T", ["u1"], 30.0))
+    w2 = asyncio.ensure_future(d.wait_in_flight("T", ["u2"], 30.0))
+    w9 = asyncio.ensure_future(d.wait_in_flight("T", ["u9"], 30.0))
+    await asyncio.sleep(0)
+    assert w9.done() and not w1.done() and not w2.done()
+    gates["a"].set_result(None)
+    assert await a == "a"
+    await asyncio.wait_for(w1, 1.0)
+    await asyncio.sleep(0)
+    assert not w2.done()  # u2 is b's now
+    assert set(d._in_flight) == {"T", "U"} and set(d._in_flight["T"]) == {"u2", "u3"}
+    gates["b"].set_exception(TimeoutError())
+    with pytest.raises(TimeoutError):
+        await b
+    await asyncio.wait_for(w2, 1.0)
+    assert set(d._in_flight) == {"U"}
+    gates["c"].set_result(None)
+    assert await c == "c"
+    assert d._in_flight == {}
+    # b's ids were remembered after its unknown outcome; w2 then found the log applied and forgot u2
+    assert set(d._uncertain) == {("T", "u3")}
