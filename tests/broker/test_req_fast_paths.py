@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from broker.client.autobatch import AutoBatcher
 from broker.client.message import MessageQueue, SendItem, SendResult, SendStatus, send_result_from_answer
 from broker.client.transport import ClientError
 from broker.server import metrics as metrics_mod
@@ -174,3 +175,37 @@ async def test_in_flight_attempts_per_topic_wait_and_leave_nothing_behind() -> N
     assert d._in_flight == {}
     # b's ids were remembered after its unknown outcome; w2 then found the log applied and forgot u2
     assert set(d._uncertain) == {("T", "u3")}
+
+
+async def test_autobatch_callers_time_out_at_their_own_deadlines_with_one_timer_per_batch() -> None:
+    """One batch, callers with deadlines in any order: each caller whose deadline passes while the
+    batch is unanswered gets its own TIMEOUT, the others their results once it is answered; the
+    batch's timer is gone afterwards."""
+    loop = asyncio.get_running_loop()
+    release: asyncio.Future[None] = loop.create_future()
+
+    async def send_items(mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        await release
+        return {"status": "SEND_OK", "broker_name": "B", "queue_id": mq.queue_id, "store_ts": 1,
+                "results": [{"msg_id": f"B:{i:016X}", "unique_id": it["unique_id"], "queue_offset": i,
+                             "position": i} for i, it in enumerate(items)]}
+
+    ab = AutoBatcher(send_items, max_count=8)
+    mq = MessageQueue("T", "B", 0)
+    now = loop.time()
+    offsets = [10.0, 0.05, 10.0, 0.02, 0.05, 10.0]  # the short ones in no particular order
+    calls = [asyncio.ensure_future(ab.send(mq, {"body": b"x", "unique_id": f"u{i}"}, now + off))
+             for i, off in enumerate(offsets)]
+    short = [c for c, off in zip(calls, offsets, strict=True) if off < 1]
+    await asyncio.wait_for(asyncio.wait(short), 5.0)
+    for c in short:
+        exc = c.exception()
+        assert isinstance(exc, ClientError) and exc.code == "TIMEOUT"
+    assert not any(c.done() for c, off in zip(calls, offsets, strict=True) if off > 1)
+    release.set_result(None)
+    results = await asyncio.wait_for(asyncio.gather(*(c for c, off in zip(calls, offsets, strict=True) if off > 1)),
+                                     5.0)
+    assert [r.unique_id for r in results] == ["u0", "u2", "u5"]
+    await ab.close()
+    assert ab.batches == 1 and ab.messages == len(offsets)  # one request for all of them
+    assert not ab._open and not ab._tasks
