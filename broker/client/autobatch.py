@@ -56,12 +56,45 @@ class _Waiting:
 
 
 class _Batch:
-    __slots__ = ("bytes", "timer", "waiting")
+    __slots__ = ("bytes", "expiry", "expiry_at", "timer", "waiting")
 
     def __init__(self) -> None:
         self.waiting: list[_Waiting] = []
         self.bytes = 0
         self.timer: asyncio.Handle | None = None
+        # The callers' own deadlines, one timer per batch (a timer per caller cost more than the
+        # rest of its send): armed at the earliest deadline of a caller not answered yet; when it
+        # fires, the callers whose deadline that is get TIMEOUT and it moves to the next one. So
+        # each caller still times out at the timer of its own deadline. Cancelled once the batch
+        # is answered.
+        self.expiry: asyncio.TimerHandle | None = None
+        self.expiry_at = 0.0
+
+    def arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if self.expiry is not None:
+            if deadline >= self.expiry_at:
+                return
+            self.expiry.cancel()
+        self.expiry_at = deadline
+        self.expiry = loop.call_at(deadline, self._expired, loop, deadline)
+
+    def _expired(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        self.expiry = None
+        after: float | None = None
+        for w in self.waiting:
+            if w.future.done():
+                continue
+            if w.deadline <= at:
+                _expire(w.future)
+            elif after is None or w.deadline < after:
+                after = w.deadline
+        if after is not None:
+            self.arm(loop, after)
+
+    def disarm(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -134,15 +167,12 @@ class AutoBatcher:
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
         batch.bytes += size
+        # The caller's own deadline: the batch's timer fails its future then (cheaper per send than
+        # an asyncio.timeout scope and a shield; the batch sets results only on futures not yet done).
+        batch.arm(loop, deadline)
         if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
             self._flush(key)
-        # The caller's own deadline: one timer that fails its future (cheaper per send than an
-        # asyncio.timeout scope and a shield; the batch sets results only on futures not yet done).
-        expiry = loop.call_at(deadline, _expire, waiting.future)
-        try:
-            answer, index = await waiting.future
-        finally:
-            expiry.cancel()
+        answer, index = await waiting.future
         return send_result_from_answer(answer, mq, index)  # a batch across queues: its result names its queue
 
     def _flush(self, key: _Key) -> None:
@@ -152,14 +182,15 @@ class AutoBatcher:
         if batch.timer is not None:
             batch.timer.cancel()
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._send_one(key, batch.waiting))
+        task = asyncio.get_running_loop().create_task(self._send_one(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_one(self, key: _Key, waiting: list[_Waiting]) -> None:
+    async def _send_one(self, key: _Key, batch: _Batch) -> None:
         try:
-            await self._send(key, waiting)
+            await self._send(key, batch.waiting)
         finally:
+            batch.disarm()  # every caller has its answer or error now
             left = self._in_flight[key] - 1
             if left:
                 self._in_flight[key] = left

@@ -170,6 +170,10 @@ class BrokerMetrics:
             node_labels, buckets=BATCH_BUCKETS, registry=reg,
         ).labels(**self.base)
         self._topics = _Bounded()
+        # admitted topic -> its labelled children of the send series and its rate key (``sent``
+        # runs once per send request: three ``labels()`` lookups cost more than the updates). At
+        # most SERIES_MAX + 1 keys, like the series themselves.
+        self._sent_children: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._topic_groups = _Bounded()
         self._codes = _Bounded(64)
         self.producer_rate = RateWindow(server.clock)
@@ -188,10 +192,21 @@ class BrokerMetrics:
 
     def sent(self, topic: str, count: int, nbytes: int, seconds: float) -> None:
         t = self._topics.admit(topic, OTHER)
-        self.messages_in.labels(**self.base, topic=t).inc(count)
-        self.throughput_in.labels(**self.base, topic=t).inc(nbytes)
-        self.send_latency.labels(**self.base, topic=t).observe(seconds)
-        self.producer_rate.add(self.producer_rate.key(t, OTHER), count)
+        children = self._sent_children.get(t)
+        if children is None:
+            # The rate key too: a key the window admitted stays admitted (it never forgets a key),
+            # one it refused stays refused.
+            children = self._sent_children[t] = (
+                self.messages_in.labels(**self.base, topic=t),
+                self.throughput_in.labels(**self.base, topic=t),
+                self.send_latency.labels(**self.base, topic=t),
+                self.producer_rate.key(t, OTHER),
+            )
+        messages, throughput, latency, rate_key = children
+        messages.inc(count)
+        throughput.inc(nbytes)
+        latency.observe(seconds)
+        self.producer_rate.add(rate_key, count)
 
     def send_failed(self, code: str) -> None:
         self.send_errors.labels(**self.base, code=self._codes.admit(code, OTHER)).inc()

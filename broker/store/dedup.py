@@ -246,7 +246,9 @@ class SendDeduper:
         self.window = window
         self._log_end, self._applied, self._term = log_end, applied, term
         self._monotonic = monotonic  # the server's injected clock (deadlines only)
-        self._in_flight: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # topic -> unique id -> the future of the attempt appending it (no (topic, id) tuple per
+        # message; a topic's map is dropped when its last attempt ends)
+        self._in_flight: dict[str, dict[str, asyncio.Future[None]]] = {}
         self._uncertain: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()  # -> term
 
     def known(self, topic: str, unique_ids: Sequence[str]) -> list[FirstSend | None]:
@@ -259,7 +261,8 @@ class SendDeduper:
         if not self.window.enabled:
             return
         deadline = self._monotonic() + timeout_s
-        pending = [f for u in unique_ids if (f := self._in_flight.get((topic, u))) is not None]
+        flights = self._in_flight.get(topic)
+        pending = [f for u in unique_ids if (f := flights.get(u)) is not None] if flights else None
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
         if not self._uncertain:  # no failed attempt remembered (the usual case): nothing to look up
@@ -281,21 +284,25 @@ class SendDeduper:
         if not self.window.enabled or not deduplicated_topic(topic):
             return await append()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        keys = [(topic, u) for u in unique_ids]
-        for k in keys:
-            self._in_flight[k] = done
+        flights = self._in_flight.get(topic)
+        if flights is None:
+            flights = self._in_flight[topic] = {}
+        flights.update(dict.fromkeys(unique_ids, done))
         term = self._term()
         try:
             return await append()
         except Exception:
-            for k in keys:
+            for u in unique_ids:
+                k = (topic, u)
                 self._uncertain[k] = term
                 self._uncertain.move_to_end(k)
             while len(self._uncertain) > self.UNCERTAIN_MAX:
                 self._uncertain.popitem(last=False)
             raise
         finally:
-            for k in keys:
-                if self._in_flight.get(k) is done:
-                    del self._in_flight[k]
+            for u in unique_ids:
+                if flights.get(u) is done:
+                    del flights[u]
+            if not flights and self._in_flight.get(topic) is flights:
+                del self._in_flight[topic]
             done.set_result(None)
