@@ -74,17 +74,7 @@ class SendResult(NamedTuple):
     queue_id: int = -1  # set when a request's messages named their own queues
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "msg_id": self.msg_id,
-            "unique_id": self.unique_id,
-            "queue_offset": self.queue_offset,
-            "position": self.position,
-        }
-        if self.duplicate:
-            out["duplicate"] = True
-        if self.queue_id >= 0:
-            out["queue_id"] = self.queue_id
-        return out
+        return _result_maps((self,))[0]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,24 +88,28 @@ class SendAnswer:
     status: str = "SEND_OK"
 
     def to_dict(self) -> dict[str, Any]:
-        # SendResult.to_dict inlined (the leader answers every message sent): the same maps, keys
-        # in the same order.
-        results = []
-        for msg_id, unique_id, queue_offset, position, duplicate, queue_id in self.results:
-            r: dict[str, Any] = {"msg_id": msg_id, "unique_id": unique_id, "queue_offset": queue_offset,
-                                 "position": position}
-            if duplicate:
-                r["duplicate"] = True
-            if queue_id >= 0:
-                r["queue_id"] = queue_id
-            results.append(r)
         return {
             "status": self.status,
             "broker_name": self.broker_name,
             "queue_id": self.queue_id,
             "store_ts": self.store_ts,
-            "results": results,
+            "results": _result_maps(self.results),
         }
+
+
+def _result_maps(results: Sequence[SendResult]) -> list[dict[str, Any]]:
+    """Each result's answer map (``duplicate`` only when true, ``queue_id`` only when named): one
+    loop for a send's results, no call per message (the leader answers every message sent)."""
+    out = []
+    for msg_id, unique_id, queue_offset, position, duplicate, queue_id in results:
+        r: dict[str, Any] = {"msg_id": msg_id, "unique_id": unique_id, "queue_offset": queue_offset,
+                             "position": position}
+        if duplicate:
+            r["duplicate"] = True
+        if queue_id >= 0:
+            r["queue_id"] = queue_id
+        out.append(r)
+    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
