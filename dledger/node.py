@@ -695,8 +695,11 @@ class _LoopFlusher:
             idle = node._flush_idle
             if idle is not None and not idle.done() and (node._fatal is not None or not node.core.flush_in_flight):
                 idle.set_result(None)
-        if node.core.role == "LEADER":
-            node._tick_soon()  # it may count itself now (a follower's held answers left already)
+        if node.core.role == "LEADER" and node.core.commit_may_advance():
+            # It may count itself now (a follower's held answers left already). While no
+            # follower has answered for what the flush covered, counting itself moves nothing:
+            # the answer that completes the majority ticks instead (one light tick per round).
+            node._tick_soon()
 
     def close(self) -> None:
         self._flusher.close()

@@ -239,6 +239,12 @@ class DLedgerSyncObj(SyncObj):
     ``Transport`` interface); ``rng`` draws election timeouts.
     """
 
+    # Messages handled that moved nothing a light tick reads (a leader's success answer that
+    # neither lets the commit index advance nor ends a probe): a transport that handed over only
+    # such messages in one read tells its poller so, and the owner skips the light tick after it
+    # (``LoopPoller``). Counted, so a transport compares before and after a read.
+    dl_quiet_messages = 0
+
     def __init__(
         self,
         self_address: str,
@@ -669,17 +675,35 @@ class DLedgerSyncObj(SyncObj):
             self.dl_counters[f"stepdowns_{reason}"] += 1
             log.warning("stepping down as leader: %s", reason.replace("_", " "))
 
-    def _dl_advance_commit(self) -> None:
-        commit = self._SyncObj__raftCommitIndex
+    def _dl_quorum_commit(self) -> int:
         match = self._SyncObj__raftMatchIndex
-        new = quorum_commit_index(
-            commit,
+        return quorum_commit_index(
+            self._SyncObj__raftCommitIndex,
             min(self.dl_hooks.self_match_index(), self._SyncObj__getCurrentLogIndex()),
             [match.get(n, 0) for n in self.dl_peers],
             self._SyncObj__raftCurrentTerm,
             self._dl_term_at,
             count_self=self.dl_self_voter,
         )
+
+    def dl_commit_may_advance(self) -> bool:
+        """Would the light tick move this leader's commit index now (``_dl_advance_commit``)?
+        Exact: a majority of the voters above the commit index first (cheap, and false at most
+        calls: a second answer after the commit moved, the leader's own flush before any answer),
+        then the commit rule itself."""
+        if self._SyncObj__raftState != RAFT_STATE_LEADER:
+            return False
+        commit = self._SyncObj__raftCommitIndex
+        match = self._SyncObj__raftMatchIndex
+        above = 1 if self.dl_self_voter and self.dl_hooks.self_match_index() > commit else 0
+        for node in self.dl_peers:
+            if match.get(node, 0) > commit:
+                above += 1
+        return self._dl_majority(above) and self._dl_quorum_commit() != commit
+
+    def _dl_advance_commit(self) -> None:
+        commit = self._SyncObj__raftCommitIndex
+        new = self._dl_quorum_commit()
         if new != commit:
             self._SyncObj__raftCommitIndex = new
             self.dl_journal.setRaftCommitIndex(new)
@@ -816,20 +840,21 @@ class DLedgerSyncObj(SyncObj):
             self.dl_probing.add(node)
             self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
             return
-        if message["success"]:
+        success = message["success"]
+        probing = node in self.dl_probing
+        if success and probing:
             self.dl_probing.discard(node)
         before = next_index.get(node)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
         after = next_index.get(node)
-        if (
-            message.get("success")
-            and not message.get("reset")
-            and before is not None
-            and after is not None
-            and after < before
-        ):
+        if success and before is not None and after is not None and after < before:
             next_index[node] = before
             self.dl_rewinds_prevented += 1
+        if success and not probing and not self.dl_commit_may_advance():
+            # Nothing the light tick reads moved: no new commit to count, no probe ended (the
+            # answer only moved this follower's match and its last response time, read by full
+            # ticks). The owner may skip the light tick after this input (see dl_quiet_messages).
+            self.dl_quiet_messages += 1
 
     def _SyncObj__sendNextNodeIdx(
         self, node: Any, reset: bool = False, nextNodeIdx: int | None = None, success: bool = False
