@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import tempfile
 from typing import Any
 
+import msgpack
 import pytest
 
+from dledger import peer_codec
 from dledger.node import DLedgerNode, RaftSettings
 from dledger.replica import ReplicaCore
 from dledger.sim.world import SimOptions, World
@@ -184,3 +187,68 @@ def test_one_append_in_flight_costs_the_leader_one_light_tick_per_round_and_answ
 
     asyncio.run(main())
 
+
+def _random_value(rng: random.Random) -> Any:
+    return rng.choice(
+        [
+            0,
+            1,
+            rng.randrange(1 << 40),
+            peer_codec.U63,
+            peer_codec.U63 + 1,
+            -1,
+            None,
+            True,
+            False,
+            b"",
+            b"body",
+            "text",
+            1.5,
+            [],
+            [[b"b", 1, 2]],
+            [[b"b", 1, 2], [b"c", 2, 2]],
+            [[b"b", -1, 2]],
+            [[b"b", 1]],
+            [["s", 1, 2]],
+            [[b"b", 1, True]],
+            [(b"b", 1, 2)],
+        ]
+    )
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_the_inline_decoders_answer_as_the_schema_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``peer_codec``'s inline decoders of the two messages of every round (append_entries,
+    next_node_idx) give the same dict, or the same error, as the schema's field checkers."""
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    frames = []
+    good = {
+        1: lambda: [1, 1, 5, 3, [[b"x" * 10, 4, 5]], 3, 5, 0],
+        2: lambda: [1, 2, 7, False, True, False],
+    }
+    for _ in range(3000):
+        code = rng.choice([1, 2])
+        raw = good[code]()
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            raw[rng.randrange(2, len(raw))] = _random_value(rng)
+        if rng.random() < 0.05:
+            raw.append(0)  # a field too many
+        frames.append(msgpack.packb(raw, use_bin_type=True))
+    frames.append(peer_codec.encode({"type": "append_entries", "term": 1, "commit_index": 0, "entries": []}))
+
+    def outcome(frame: bytes) -> Any:
+        try:
+            return ("ok", peer_codec.decode(frame))
+        except peer_codec.PeerCodecError as exc:
+            return ("error", str(exc))
+
+    fast = [outcome(f) for f in frames]
+    assert peer_codec._fast_next_node_idx(good[2]()) is not None  # the inline path is the one taken
+    assert peer_codec._fast_append_entries(good[1]()) is not None
+    monkeypatch.setattr(peer_codec, "_FAST", {})
+    slow = [outcome(f) for f in frames]
+    assert fast == slow
+    assert [list(o[1]) for o in fast if o[0] == "ok"] == [list(o[1]) for o in slow if o[0] == "ok"]  # key order
+    oks = sum(1 for o in fast if o[0] == "ok")
+    assert 300 < oks < len(frames) - 300  # both paths exercised
