@@ -127,8 +127,28 @@ _SCHEMAS: Final[dict[str, tuple[int, tuple[tuple[str, Any, Any], ...]]]] = {
 _BY_CODE: Final = {code: (name, fields) for name, (code, fields) in _SCHEMAS.items()}
 
 
+class SharedMessage(dict[str, Any]):
+    """A message sent unchanged to several peers (a leader's append to followers at the same next
+    index, issue 26): encoded once, by the first ``encode``. Never changed once built."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, **fields: Any):
+        super().__init__(**fields)
+        self.wire: bytes | None = None
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """One message dict (as pysyncobj builds them) -> frame body. KeyError/PeerCodecError on misuse."""
+    if type(message) is SharedMessage:
+        wire = message.wire
+        if wire is None:
+            wire = message.wire = _encode(message)
+        return wire
+    return _encode(message)
+
+
+def _encode(message: dict[str, Any]) -> bytes:
     name = message["type"]
     try:
         code, fields = _SCHEMAS[name]

@@ -93,6 +93,7 @@ from pysyncobj.transport import TransportNotReadyError
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger import clock as dl_clock
+from dledger import peer_codec
 from dledger.journal import RaftJournal
 from dledger.log_store import StoreFullError
 
@@ -282,6 +283,9 @@ class DLedgerSyncObj(SyncObj):
         self.dl_max_queued_bytes = max_queued_bytes
         self.dl_batch_bytes = batch_bytes
         self.dl_rotation = 0
+        # The first append_entries of each next index during one replication round (see
+        # _SyncObj__sendAppendEntries); None outside a round.
+        self.dl_round_messages: dict[int, Any] | None = None
         self.dl_commit_sent = 0  # the commit index the last round of appends told the followers
         self.dl_rewinds_prevented = 0
         self.dl_installs_sent = 0
@@ -963,9 +967,15 @@ class DLedgerSyncObj(SyncObj):
         if not nodes:
             return
         self.dl_rotation = (self.dl_rotation + 1) % len(nodes)
-        for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
-            if self.isNodeConnected(node):
-                self._dl_replicate_to(node)
+        # Followers at the same next index get the same first message (same entries, term,
+        # commit index and floor: nothing moves during the round): read and encoded once.
+        self.dl_round_messages = {}
+        try:
+            for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
+                if self.isNodeConnected(node):
+                    self._dl_replicate_to(node)
+        finally:
+            self.dl_round_messages = None
 
     def _dl_replicate_to(self, node: Any) -> None:
         store = self.dl_journal.store
@@ -980,28 +990,37 @@ class DLedgerSyncObj(SyncObj):
             self._dl_send_install(node)
             return
         term = self._SyncObj__raftCurrentTerm
-        floor = self.dl_hooks.retention_floor()
+        floor: int | None = None
         sent_bytes = 0
         first_message = True
+        memo = self.dl_round_messages
         while True:
-            prev = next_index - 1
-            visible_first = anchor_index if anchor_index > 0 else 1
-            prev_term = self._dl_term_at(prev) if prev >= visible_first else None
-            entries: list[tuple[bytes, int, int]] = []
-            if next_index <= store.last_index:
-                batch = store.read_range(next_index, 100_000, self.dl_batch_bytes)
-                entries = [(e.body, e.index, e.term) for e in batch]
-            if not entries and not first_message:
-                return
-            message = {
-                "type": "append_entries",
-                "term": term,
-                "commit_index": int(self._SyncObj__raftCommitIndex),
-                "entries": entries,
-                "prevLogIdx": prev if prev_term is not None else None,
-                "prevLogTerm": prev_term,
-                "dl_floor": floor,
-            }
+            message = memo.get(next_index) if first_message and memo is not None else None
+            if message is not None:
+                entries = message["entries"]
+            else:
+                prev = next_index - 1
+                visible_first = anchor_index if anchor_index > 0 else 1
+                prev_term = self._dl_term_at(prev) if prev >= visible_first else None
+                entries = []
+                if next_index <= store.last_index:
+                    batch = store.read_range(next_index, 100_000, self.dl_batch_bytes)
+                    entries = [(e.body, e.index, e.term) for e in batch]
+                if not entries and not first_message:
+                    return
+                if floor is None:
+                    floor = self.dl_hooks.retention_floor()
+                message = peer_codec.SharedMessage(
+                    type="append_entries",
+                    term=term,
+                    commit_index=int(self._SyncObj__raftCommitIndex),
+                    entries=entries,
+                    prevLogIdx=prev if prev_term is not None else None,
+                    prevLogTerm=prev_term,
+                    dl_floor=floor,
+                )
+                if first_message and memo is not None:
+                    memo[next_index] = message
             if not transport.send(node, message):
                 return
             first_message = False
