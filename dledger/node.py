@@ -16,8 +16,9 @@ thread and comes back as one callback per job (group commit)::
                                                                          written before the job
     peer socket readable (loop reader) -> frame -> SyncObj handler       (one job in flight; the
           (follower: append, answer held until durable) -> tick soon     next covers what was
-    flush done <---------------- one call_soon_threadsafe per job -----  written meanwhile)
-          leader: counts itself up to what is durable -> tick soon
+          (not after a quiet read: answers that move no commit)          written meanwhile)
+    flush done <---------------- one call_soon_threadsafe per job -----
+          leader: counts itself up to what is durable -> tick soon, if the commit may advance
           follower: the answers held for it leave
     tick: commit index -> apply (state machine) -> futures of appends resolved (this thread)
     timer (call_later; due times read on the injected clock, at most TICK_MAX_S apart): the full
