@@ -6,7 +6,9 @@ mask)`` and expect ``poll(timeout)`` to wait for them and call back. Here ``subs
 ``loop.add_reader`` / ``add_writer`` (only when the mask changes: a transport re-subscribes on
 every send), and the loop calls back when a descriptor is ready; ``poll`` does nothing (the loop
 polls). Every callback runs inside ``enter`` (the replica's clock) and is followed by
-``after_input`` (a tick soon, once per loop turn), and an exception that escapes it is handed to
+``after_input`` (a tick soon, once per loop turn) unless it returns True (a quiet read: the
+transport handed over only messages that moved nothing a light tick reads, such as a leader's
+success answer that lets no commit advance), and an exception that escapes it is handed to
 ``fail`` (the replica fails stop) instead of the loop's exception handler.
 
 ``read_pending()`` reads input that is already there, without waiting: a follower whose election
@@ -28,7 +30,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR  # the loop reports errors as readable
 _WRITE = POLL_EVENT_TYPE.WRITE
 
-Callback = Callable[[int, int], None]
+Callback = Callable[[int, int], bool | None]
 
 
 class LoopPoller:
@@ -81,11 +83,12 @@ class LoopPoller:
             return
         self._enter()
         try:
-            entry[0](descr, event)
+            quiet = entry[0](descr, event)
         except BaseException as exc:
             self._fail(exc)
             return
-        self._after_input()
+        if quiet is not True:  # True: nothing a light tick reads moved (peer_tcp's quiet reads)
+            self._after_input()
 
     def read_pending(self) -> None:
         """Hand over input that already arrived (sockets, in-process inboxes), without waiting."""

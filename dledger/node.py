@@ -16,8 +16,9 @@ thread and comes back as one callback per job (group commit)::
                                                                          written before the job
     peer socket readable (loop reader) -> frame -> SyncObj handler       (one job in flight; the
           (follower: append, answer held until durable) -> tick soon     next covers what was
-    flush done <---------------- one call_soon_threadsafe per job -----  written meanwhile)
-          leader: counts itself up to what is durable -> tick soon
+          (not after a quiet read: answers that move no commit)          written meanwhile)
+    flush done <---------------- one call_soon_threadsafe per job -----
+          leader: counts itself up to what is durable -> tick soon, if the commit may advance
           follower: the answers held for it leave
     tick: commit index -> apply (state machine) -> futures of appends resolved (this thread)
     timer (call_later; due times read on the injected clock, at most TICK_MAX_S apart): the full
@@ -695,8 +696,11 @@ class _LoopFlusher:
             idle = node._flush_idle
             if idle is not None and not idle.done() and (node._fatal is not None or not node.core.flush_in_flight):
                 idle.set_result(None)
-        if node.core.role == "LEADER":
-            node._tick_soon()  # it may count itself now (a follower's held answers left already)
+        if node.core.role == "LEADER" and node.core.commit_may_advance():
+            # It may count itself now (a follower's held answers left already). While no
+            # follower has answered for what the flush covered, counting itself moves nothing:
+            # the answer that completes the majority ticks instead (one light tick per round).
+            node._tick_soon()
 
     def close(self) -> None:
         self._flusher.close()

@@ -332,6 +332,9 @@ class TcpPeerTransport(Transport):
             0,
         )
         sync_obj.addOnTickCallback(self._on_tick)
+        # Messages handed to SyncObj; with its dl_quiet_messages, says whether a read was quiet.
+        self.delivered = 0
+        self._counts_quiet = hasattr(sync_obj, "dl_quiet_messages")
 
     # -- pysyncobj's Transport ------------------------------------------------------------------
     @property
@@ -495,19 +498,25 @@ class TcpPeerTransport(Transport):
             self._adopt(sock, outbound=True, peer=node)
 
     # -- events -----------------------------------------------------------------------------------
-    def _on_event(self, fd: int, event: int) -> None:
+    def _on_event(self, fd: int, event: int) -> bool:
+        """A descriptor is ready. True: the read handed over only messages that moved nothing a
+        light tick reads (``DLedgerSyncObj.dl_quiet_messages``; keep-alives, a partial frame), so
+        the poller need not tick after it (``LoopPoller``)."""
         conn = self._conns.get(fd)
         if conn is None or conn.closed:
-            return
+            return False
+        # Only a read of an established link can be quiet (no handshake, no error, no write).
+        quiet_read = event == POLL_EVENT_TYPE.READ and conn.state == "ready" and self._counts_quiet
+        delivered, quiet = (self.delivered, self._sync.dl_quiet_messages) if quiet_read else (0, 0)
         try:
             if event & POLL_EVENT_TYPE.ERROR:
                 self._close(conn, "socket error")
-                return
+                return False
             if conn.state == "connecting" and event & POLL_EVENT_TYPE.WRITE:
                 err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     self._close(conn, None)
-                    return
+                    return False
                 self._send_hello(conn)
             if event & POLL_EVENT_TYPE.READ:
                 self._read(conn)
@@ -516,9 +525,14 @@ class TcpPeerTransport(Transport):
         except (HandshakeError, peer_codec.PeerCodecError) as exc:
             self.counters["handshake_failed" if conn.state != "ready" else "bad_frames"] += 1
             self._close(conn, f"refused: {exc}")
+            return False
         except Exception as exc:  # a peer must never take the replica down
             self.counters["bad_frames"] += 1
             self._close(conn, f"dropped after {type(exc).__name__}: {exc}")
+            return False
+        return (
+            quiet_read and not conn.closed and self.delivered - delivered == self._sync.dl_quiet_messages - quiet
+        )
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -557,7 +571,9 @@ class TcpPeerTransport(Transport):
                 raise peer_codec.PeerCodecError("a frame failed authentication") from None
             if plain == _PING or conn.peer.address in self.blocked:
                 return
-            self._onMessageReceived(conn.peer, peer_codec.decode(plain))
+            message = peer_codec.decode(plain)
+            self.delivered += 1
+            self._onMessageReceived(conn.peer, message)
         elif conn.state == "hello" and not conn.outbound:
             self._on_hello(conn, body)
         elif conn.state == "accept" and conn.outbound:

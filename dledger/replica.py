@@ -687,6 +687,10 @@ class ReplicaCore:
             due = min(due, self._last_flush + self.settings.flush_interval_ms / 1000)
         return max(0.0, due - now)
 
+    def commit_may_advance(self) -> bool:
+        """Would a light tick move the leader's commit index now? (False on a follower.)"""
+        return self.sync is not None and self.sync.dl_commit_may_advance()
+
     def more_to_apply(self) -> bool:
         """The apply budget of the last tick ran out: the owner ticks again soon (after other work)."""
         return self.applied_index < self.commit_index and self._sm is not None

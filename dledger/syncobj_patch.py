@@ -74,6 +74,12 @@ test_syncobj_patch.py, test_sim.py's pre-vote scenarios and the simulator's plan
    node that is not a voter are ignored. Leadership transfer is ours (``dl_transfer``: a caught-up
    connected *voter*; pysyncobj's ``transferLeadership`` knows only the peers it started with).
 
+11. The round at one append in flight (issue 26): a follower handles the AppendEntries whose
+   previous entry is its last (term current, from the leader it follows, no transfer pending)
+   itself, stock's steps in stock's order (``_dl_append_at_end``); a leader's round builds and
+   encodes one message for the followers at one next index (``dl_round_messages``); an answer
+   that lets no commit advance is *quiet* (``dl_quiet_messages``): the owner need not tick for it.
+
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
 """
@@ -93,6 +99,7 @@ from pysyncobj.transport import TransportNotReadyError
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from dledger import clock as dl_clock
+from dledger import peer_codec
 from dledger.journal import RaftJournal
 from dledger.log_store import StoreFullError
 
@@ -239,6 +246,15 @@ class DLedgerSyncObj(SyncObj):
     ``Transport`` interface); ``rng`` draws election timeouts.
     """
 
+    # Messages handled that moved nothing a light tick reads (a leader's success answer that
+    # neither lets the commit index advance nor ends a probe): a transport that handed over only
+    # such messages in one read tells its poller so, and the owner skips the light tick after it
+    # (``LoopPoller``). Counted, so a transport compares before and after a read.
+    dl_quiet_messages = 0
+    # A follower handles the AppendEntries of every round (its previous entry is our last)
+    # itself (_dl_append_at_end); False: stock's handler for every one (tests compare the two).
+    dl_fast_append = True
+
     def __init__(
         self,
         self_address: str,
@@ -276,6 +292,9 @@ class DLedgerSyncObj(SyncObj):
         self.dl_max_queued_bytes = max_queued_bytes
         self.dl_batch_bytes = batch_bytes
         self.dl_rotation = 0
+        # The first append_entries of each next index during one replication round (see
+        # _SyncObj__sendAppendEntries); None outside a round.
+        self.dl_round_messages: dict[int, Any] | None = None
         self.dl_commit_sent = 0  # the commit index the last round of appends told the followers
         self.dl_rewinds_prevented = 0
         self.dl_installs_sent = 0
@@ -669,17 +688,35 @@ class DLedgerSyncObj(SyncObj):
             self.dl_counters[f"stepdowns_{reason}"] += 1
             log.warning("stepping down as leader: %s", reason.replace("_", " "))
 
-    def _dl_advance_commit(self) -> None:
-        commit = self._SyncObj__raftCommitIndex
+    def _dl_quorum_commit(self) -> int:
         match = self._SyncObj__raftMatchIndex
-        new = quorum_commit_index(
-            commit,
+        return quorum_commit_index(
+            self._SyncObj__raftCommitIndex,
             min(self.dl_hooks.self_match_index(), self._SyncObj__getCurrentLogIndex()),
             [match.get(n, 0) for n in self.dl_peers],
             self._SyncObj__raftCurrentTerm,
             self._dl_term_at,
             count_self=self.dl_self_voter,
         )
+
+    def dl_commit_may_advance(self) -> bool:
+        """Would the light tick move this leader's commit index now (``_dl_advance_commit``)?
+        Exact: a majority of the voters above the commit index first (cheap, and false at most
+        calls: a second answer after the commit moved, the leader's own flush before any answer),
+        then the commit rule itself."""
+        if self._SyncObj__raftState != RAFT_STATE_LEADER:
+            return False
+        commit = self._SyncObj__raftCommitIndex
+        match = self._SyncObj__raftMatchIndex
+        above = 1 if self.dl_self_voter and self.dl_hooks.self_match_index() > commit else 0
+        for node in self.dl_peers:
+            if match.get(node, 0) > commit:
+                above += 1
+        return self._dl_majority(above) and self._dl_quorum_commit() != commit
+
+    def _dl_advance_commit(self) -> None:
+        commit = self._SyncObj__raftCommitIndex
+        new = self._dl_quorum_commit()
         if new != commit:
             self._SyncObj__raftCommitIndex = new
             self.dl_journal.setRaftCommitIndex(new)
@@ -772,13 +809,28 @@ class DLedgerSyncObj(SyncObj):
         floor = message.get("dl_floor")
         if floor is not None:
             self.dl_hooks.on_leader_floor(int(floor))
+        store = self.dl_journal.store
+        last_before = store.last_index
         if "prevLogIdx" in message:
-            store = self.dl_journal.store
             first = store.anchor[0] if store.anchor[0] > 0 else 1
-            message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
+            prev = message["prevLogIdx"]
+            if (
+                self.dl_fast_append
+                and prev == last_before
+                and prev >= first
+                and term == self._SyncObj__raftCurrentTerm
+                and self._SyncObj__raftLeader is node
+                and self._SyncObj__raftState == RAFT_STATE_FOLLOWER
+                and not self._SyncObj__transferInProgress
+                and self._dl_term_at(prev) == message["prevLogTerm"]
+            ):
+                self._dl_append_at_end(node, message, now)
+                if self.dl_write_blocked is not None and store.last_index > last_before:
+                    self.dl_unblock_writes("entries from the leader were stored")
+                return
+            message, skip = align_append_entries(message, last_before, first, self._dl_term_at)
             self.dl_journal.skip_next_truncate = skip
         applied = self._SyncObj__raftLastApplied
-        last_before = self.dl_journal.store.last_index
         if self.dl_journal.skip_next_truncate:
             # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
             # skip (nothing is truncated): keep it from crying wolf.
@@ -790,6 +842,30 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
         if self.dl_write_blocked is not None and self.dl_journal.store.last_index > last_before:
             self.dl_unblock_writes("entries from the leader were stored")
+
+    def _dl_append_at_end(self, node: Any, message: dict[str, Any], now: float) -> None:
+        """Stock's AppendEntries handling, step for step, for the message of every round: its term
+        is ours, it comes from the leader we follow, no transfer is pending, and its previous
+        entry is our last (with its term): the election timer restarts, the entries are
+        appended, the answer goes (held until durable, item 6), the commit index follows the
+        leader's up to our last entry. Stock would read the log again through the journal's list
+        view to find what this replica already checked (issue 26: Python calls per round)."""
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._SyncObj__leaderCommitIndex = leader_commit = message["commit_index"]
+        journal = self.dl_journal
+        entries = message.get("entries", [])
+        for entry in entries:
+            journal.add(*entry)
+        next_index = entries[-1][1] + 1 if entries else message["prevLogIdx"] + 1
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=True)
+        last = journal.store.last_index
+        commit = self._SyncObj__raftCommitIndex
+        if commit > last:
+            commit = last
+        if leader_commit > commit:
+            commit = min(leader_commit, last)
+        self._SyncObj__raftCommitIndex = commit
+        journal.setRaftCommitIndex(commit)
 
     def _dl_note_append(self, now: float) -> None:
         # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a
@@ -816,20 +892,21 @@ class DLedgerSyncObj(SyncObj):
             self.dl_probing.add(node)
             self._SyncObj__lastResponseTime[node] = dl_clock.current_monotonic()
             return
-        if message["success"]:
+        success = message["success"]
+        probing = node in self.dl_probing
+        if success and probing:
             self.dl_probing.discard(node)
         before = next_index.get(node)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
         after = next_index.get(node)
-        if (
-            message.get("success")
-            and not message.get("reset")
-            and before is not None
-            and after is not None
-            and after < before
-        ):
+        if success and before is not None and after is not None and after < before:
             next_index[node] = before
             self.dl_rewinds_prevented += 1
+        if success and not probing and not self.dl_commit_may_advance():
+            # Nothing the light tick reads moved: no new commit to count, no probe ended (the
+            # answer only moved this follower's match and its last response time, read by full
+            # ticks). The owner may skip the light tick after this input (see dl_quiet_messages).
+            self.dl_quiet_messages += 1
 
     def _SyncObj__sendNextNodeIdx(
         self, node: Any, reset: bool = False, nextNodeIdx: int | None = None, success: bool = False
@@ -938,9 +1015,15 @@ class DLedgerSyncObj(SyncObj):
         if not nodes:
             return
         self.dl_rotation = (self.dl_rotation + 1) % len(nodes)
-        for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
-            if self.isNodeConnected(node):
-                self._dl_replicate_to(node)
+        # Followers at the same next index get the same first message (same entries, term,
+        # commit index and floor: nothing moves during the round): read and encoded once.
+        self.dl_round_messages = {}
+        try:
+            for node in nodes[self.dl_rotation :] + nodes[: self.dl_rotation]:
+                if self.isNodeConnected(node):
+                    self._dl_replicate_to(node)
+        finally:
+            self.dl_round_messages = None
 
     def _dl_replicate_to(self, node: Any) -> None:
         store = self.dl_journal.store
@@ -955,28 +1038,37 @@ class DLedgerSyncObj(SyncObj):
             self._dl_send_install(node)
             return
         term = self._SyncObj__raftCurrentTerm
-        floor = self.dl_hooks.retention_floor()
+        floor: int | None = None
         sent_bytes = 0
         first_message = True
+        memo = self.dl_round_messages
         while True:
-            prev = next_index - 1
-            visible_first = anchor_index if anchor_index > 0 else 1
-            prev_term = self._dl_term_at(prev) if prev >= visible_first else None
-            entries: list[tuple[bytes, int, int]] = []
-            if next_index <= store.last_index:
-                batch = store.read_range(next_index, 100_000, self.dl_batch_bytes)
-                entries = [(e.body, e.index, e.term) for e in batch]
-            if not entries and not first_message:
-                return
-            message = {
-                "type": "append_entries",
-                "term": term,
-                "commit_index": int(self._SyncObj__raftCommitIndex),
-                "entries": entries,
-                "prevLogIdx": prev if prev_term is not None else None,
-                "prevLogTerm": prev_term,
-                "dl_floor": floor,
-            }
+            message = memo.get(next_index) if first_message and memo is not None else None
+            if message is not None:
+                entries = message["entries"]
+            else:
+                prev = next_index - 1
+                visible_first = anchor_index if anchor_index > 0 else 1
+                prev_term = self._dl_term_at(prev) if prev >= visible_first else None
+                entries = []
+                if next_index <= store.last_index:
+                    batch = store.read_range(next_index, 100_000, self.dl_batch_bytes)
+                    entries = [(e.body, e.index, e.term) for e in batch]
+                if not entries and not first_message:
+                    return
+                if floor is None:
+                    floor = self.dl_hooks.retention_floor()
+                message = peer_codec.SharedMessage(
+                    type="append_entries",
+                    term=term,
+                    commit_index=int(self._SyncObj__raftCommitIndex),
+                    entries=entries,
+                    prevLogIdx=prev if prev_term is not None else None,
+                    prevLogTerm=prev_term,
+                    dl_floor=floor,
+                )
+                if first_message and memo is not None:
+                    memo[next_index] = message
             if not transport.send(node, message):
                 return
             first_message = False
