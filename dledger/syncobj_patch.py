@@ -74,12 +74,6 @@ test_syncobj_patch.py, test_sim.py's pre-vote scenarios and the simulator's plan
    node that is not a voter are ignored. Leadership transfer is ours (``dl_transfer``: a caught-up
    connected *voter*; pysyncobj's ``transferLeadership`` knows only the peers it started with).
 
-11. The round at one append in flight (issue 26): a follower handles the AppendEntries whose
-   previous entry is its last (term current, from the leader it follows, no transfer pending)
-   itself, stock's steps in stock's order (``_dl_append_at_end``); a leader's round builds and
-   encodes one message for the followers at one next index (``dl_round_messages``); an answer
-   that lets no commit advance is *quiet* (``dl_quiet_messages``): the owner need not tick for it.
-
 Thread ownership: all of this runs on the replica's thread (the event loop that serves its
 clients; the simulator's one thread).
 """
@@ -251,9 +245,6 @@ class DLedgerSyncObj(SyncObj):
     # such messages in one read tells its poller so, and the owner skips the light tick after it
     # (``LoopPoller``). Counted, so a transport compares before and after a read.
     dl_quiet_messages = 0
-    # A follower handles the AppendEntries of every round (its previous entry is our last)
-    # itself (_dl_append_at_end); False: stock's handler for every one (tests compare the two).
-    dl_fast_append = True
 
     def __init__(
         self,
@@ -809,28 +800,13 @@ class DLedgerSyncObj(SyncObj):
         floor = message.get("dl_floor")
         if floor is not None:
             self.dl_hooks.on_leader_floor(int(floor))
-        store = self.dl_journal.store
-        last_before = store.last_index
         if "prevLogIdx" in message:
+            store = self.dl_journal.store
             first = store.anchor[0] if store.anchor[0] > 0 else 1
-            prev = message["prevLogIdx"]
-            if (
-                self.dl_fast_append
-                and prev == last_before
-                and prev >= first
-                and term == self._SyncObj__raftCurrentTerm
-                and self._SyncObj__raftLeader is node
-                and self._SyncObj__raftState == RAFT_STATE_FOLLOWER
-                and not self._SyncObj__transferInProgress
-                and self._dl_term_at(prev) == message["prevLogTerm"]
-            ):
-                self._dl_append_at_end(node, message, now)
-                if self.dl_write_blocked is not None and store.last_index > last_before:
-                    self.dl_unblock_writes("entries from the leader were stored")
-                return
-            message, skip = align_append_entries(message, last_before, first, self._dl_term_at)
+            message, skip = align_append_entries(message, store.last_index, first, self._dl_term_at)
             self.dl_journal.skip_next_truncate = skip
         applied = self._SyncObj__raftLastApplied
+        last_before = self.dl_journal.store.last_index
         if self.dl_journal.skip_next_truncate:
             # SyncObj logs CRITICAL "truncating already-applied entries" before the truncation we
             # skip (nothing is truncated): keep it from crying wolf.
@@ -842,30 +818,6 @@ class DLedgerSyncObj(SyncObj):
             self._SyncObj__raftLastApplied = max(applied, self._SyncObj__raftLastApplied)
         if self.dl_write_blocked is not None and self.dl_journal.store.last_index > last_before:
             self.dl_unblock_writes("entries from the leader were stored")
-
-    def _dl_append_at_end(self, node: Any, message: dict[str, Any], now: float) -> None:
-        """Stock's AppendEntries handling, step for step, for the message of every round: its term
-        is ours, it comes from the leader we follow, no transfer is pending, and its previous
-        entry is our last (with its term): the election timer restarts, the entries are
-        appended, the answer goes (held until durable, item 6), the commit index follows the
-        leader's up to our last entry. Stock would read the log again through the journal's list
-        view to find what this replica already checked (issue 26: Python calls per round)."""
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        self._SyncObj__leaderCommitIndex = leader_commit = message["commit_index"]
-        journal = self.dl_journal
-        entries = message.get("entries", [])
-        for entry in entries:
-            journal.add(*entry)
-        next_index = entries[-1][1] + 1 if entries else message["prevLogIdx"] + 1
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=True)
-        last = journal.store.last_index
-        commit = self._SyncObj__raftCommitIndex
-        if commit > last:
-            commit = last
-        if leader_commit > commit:
-            commit = min(leader_commit, last)
-        self._SyncObj__raftCommitIndex = commit
-        journal.setRaftCommitIndex(commit)
 
     def _dl_note_append(self, now: float) -> None:
         # Heartbeat spacing as this follower sees it (its own clock): the figure that shows a

@@ -321,27 +321,3 @@ def test_followers_at_one_index_get_the_bytes_each_would_get_alone(
     assert result.ok, result.line()
     print(checked)
     assert checked["shared"] > 0  # followers did share a frame
-
-
-@pytest.mark.parametrize("seed", range(1, 7))
-def test_a_follower_appends_at_its_end_as_stock_pysyncobj_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The AppendEntries of every round (its previous entry is the follower's last) is handled by
-    ``_dl_append_at_end`` instead of stock's handler: the simulator's seeds replay bit for bit
-    (trace CRC: every tick's role, term and log end, in event order) either way."""
-    print(f"seed {seed}")
-    taken = 0
-    original = DLedgerSyncObj._dl_append_at_end
-
-    def counted(self: DLedgerSyncObj, node: Any, message: dict[str, Any], now: float) -> None:
-        nonlocal taken
-        taken += 1
-        original(self, node, message, now)
-
-    monkeypatch.setattr(DLedgerSyncObj, "_dl_append_at_end", counted)
-    fast = World(seed, SimOptions(steps=3000)).run()
-    monkeypatch.setattr(DLedgerSyncObj, "dl_fast_append", False)
-    stock = World(seed, SimOptions(steps=3000)).run()
-    assert fast.ok and stock.ok, (fast.line(), stock.line())
-    assert (fast.trace_crc, fast.steps, fast.acked) == (stock.trace_crc, stock.steps, stock.acked)
-    print(f"fast path taken {taken} times; trace {fast.trace_crc}")
-    assert taken > 100
