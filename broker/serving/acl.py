@@ -251,11 +251,13 @@ def check(
     """Raise ``AuthError(403, ...)`` unless ``account`` holds every needed permission."""
     if admin and not account.admin:
         raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} is not an admin account")
+    # The permissions compared as ints: Perm's own & and ~ are Python methods (enum.Flag) that
+    # build a member each, and every request of a signed client runs this (the same bits either way).
     for topic, need in topics.items() if isinstance(topics, Mapping) else topics:
-        if need & ~topic_perm(account, topic):
+        if int(need) & ~int(topic_perm(account, topic)):
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {_verb(need)} topic {topic!r}")
     for group, need in groups.items() if isinstance(groups, Mapping) else groups:
-        if need & ~group_perm(account, group):
+        if int(need) & ~int(group_perm(account, group)):
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {_verb(need)} group {group!r}")
 
 
