@@ -4,11 +4,17 @@ the same bytes, the same answers and errors."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import itertools
+import random
+import threading
 from typing import Any
 
 import pytest
 
+from broker.protocol import auth
 from broker.protocol.auth import AuthError
 from broker.serving import acl
 from broker.serving.acl import Account, Perm
@@ -26,6 +32,10 @@ def _check_plain(account: Account, topics: dict[str, Perm], groups: dict[str, Pe
     for group, need in groups.items():
         if need & ~acl.group_perm(account, group):
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {acl._verb(need)} group {group!r}")
+
+
+def _check_fast(account: Account, topics: dict[str, Perm], groups: dict[str, Perm], admin: bool) -> None:
+    acl.check(account, topics=topics, groups=groups, admin=admin)
 
 
 def _outcome(f: Any, *args: Any) -> Any:
@@ -46,7 +56,51 @@ def test_acl_check_decides_as_the_flag_operators_did(is_admin: bool) -> None:
             ["Listed", "Other", "%RETRY%G", "%DLQ%H"], ["G", "H"], PERMS, PERMS, [False, True]
         ):
             topics, groups = {topic: need_t}, {group: need_g}
-            got = _outcome(lambda: acl.check(account, topics=topics, groups=groups, admin=admin))
+            got = _outcome(_check_fast, account, topics, groups, admin)
             assert got == _outcome(_check_plain, account, topics, groups, admin)
             decided += got[0] == "refused"
     assert decided  # both outcomes were seen
+
+
+# -- signatures: HMAC-SHA256 from the secret's hashed pads ---------------------------------------------
+def _signature_plain(secret_key: str, message: bytes) -> str:
+    """``auth.signature`` as it was: a new HMAC keyed per call."""
+    return base64.b64encode(hmac.new(secret_key.encode("utf-8"), message, hashlib.sha256).digest()).decode("ascii")
+
+
+def test_signature_is_the_hmac_modules() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    lengths = [0, 1, 8, 31, 32, 63, 64, 65, 100, 128, 129, 300]
+    for _ in range(400):
+        n = rnd.choice(lengths)
+        secret = "".join(rnd.choice("aZ09-_é漢\x00") for _ in range(n))  # multi-byte: past 64 bytes sooner
+        for _ in range(3):  # the same secret again: its pads are reused
+            message = rnd.randbytes(rnd.choice([0, 1, 55, 56, 64, 300, 5000]))
+            assert auth.signature(secret, message) == _signature_plain(secret, message)
+
+
+def test_signature_of_a_secret_that_cannot_be_encoded_fails_as_before() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        _signature_plain("bad\ud800secret", b"m")
+    with pytest.raises(UnicodeEncodeError):
+        auth.signature("bad\ud800secret", b"m")
+
+
+def test_signature_from_many_threads_at_once() -> None:
+    rnd = random.Random(11)
+    cases = [(f"secret-{i % 3}-key", rnd.randbytes(200)) for i in range(300)]
+    expected = [_signature_plain(s, m) for s, m in cases]
+    bad: list[int] = []
+
+    def run() -> None:
+        for _ in range(5):
+            bad.extend(i for i, (s, m) in enumerate(cases) if auth.signature(s, m) != expected[i])
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
