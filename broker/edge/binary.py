@@ -49,6 +49,7 @@ from broker.protocol.frames import (
     FLAG_ERROR,
     FLAG_RESPONSE,
     FRAME_BYTES_MAX_DEFAULT,
+    OPS,
     FrameDecoder,
     FrameError,
     FrameHead,
@@ -521,10 +522,9 @@ class RemotingServer:
     async def handle(self, head: FrameHead, verified: Verified, raw: bytes, peer: str) -> bytes:
         """The answer body of one request frame (its head verified), or the ``ProtocolError`` to answer."""
         self.stats.requests += 1
-        try:
-            op = Op(head.op)
-        except ValueError:
-            raise ProtocolError("UNKNOWN_OP", f"op {head.op} is not served", 400) from None
+        op = OPS.get(head.op)
+        if op is None:
+            raise ProtocolError("UNKNOWN_OP", f"op {head.op} is not served", 400)
         if verified.signed is not None:
             try:
                 check_body(verified.signed, raw)

@@ -70,6 +70,7 @@ HTTP_PATH: Final[dict[Op, str]] = {Op.SEND: "/v1/send", Op.PULL: "/v1/pull"}
 
 
 OP_NAMES: Final = {int(op): op.name for op in Op}
+OPS: Final = {int(op): op for op in Op}  # Op(n) without the enum's Python __call__ and __new__
 
 
 def op_name(op: int) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from broker.protocol import auth
 from broker.protocol.auth import AuthError
+from broker.protocol.frames import OPS, Op
 from broker.serving import acl
 from broker.serving.acl import Account, Perm
 
@@ -104,3 +105,13 @@ def test_signature_from_many_threads_at_once() -> None:
     for t in threads:
         t.join()
     assert bad == []
+
+
+# -- the edge's op lookup ---------------------------------------------------------------------------------
+def test_ops_table_gives_what_op_gives() -> None:
+    for n in [*range(-2, 70), 0xFFFF, 2**32]:
+        try:
+            expected: Op | None = Op(n)
+        except ValueError:
+            expected = None
+        assert OPS.get(n) is expected
