@@ -4,6 +4,7 @@ the same bytes, the same answers and errors."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -14,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from broker.edge.binary import Call, RemotingLimits, RemotingServer, _Connection
 from broker.protocol import auth
 from broker.protocol.auth import AuthError
-from broker.protocol.frames import OPS, Op
+from broker.protocol.frames import OPS, Op, encode, pack_body
 from broker.serving import acl
 from broker.serving.acl import Account, Perm
 
@@ -115,3 +117,160 @@ def test_ops_table_gives_what_op_gives() -> None:
         except ValueError:
             expected = None
         assert OPS.get(n) is expected
+
+
+# -- the connection's timers: the idle timer is lazy --------------------------------------------------------
+class _Handle:
+    def __init__(self, when: float, callback: Any) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ManualTimers:
+    """The loop as the connection's timers see it, on a clock the test moves; tasks run on the real loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.now, self.handles = loop, 1000.0, []  # type: ignore[var-annotated]
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any) -> _Handle:
+        h = _Handle(when, callback)
+        self.handles.append(h)
+        return h
+
+    def create_task(self, coro: Any) -> Any:
+        return self.loop.create_task(coro)
+
+    def armed(self) -> list[_Handle]:
+        return [h for h in self.handles if not h.cancelled]
+
+    def advance_to(self, t: float) -> None:
+        """Fire, in order, every timer due by ``t`` (and those they arm that are due by then)."""
+        while True:
+            due = sorted((h for h in self.armed() if h.when <= t), key=lambda h: h.when)
+            if not due:
+                break
+            h = due[0]
+            h.cancelled = True
+            self.now = max(self.now, h.when)
+            h.callback()
+        self.now = t
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 5555) if name == "peername" else default
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _connection(idle_s: float, frame_s: float) -> tuple[Any, _Transport, _ManualTimers, dict[int, Any]]:
+    """A connection whose requests wait for the test: body {"n": k} waits for parked[k] when parked."""
+    loop = asyncio.get_running_loop()
+    parked: dict[int, Any] = {}
+
+    async def dispatch(call: Call) -> dict[str, Any]:
+        n = call.body["n"]
+        if call.body.get("park"):
+            parked[n] = loop.create_future()
+            await parked[n]
+        return {"n": n}
+
+    server = RemotingServer(dispatch, security=None,
+                            limits=RemotingLimits(idle_timeout_s=idle_s, frame_timeout_s=frame_s))
+    conn = _Connection(server)
+    timers = _ManualTimers(loop)
+    conn._loop = timers  # before connection_made: every timer on the test's clock
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, timers, parked
+
+
+async def _settle(conn: Any) -> None:
+    for _ in range(1000):
+        if not conn.in_flight:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("requests did not finish")
+
+
+def _request(n: int, park: bool = False) -> bytes:
+    return encode(Op.SEND, n, pack_body({"n": n, "park": park}))
+
+
+@pytest.mark.parametrize(("idle_s", "frame_s"), [(60.0, 30.0), (5.0, 30.0)])
+def test_an_idle_connection_closes_idle_timeout_after_its_last_answer(idle_s: float, frame_s: float) -> None:
+    async def scenario() -> None:
+        conn, transport, timers, parked = await _connection(idle_s, frame_s)
+        t0 = timers.now
+        # requests answered at once, every idle_s / 3 for a while: never closed, at most one timer armed
+        for i in range(12):
+            conn.data_received(_request(i))
+            await _settle(conn)
+            assert len(timers.armed()) <= 1
+            timers.advance_to(t0 + (i + 1) * idle_s / 3)
+            assert not transport.closed
+        last = t0 + 11 * idle_s / 3  # the last answer went at this time
+        timers.advance_to(last + idle_s - 0.001)
+        assert not transport.closed
+        timers.advance_to(last + idle_s)
+        assert transport.closed and conn.server.stats.timed_out_connections == 0
+
+        # a request in flight far past the idle timeout keeps the connection; its answer starts the wait
+        conn, transport, timers, parked = await _connection(idle_s, frame_s)
+        conn.data_received(_request(1, park=True))
+        await asyncio.sleep(0)
+        timers.advance_to(timers.now + 10 * idle_s)
+        assert not transport.closed and conn.in_flight == 1
+        answered = timers.now
+        parked[1].set_result(None)
+        await _settle(conn)
+        timers.advance_to(answered + idle_s - 0.001)
+        assert not transport.closed
+        timers.advance_to(answered + idle_s)
+        assert transport.closed
+
+        # half a frame after an answer: closed frame_timeout after that frame started, counted
+        conn, transport, timers, parked = await _connection(idle_s, frame_s)
+        conn.data_received(_request(1))
+        await _settle(conn)
+        started = timers.now + 1.0
+        timers.advance_to(started)
+        conn.data_received(_request(2)[:9])
+        timers.advance_to(started + frame_s - 0.001)
+        assert not transport.closed
+        timers.advance_to(started + frame_s)
+        assert transport.closed and conn.server.stats.timed_out_connections == 1
+
+        # a frame that came in two reads (its frame timer armed), answered: the idle wait from the answer
+        conn, transport, timers, parked = await _connection(idle_s, frame_s)
+        frame = _request(1)
+        conn.data_received(frame[:9])
+        timers.advance_to(timers.now + 1.0)
+        conn.data_received(frame[9:])
+        await _settle(conn)
+        answered = timers.now
+        timers.advance_to(answered + idle_s - 0.001)
+        assert not transport.closed
+        timers.advance_to(answered + idle_s)
+        assert transport.closed and conn.server.stats.timed_out_connections == 0
+
+    asyncio.run(scenario())
