@@ -11,6 +11,7 @@ import hmac
 import itertools
 import random
 import threading
+import types
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def _check_plain(account: Account, topics: dict[str, Perm], groups: dict[str, Pe
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {acl._verb(need)} group {group!r}")
 
 
-def _check_fast(account: Account, topics: dict[str, Perm], groups: dict[str, Perm], admin: bool) -> None:
+def _check_fast(account: Account, topics: Any, groups: Any, admin: bool) -> None:
     acl.check(account, topics=topics, groups=groups, admin=admin)
 
 
@@ -61,6 +62,9 @@ def test_acl_check_decides_as_the_flag_operators_did(is_admin: bool) -> None:
             topics, groups = {topic: need_t}, {group: need_g}
             got = _outcome(_check_fast, account, topics, groups, admin)
             assert got == _outcome(_check_plain, account, topics, groups, admin)
+            # the same needs as a sequence of pairs and as a read-only mapping decide alike
+            assert _outcome(_check_fast, account, list(topics.items()), tuple(groups.items()), admin) == got
+            assert _outcome(_check_fast, account, types.MappingProxyType(topics), groups, admin) == got
             decided += got[0] == "refused"
     assert decided  # both outcomes were seen
 
