@@ -212,7 +212,8 @@ def parse_authorization(value: str | None) -> SignedHeader:
                             "client): it could be replayed at any server and is refused; upgrade the client")
         raise AuthError(401, "BAD_AUTHORIZATION", f"Authorization must be '{SCHEME} AccessKey=.., Scope=.., "
                         "Timestamp=.., Nonce=<32 hex>, BodySha256=<64 hex>, Signature=<base64>'")
-    return SignedHeader(m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(5), m.group(6))
+    access_key, scope, timestamp, nonce, digest, sig = m.groups()  # one call, not one per field
+    return SignedHeader(access_key, scope, int(timestamp), nonce, digest, sig)
 
 
 def check_time(timestamp_ms: int, now_ms: int, window_ms: int, future_ms: int) -> None:

@@ -278,3 +278,28 @@ def test_an_idle_connection_closes_idle_timeout_after_its_last_answer(idle_s: fl
         assert transport.closed and conn.server.stats.timed_out_connections == 0
 
     asyncio.run(scenario())
+
+
+def _parse_plain(value: str | None) -> Any:
+    """``auth.parse_authorization`` as it was: the fields read one ``group`` call each."""
+    if value is None or value == "":
+        raise AuthError(401, "NO_CREDENTIALS", "x")
+    m = auth._HEADER_RE.fullmatch(value) if len(value) <= auth.HEADER_CHARS_MAX else None
+    if m is None:
+        raise AuthError(401, "BAD_AUTHORIZATION", "x")
+    return auth.SignedHeader(m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(5), m.group(6))
+
+
+def test_parse_authorization_reads_the_fields_group_read() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    creds = auth.Credentials("ak-" + "x" * rnd.randrange(40), "secret-key-1")
+    for _ in range(300):
+        value = auth.authorization(creds, "REMOTING", "SEND", rnd.randbytes(rnd.randrange(3000)),
+                                   rnd.choice([0, 1, 1764311111111, 10**15 - 1]),
+                                   scope=rnd.choice(["broker:C/G/n0", "namesrv:abc", "-"]))
+        for v in (value, value[:-1], value + " ", value.replace("Nonce=", "Nonce=0")):
+            got = _outcome(auth.parse_authorization, v)
+            want = _outcome(_parse_plain, v)
+            assert got[0] == want[0] and (got[0] != "ok" or got == want)
