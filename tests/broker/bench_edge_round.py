@@ -50,16 +50,16 @@ def serve(tree: str, count: int, warm: int) -> None:
     class _FakeCommit(DLedgerNode):
         """A leader whose every append commits on the next loop turn."""
 
-        role = "LEADER"  # type: ignore[assignment]
-        term = 1  # type: ignore[assignment]
-        leader_id = "n0"  # type: ignore[assignment]
-        last_index = 0  # type: ignore[assignment]
+        role = "LEADER"
+        term = 1
+        leader_id = "n0"
+        last_index = 0
         position = 0
         offset = 0
 
         async def append(self, bodies: Any, timeout_s: float = 3.0) -> list[BodyLocation]:
             self.last_index += 1
-            locs = []
+            locs: list[BodyLocation] = []
             for b in bodies:
                 result: Any = {}  # the replay guard's nonce command: admitted
                 if b[:1] == b"N":  # a message: its queue offset
