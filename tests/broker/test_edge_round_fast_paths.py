@@ -20,8 +20,14 @@ from broker.edge.binary import Call, RemotingLimits, RemotingServer, _Connection
 from broker.protocol import auth
 from broker.protocol.auth import AuthError
 from broker.protocol.frames import OPS, Op, encode, pack_body
+from broker.server.broker_server import BrokerServer
+from broker.server.config import parse_broker_config
 from broker.serving import acl
 from broker.serving.acl import Account, Perm
+from broker.store.message import decode_message
+from dledger.node import DLedgerNode
+from dledger.records import BodyLocation
+from tests.broker.harness import broker_props
 
 PERMS = [Perm.DENY, Perm.PUB, Perm.SUB, Perm.ANY]
 
@@ -202,7 +208,7 @@ async def _connection(idle_s: float, frame_s: float) -> tuple[Any, _Transport, _
                             limits=RemotingLimits(idle_timeout_s=idle_s, frame_timeout_s=frame_s))
     conn = _Connection(server)
     timers = _ManualTimers(loop)
-    conn._loop = timers  # before connection_made: every timer on the test's clock
+    conn._loop = timers  # type: ignore[assignment]  # before connection_made: every timer on the test's clock
     transport = _Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport, timers, parked
@@ -303,3 +309,61 @@ def test_parse_authorization_reads_the_fields_group_read() -> None:
             got = _outcome(auth.parse_authorization, v)
             want = _outcome(_parse_plain, v)
             assert got[0] == want[0] and (got[0] != "ok" or got == want)
+
+
+# -- the send: every message fresh (the usual send) and some sent before --------------------------------------
+class _Appends(DLedgerNode):
+    """A leader that commits every append at once and keeps what it was given."""
+
+    role = "LEADER"
+    term = 1
+    leader_id = "n0"
+    last_index = 0
+
+    async def append(self, bodies: Any, timeout_s: float = 3.0) -> list[BodyLocation]:
+        self.appended.append(list(bodies))  # type: ignore[attr-defined]
+        self.last_index += 1
+        index = self.last_index
+        return [BodyLocation(index, 1, i, 1000 * index + i, len(b), i) for i, b in enumerate(bodies)]
+
+
+async def test_a_send_appends_and_answers_its_fresh_messages_only(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    props = broker_props(root, "n0", [1, 2, 3], [4, 5, 6], [0, 0, 0], ["127.0.0.1:9"])
+    server = BrokerServer(parse_broker_config(props, source="<test>", env={}))
+    node = _Appends.__new__(_Appends)
+    node.appended = []  # type: ignore[attr-defined]
+    server.node = node
+    server._ready_term = 1
+    server.store.metadata.apply({"op": "topic.put", "topic": "T", "read_queue_nums": 4, "write_queue_nums": 4,
+                                 "perm": 6})
+    svc = server.service
+
+    def batch(*uids: str) -> list[dict[str, Any]]:
+        return [{"body": u.encode(), "unique_id": u} for u in uids]
+
+    def appended_uids() -> list[str]:
+        return [decode_message(r).unique_id for r in node.appended[-1]]  # type: ignore[attr-defined]
+
+    first = await svc.send("T", 1, batch("A", "B", "C", "D"))
+    assert appended_uids() == ["A", "B", "C", "D"] and not any(r.duplicate for r in first.results)
+    assert [r.position for r in first.results] == [1000, 1001, 1002, 1003]
+    assert server.counters["messages_sent"] == 4 and server.counters["duplicate_messages"] == 0
+    for n, r in enumerate(first.results):  # as the apply would: the window learns the first send
+        server.store.dedup.add("T", r.unique_id, position=r.position, queue_id=1, queue_offset=n,
+                               store_ts=first.store_ts, index=1)
+    calls = len(node.appended)  # type: ignore[attr-defined]
+
+    again = await svc.send("T", 1, batch("A", "E", "C", "F"))
+    assert appended_uids() == ["E", "F"]
+    assert [(r.unique_id, r.duplicate) for r in again.results] == [("A", True), ("E", False), ("C", True),
+                                                                      ("F", False)]
+    assert again.results[0].position == 1000 and again.results[2].position == 1002
+    assert [again.results[1].position, again.results[3].position] == [2000, 2001]
+    assert server.counters["messages_sent"] == 6 and server.counters["duplicate_messages"] == 2
+
+    known = await svc.send("T", 1, batch("B", "D"))
+    assert len(node.appended) == calls + 1  # type: ignore[attr-defined]  # nothing appended for it
+    assert [(r.position, r.duplicate) for r in known.results] == [(1001, True), (1003, True)]
+    assert server.counters["messages_sent"] == 6 and server.counters["duplicate_messages"] == 4
+    assert server.metrics.messages_in.labels(**server.metrics.base, topic="T")._value.get() == 6
