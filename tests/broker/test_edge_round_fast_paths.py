@@ -14,6 +14,7 @@ import threading
 import types
 from typing import Any
 
+import msgpack
 import pytest
 
 from broker.edge.binary import Call, RemotingLimits, RemotingServer, _Connection
@@ -367,3 +368,59 @@ async def test_a_send_appends_and_answers_its_fresh_messages_only(tmp_path: Any)
     assert [(r.position, r.duplicate) for r in known.results] == [(1001, True), (1003, True)]
     assert server.counters["messages_sent"] == 6 and server.counters["duplicate_messages"] == 4
     assert server.metrics.messages_in.labels(**server.metrics.base, topic="T")._value.get() == 6
+
+
+# -- frame bodies packed with this thread's Packer ---------------------------------------------------------
+def _random_value(rnd: random.Random, depth: int = 0) -> Any:
+    kind = rnd.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return rnd.choice([None, True, False])
+    if kind == 1:
+        return rnd.choice([0, -1, 127, 128, -33, 2**31, 2**63 - 1, -(2**63), 2**64 - 1])
+    if kind == 2:
+        return rnd.random() * 10**rnd.randrange(-5, 20)
+    if kind == 3:
+        return rnd.choice("ab é漢\x00") * rnd.choice([0, 1, 31, 32, 255, 256, 70000 if depth == 0 else 3])
+    if kind in (4, 5):
+        return rnd.randbytes(rnd.choice([0, 1, 255, 256, 65535, 65536] if depth == 0 else [0, 1, 255, 256]))
+    if kind == 6:
+        return [_random_value(rnd, depth + 1) for _ in range(rnd.choice([0, 1, 15, 16, 20]))]
+    if kind == 7:
+        return tuple(_random_value(rnd, depth + 1) for _ in range(rnd.randrange(4)))
+    return {f"k{i}": _random_value(rnd, depth + 1) for i in range(rnd.choice([0, 1, 15, 16, 20]))}
+
+
+def test_pack_body_writes_what_packb_wrote() -> None:
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    for _ in range(300):
+        value = {"v": _random_value(rnd)}
+        assert pack_body(value) == msgpack.packb(value, use_bin_type=True)
+
+
+def test_pack_body_after_a_refused_value_still_packs_right() -> None:
+    value = {"status": "SEND_OK", "results": [{"msg_id": "B:0000000000000001", "queue_offset": 3}]}
+    with pytest.raises(TypeError):
+        pack_body({"a": 1, "b": object()})
+    with pytest.raises((OverflowError, TypeError, ValueError)):
+        pack_body({"a": [1, 2, 2**64]})
+    assert pack_body(value) == msgpack.packb(value, use_bin_type=True)
+
+
+def test_pack_body_from_many_threads_at_once() -> None:
+    rnd = random.Random(12)
+    values = [{"v": _random_value(rnd)} for _ in range(100)]
+    expected = [msgpack.packb(v, use_bin_type=True) for v in values]
+    bad: list[int] = []
+
+    def run() -> None:
+        for _ in range(5):
+            bad.extend(i for i, v in enumerate(values) if pack_body(v) != expected[i])
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
