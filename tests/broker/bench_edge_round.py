@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def serve(tree: str, count: int, warm: int) -> None:
         server.store.metadata.apply({"op": "topic.put", "topic": TOPIC, "read_queue_nums": 4,
                                      "write_queue_nums": 4, "perm": 6})
         port = await server.remoting.start("127.0.0.1", 0)
-        print(json.dumps({"port": port, "scope": server.security.scope}), flush=True)
+        print(json.dumps({"port": port, "scope": server.security.scope, "root": root}), flush=True)
         if count:
             from broker.edge.binary import _Connection
 
@@ -136,6 +137,7 @@ class Server:
         assert self.proc.stdout is not None
         hello = json.loads(self.proc.stdout.readline())
         self.scope = hello["scope"]
+        self.root = hello["root"]  # the server's store and ACL file, removed at stop
         self.sock = socket.create_connection(("127.0.0.1", hello["port"]))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.seq = 0
@@ -187,6 +189,7 @@ class Server:
         self.sock.close()
         self.proc.kill()
         self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def cmd_time(args: argparse.Namespace) -> None:
