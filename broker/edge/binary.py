@@ -49,6 +49,7 @@ from broker.protocol.frames import (
     FLAG_ERROR,
     FLAG_RESPONSE,
     FRAME_BYTES_MAX_DEFAULT,
+    OPS,
     FrameDecoder,
     FrameError,
     FrameHead,
@@ -171,7 +172,11 @@ class _Connection(asyncio.Protocol):
         self.counted_bytes = 0  # what this connection adds to stats.unauthenticated_bytes
         self.pending: _Pending | None = None
         self.failing: bytes | None = None  # the error frame to send once the answers in flight are out
+        # One timer at a time (see "timers"); the protocol is made by the loop, in the loop.
+        self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when the armed timer fires (the loop's clock)
+        self._idle_deadline = 0.0  # when the connection closes if nothing arrives (set as the last answer goes)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -212,9 +217,22 @@ class _Connection(asyncio.Protocol):
             self.server.release(p.reserved)
 
     # -- timers -----------------------------------------------------------------------------------
+    # The handshake and frame timers are armed when their wait starts. The idle timer is lazy: a
+    # request does not cancel the armed timer, and its answer only moves ``_idle_deadline``
+    # (a timer firing before it arms another for the rest), so a busy connection makes no timer per
+    # request and an idle one still closes ``idle_timeout_s`` after its last answer.
     def _arm(self, timeout_s: float) -> None:
+        self._arm_at(self._loop.time() + timeout_s)
+
+    def _arm_at(self, when: float) -> None:
         self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expired)
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._expired)
+
+    def _arm_idle(self) -> None:
+        self._idle_deadline = deadline = self._loop.time() + self.limits.idle_timeout_s
+        if self._timer is None or self._timer_at > deadline:
+            self._arm_at(deadline)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -226,11 +244,16 @@ class _Connection(asyncio.Protocol):
         if self.failing is not None:
             self.close()
             return
-        if self.in_flight and not self.decoder.mid_frame and self.authenticated:
-            return  # answers pending: the next one re-arms the idle timer
-        if not self.authenticated or self.decoder.mid_frame:
-            self.server.stats.timed_out_connections += 1
-            log.debug("closing a remoting connection from %s: no (complete, verified) frame in time", self.peer)
+        if self.authenticated and not self.decoder.mid_frame:
+            if self.in_flight:
+                return  # answers pending: the last one arms the idle timer
+            if self._loop.time() < self._idle_deadline:  # answered since this timer was armed
+                self._arm_at(self._idle_deadline)
+                return
+            self.close()
+            return
+        self.server.stats.timed_out_connections += 1
+        log.debug("closing a remoting connection from %s: no (complete, verified) frame in time", self.peer)
         self.close()
 
     def _rearm(self) -> None:
@@ -239,9 +262,8 @@ class _Connection(asyncio.Protocol):
         if self.decoder.mid_frame:
             self._arm(self.limits.frame_timeout_s)
         elif self.in_flight == 0:
-            self._arm(self.limits.idle_timeout_s)
-        else:
-            self._disarm()
+            self._arm_idle()
+        # else: requests in flight; a timer firing meanwhile stands down (_expired)
 
     # -- reading ----------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -343,9 +365,8 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def _start(self, pending: _Pending, body: bytes) -> None:
-        self.in_flight += 1
-        self._disarm()
-        task = asyncio.get_running_loop().create_task(self._handle(pending, body))
+        self.in_flight += 1  # the armed timer stays (see "timers")
+        task = self._loop.create_task(self._handle(pending, body))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -521,10 +542,9 @@ class RemotingServer:
     async def handle(self, head: FrameHead, verified: Verified, raw: bytes, peer: str) -> bytes:
         """The answer body of one request frame (its head verified), or the ``ProtocolError`` to answer."""
         self.stats.requests += 1
-        try:
-            op = Op(head.op)
-        except ValueError:
-            raise ProtocolError("UNKNOWN_OP", f"op {head.op} is not served", 400) from None
+        op = OPS.get(head.op)
+        if op is None:
+            raise ProtocolError("UNKNOWN_OP", f"op {head.op} is not served", 400)
         if verified.signed is not None:
             try:
                 check_body(verified.signed, raw)

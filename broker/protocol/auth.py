@@ -44,8 +44,9 @@ however stamped, never refuse another account's; and since a request may be stam
 
 from __future__ import annotations
 
-import base64
+import binascii
 import dataclasses
+import functools
 import hashlib
 import heapq
 import hmac
@@ -146,9 +147,31 @@ def string_to_sign(
                       digest)).encode("utf-8", "surrogateescape")
 
 
+_BLOCK: Final = 64  # SHA-256's block size (RFC 2104's B)
+_IPAD: Final = bytes(x ^ 0x36 for x in range(256))
+_OPAD: Final = bytes(x ^ 0x5C for x in range(256))
+
+
+@functools.lru_cache(maxsize=256)  # the secrets of the ACL's accounts, or a client's own
+def _keyed(secret_key: str) -> tuple[Any, Any]:
+    """The SHA-256 states after HMAC's inner and outer padded key (RFC 2104, as ``hmac`` builds
+    them), hashed once per secret: a signature then copies them instead of keying a new HMAC.
+    Never updated in place (``signature`` copies them; a copy is made under the object's lock)."""
+    key = secret_key.encode("utf-8")
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
+
+
 def signature(secret_key: str, message: bytes) -> str:
-    mac = hmac.new(secret_key.encode("utf-8"), message, hashlib.sha256).digest()
-    return base64.b64encode(mac).decode("ascii")
+    """base64(HMAC-SHA256(secret_key, message)): ``hmac.new(...).digest()``'s bytes."""
+    inner, outer = _keyed(secret_key)
+    inner = inner.copy()
+    inner.update(message)
+    outer = outer.copy()
+    outer.update(inner.digest())
+    return binascii.b2a_base64(outer.digest(), newline=False).decode("ascii")
 
 
 def new_nonce() -> str:
@@ -189,7 +212,8 @@ def parse_authorization(value: str | None) -> SignedHeader:
                             "client): it could be replayed at any server and is refused; upgrade the client")
         raise AuthError(401, "BAD_AUTHORIZATION", f"Authorization must be '{SCHEME} AccessKey=.., Scope=.., "
                         "Timestamp=.., Nonce=<32 hex>, BodySha256=<64 hex>, Signature=<base64>'")
-    return SignedHeader(m.group(1), m.group(2), int(m.group(3)), m.group(4), m.group(5), m.group(6))
+    access_key, scope, timestamp, nonce, digest, sig = m.groups()  # one call, not one per field
+    return SignedHeader(access_key, scope, int(timestamp), nonce, digest, sig)
 
 
 def check_time(timestamp_ms: int, now_ms: int, window_ms: int, future_ms: int) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+import threading
 from typing import Any, Final
 
 import msgpack
@@ -70,6 +71,7 @@ HTTP_PATH: Final[dict[Op, str]] = {Op.SEND: "/v1/send", Op.PULL: "/v1/pull"}
 
 
 OP_NAMES: Final = {int(op): op.name for op in Op}
+OPS: Final = {int(op): op for op in Op}  # Op(n) without the enum's Python __call__ and __new__
 
 
 def op_name(op: int) -> str:
@@ -107,8 +109,17 @@ def encode(op: int, request_id: int, body: bytes, *, flags: int = 0, auth: str =
     return HEADER.pack(length, VERSION, flags, op, request_id, len(raw_auth)) + raw_auth + body
 
 
+_PACKERS = threading.local()  # one msgpack Packer per thread (a Packer is not safe to share)
+
+
 def pack_body(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    """``msgpack.packb(obj, use_bin_type=True)``'s bytes, from this thread's Packer rather than a new
+    one per frame (a Packer resets itself when a value cannot be packed)."""
+    try:
+        pack = _PACKERS.pack
+    except AttributeError:
+        pack = _PACKERS.pack = msgpack.Packer(use_bin_type=True).pack
+    return pack(obj)
 
 
 def unpack_body(raw: bytes) -> dict[str, Any]:

@@ -186,7 +186,7 @@ class SendOps(ServiceBase):
         )
         # Messages naming their own queues (an auto-batch across queues): each result says where.
         qids = [m.queue_id for m in msgs]
-        if all(q == qid for q in qids):
+        if qids.count(qid) == len(qids):  # every message in the request's queue
             qids = []
         highest_qid = max(qids, default=qid)
         # Delayed and timed messages go to the schedule topic until due (broker/store/schedule.py).
@@ -205,17 +205,20 @@ class SendOps(ServiceBase):
         await self.dedup.wait_in_flight(topic, uids, s.send_timeout_s)
         append_timeout_s = max(0.05, s.send_timeout_s - (s.clock.monotonic() - waited_from))
         firsts = self.dedup.known(topic, uids)
-        fresh = [i for i, k in enumerate(firsts) if k is None]
+        if firsts.count(None) == len(firsts):  # nothing sent before (the usual send): every message is fresh
+            fresh = list(range(len(msgs)))
+            fresh_uids, fresh_records = uids, records
+        else:
+            fresh = [i for i, k in enumerate(firsts) if k is None]
+            fresh_uids, fresh_records = [uids[i] for i in fresh], [records[i] for i in fresh]
         locs: list[Any] = []
         if fresh:
             locs = await self.dedup.appending(
-                topic,
-                [uids[i] for i in fresh],
-                lambda: s.node.append([records[i] for i in fresh], timeout_s=append_timeout_s),
+                topic, fresh_uids, lambda: s.node.append(fresh_records, timeout_s=append_timeout_s)
             )
         s.counters["messages_sent"] += len(fresh)
         s.counters["duplicate_messages"] += len(msgs) - len(fresh)
-        s.metrics.sent(topic, len(fresh), sum(len(records[i]) for i in fresh), s.clock.monotonic() - started)
+        s.metrics.sent(topic, len(fresh), sum(map(len, fresh_records)), s.clock.monotonic() - started)
         if producer_group is not None:
             s.producers.sent(producer_group, client_addr, topic, s.monotonic_ms())
         return self._send_answer(msgs, firsts, fresh, locs, qid, store_ts, qids)

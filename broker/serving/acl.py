@@ -251,11 +251,14 @@ def check(
     """Raise ``AuthError(403, ...)`` unless ``account`` holds every needed permission."""
     if admin and not account.admin:
         raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} is not an admin account")
-    for topic, need in topics.items() if isinstance(topics, Mapping) else topics:
-        if need & ~topic_perm(account, topic):
+    # Every request of a signed client runs this: a dict is told from a sequence of pairs without
+    # ABCMeta's Python __instancecheck__, and the permissions are compared as ints (Perm's own & and
+    # ~ are Python methods of enum.Flag that build a member each; the same bits either way).
+    for topic, need in topics.items() if type(topics) is dict or isinstance(topics, Mapping) else topics:
+        if int(need) & ~int(topic_perm(account, topic)):
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {_verb(need)} topic {topic!r}")
-    for group, need in groups.items() if isinstance(groups, Mapping) else groups:
-        if need & ~group_perm(account, group):
+    for group, need in groups.items() if type(groups) is dict or isinstance(groups, Mapping) else groups:
+        if int(need) & ~int(group_perm(account, group)):
             raise AuthError(403, "NO_PERMISSION", f"{account.access_key!r} may not {_verb(need)} group {group!r}")
 
 
