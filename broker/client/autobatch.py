@@ -56,12 +56,16 @@ class _Waiting:
 
 
 class _Batch:
-    __slots__ = ("bytes", "expiry", "expiry_at", "timer", "waiting")
+    __slots__ = ("bytes", "expiry", "expiry_at", "sender", "timer", "waiting")
 
     def __init__(self) -> None:
         self.waiting: list[_Waiting] = []
         self.bytes = 0
-        self.timer: asyncio.Handle | None = None
+        self.timer: asyncio.Handle | None = None  # the linger (a batch gathered while one is in flight)
+        # A batch opened with nothing in flight goes at the end of the loop turn it was opened in:
+        # its task is created with it (its first step runs where a call_soon'd flush would, one
+        # loop turn and one handle fewer per lone send) and takes the batch when it starts.
+        self.sender: asyncio.Task[None] | None = None
         # The callers' own deadlines, one timer per batch (a timer per caller cost more than the
         # rest of its send): armed at the earliest deadline of a caller not answered yet; when it
         # fires, the callers whose deadline that is get TIMEOUT and it moves to the next one. So
@@ -162,7 +166,9 @@ class AutoBatcher:
             if self._in_flight.get(key, 0):
                 batch.timer = loop.call_later(self.max_delay_s, self._flush, key)
             else:  # nothing in flight to this group: go at the end of this loop turn
-                batch.timer = loop.call_soon(self._flush, key)
+                task = batch.sender = loop.create_task(self._send_one(key, batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         waiting = _Waiting(mq, item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
@@ -182,11 +188,18 @@ class AutoBatcher:
         if batch.timer is not None:
             batch.timer.cancel()
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        if batch.sender is not None:
+            return  # its task, created with it, sends it when it starts
         task = asyncio.get_running_loop().create_task(self._send_one(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send_one(self, key: _Key, batch: _Batch) -> None:
+        if batch.sender is not None and self._open.get(key) is batch:
+            # the task of a batch opened with nothing in flight, at the end of the loop turn it was
+            # opened in: what gathered by then goes (its limits or ``close`` may have flushed it
+            # earlier; then it goes all the same)
+            self._flush(key)
         try:
             await self._send(key, batch.waiting)
         finally:
