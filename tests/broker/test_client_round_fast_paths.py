@@ -2,18 +2,28 @@
 
 - ``Signer.sign``/``Signer.header`` make ``broker.protocol.auth.authorization``'s header byte for byte
   (the same HMAC, the fixed parts made once) and draw nonces like ``auth.new_nonce``.
+- ``RemotingConnection``: a call with a free slot and an open connection waits for its answer under
+  one timer, any other wait under ``asyncio.timeout_at``; every wait ends at the call's deadline.
+- ``AutoBatcher``: a batch opened with nothing in flight is sent by the task made with it, once,
+  also when ``close`` or its limits flushed it before that task started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
+from typing import Any
 
 import pytest
 
+from broker.client import ClientError, MessageQueue
+from broker.client.autobatch import AutoBatcher
+from broker.client.remoting import RemotingConnection
 from broker.client.signer import NONCE_POOL_BYTES, Signer
 from broker.protocol.auth import UNKNOWN_SCOPE, Credentials, authorization, parse_authorization
+from broker.protocol.frames import FLAG_RESPONSE, FrameDecoder, Op, encode, pack_body
 
 SEED = int(os.environ.get("TEST_SEED", random.randrange(1 << 30)))
 
@@ -55,3 +65,97 @@ def test_sign_stamps_now_and_a_fresh_nonce_for_the_learnt_scope() -> None:
         nonces.add(head.nonce)
     assert len(nonces) == NONCE_POOL_BYTES // 16 * 2 + 3
     assert Signer(None).sign("h:1", "REMOTING", "SEND", b"") is None
+
+
+class _Server:
+    """A broker's binary port that answers every request with ``{}`` (or never answers)."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        decoder = FrameDecoder()
+        while data := await reader.read(1 << 16):
+            decoder.feed(data)
+            while (frame := decoder.next()) is not None:
+                if self.answer:
+                    writer.write(encode(frame.op, frame.request_id, pack_body({}), flags=FLAG_RESPONSE))
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.writers:
+            w.close()
+        for w in self.writers:
+            try:
+                await w.wait_closed()
+            except OSError:
+                pass
+        await self.server.wait_closed()
+
+
+async def test_every_wait_of_a_call_ends_at_its_deadline() -> None:
+    server = _Server(answer=False)
+    addr = await server.start()
+    conn = RemotingConnection(addr, error=ClientError, in_flight_max=1)
+    try:
+        held = asyncio.create_task(conn.call(Op.SEND, {"n": 1}, 30.0))  # connects, holds the one slot
+        while conn.in_flight != 1:
+            await asyncio.sleep(0.001)
+        with pytest.raises(ClientError) as e:  # waits for a slot: bounded as well
+            await conn.call(Op.SEND, {"n": 2}, 0.1)
+        assert e.value.code == "TIMEOUT" and e.value.outcome_unknown and conn.in_flight == 1
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        assert conn.in_flight == 0
+        with pytest.raises(ClientError) as e:  # a free slot, the open connection: the answer's timer
+            await conn.call(Op.SEND, {"n": 3}, 0.1)
+        assert e.value.code == "TIMEOUT" and conn.in_flight == 0 and conn.connects == 1
+    finally:
+        await conn.close()
+        await server.stop()
+
+
+async def test_calls_on_an_open_connection_get_their_answers() -> None:
+    server = _Server(answer=True)
+    addr = await server.start()
+    conn = RemotingConnection(addr, error=ClientError)
+    try:
+        assert await asyncio.gather(*(conn.call(Op.PING, None, 5.0) for _ in range(5))) == [{}] * 5
+        for _ in range(3):
+            assert await conn.call(Op.SEND, {"n": 1}, 5.0) == {}
+        assert conn.connects == 1 and conn.in_flight == 0
+    finally:
+        await conn.close()
+        await server.stop()
+
+
+async def test_a_batch_flushed_before_its_task_started_is_sent_once() -> None:
+    requests: list[list[dict[str, Any]]] = []
+
+    async def send_items(mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        requests.append(items)
+        return {"status": "SEND_OK", "results": [
+            {"msg_id": f"M{i}", "unique_id": it["unique_id"], "queue_offset": i} for i, it in enumerate(items)]}
+
+    mq = MessageQueue("T", "RaftNode00", 0)
+    b = AutoBatcher(send_items, max_delay_ms=60_000)
+    loop = asyncio.get_running_loop()
+    sends = [loop.create_task(b.send(mq, {"body": b"x", "unique_id": f"U{i}"}, loop.time() + 5)) for i in range(2)]
+    await asyncio.sleep(0)  # both joined the batch opened by the first; its task has not run yet
+    await asyncio.sleep(0)
+    assert len(requests) == 1 and [it["unique_id"] for it in requests[0]] == ["U0", "U1"]
+    assert [r.queue_offset for r in await asyncio.gather(*sends)] == [0, 1]
+    third = loop.create_task(b.send(mq, {"body": b"x", "unique_id": "U2"}, loop.time() + 5))
+    await asyncio.sleep(0)  # the third send opened a batch (nothing in flight) ...
+    await b.close()  # ... which close flushes before its task starts: it goes once
+    assert (await third).unique_id == "U2"
+    assert [[it["unique_id"] for it in r] for r in requests] == [["U0", "U1"], ["U2"]]
