@@ -215,11 +215,15 @@ class AutoBatcher:
     async def _send(self, key: _Key, waiting: list[_Waiting]) -> None:
         self.batches += 1
         self.messages += len(waiting)
-        deadline = max(w.deadline for w in waiting)
         first = waiting[0].mq
-        if all(w.mq.queue_id == first.queue_id for w in waiting):
+        if len(waiting) == 1:  # a lone send (one synchronous sender): its own deadline and queue
+            deadline = waiting[0].deadline
+            items = [waiting[0].item]
+        elif all(w.mq.queue_id == first.queue_id for w in waiting):
+            deadline = max(w.deadline for w in waiting)
             items = [w.item for w in waiting]
         else:  # each message names its own queue
+            deadline = max(w.deadline for w in waiting)
             items = [{**w.item, "queue_id": w.mq.queue_id} for w in waiting]
         try:
             answer = await self._send_items(first, items, deadline)
