@@ -29,6 +29,7 @@ import msgpack
 from broker.client.signer import Signer
 from broker.protocol.frames import (
     AUTH_METHOD,
+    FLAG_ERROR,
     FRAME_BYTES_MAX_DEFAULT,
     REQUEST_ID_MAX,
     Frame,
@@ -180,7 +181,7 @@ class RemotingConnection:
         deadline = loop.time() + timeout_s
         try:
             frame = await self._exchange(loop, deadline, op, data)
-            if frame.is_error and self.signer.credentials is not None:
+            if frame.flags & FLAG_ERROR and self.signer.credentials is not None:  # (frame.is_error)
                 refusal = self._error_map(frame)
                 if refusal is not None and self.signer.learn_refusal(
                     self.addr, str(refusal.get("code")), refusal
@@ -244,7 +245,7 @@ class RemotingConnection:
             value = msgpack.unpackb(frame.body, raw=False, strict_map_key=False) if frame.body else None
         except Exception:
             raise self._error("BAD_ANSWER", frame.body[:200].decode("utf-8", "replace"), addr=self.addr) from None
-        if frame.is_error:
+        if frame.flags & FLAG_ERROR:  # (frame.is_error)
             if not isinstance(value, dict):
                 raise self._error("BAD_ANSWER", "an error frame without {code, message}", addr=self.addr)
             status = value.get("status")
