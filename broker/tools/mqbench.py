@@ -199,9 +199,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 # -- running ------------------------------------------------------------------------------------------
 def load_sdk() -> Any:
     """The producer/consumer SDK, imported only when a run needs it."""
-    from broker.client import Message, Producer, PushConsumer
+    from broker.client import Message, Producer, PushConsumer, SendStatus
 
-    return SimpleNamespace(Message=Message, Producer=Producer, PushConsumer=PushConsumer)
+    return SimpleNamespace(Message=Message, Producer=Producer, PushConsumer=PushConsumer, SendStatus=SendStatus)
 
 
 async def preflight(admin: Admin, topic: str, err: TextIO) -> None:
@@ -305,6 +305,8 @@ async def run_produce(
     deadline = start + args.duration
     pacer = Pacer(args.rate, args.batch, start) if args.rate else None
 
+    send_ok = getattr(getattr(sdk, "SendStatus", None), "SEND_OK", None)
+
     def make() -> Any:
         return sdk.Message(args.topic, body, properties={"bench_ts_ns": str(time.time_ns())})
 
@@ -332,8 +334,8 @@ async def run_produce(
             except Exception as exc:
                 stats.record_error(*classify_error(exc))
                 continue
-            status = str(getattr(result.status, "name", result.status))
-            if status != "SEND_OK":
+            status = result.status  # the SDK's own SEND_OK member (its name is SEND_OK), else by name
+            if status is not send_ok and (status := str(getattr(status, "name", status))) != "SEND_OK":
                 stats.record_error(status, True)
             else:
                 stats.record_ok(clock() - t0, args.batch)

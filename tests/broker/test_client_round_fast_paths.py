@@ -11,9 +11,13 @@
 from __future__ import annotations
 
 import asyncio
+import enum
+import io
+import json
 import os
 import random
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -159,3 +163,55 @@ async def test_a_batch_flushed_before_its_task_started_is_sent_once() -> None:
     await b.close()  # ... which close flushes before its task starts: it goes once
     assert (await third).unique_id == "U2"
     assert [[it["unique_id"] for it in r] for r in requests] == [["U0", "U1"], ["U2"]]
+
+
+class _BenchProducer:
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.sent = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        pass
+
+    async def send(self, msg: Any, *, timeout_s: float | None = None) -> Any:
+        self.sent += 1
+        return SimpleNamespace(status=self.answers[(self.sent - 1) % len(self.answers)])
+
+
+class _Status(enum.Enum):
+    SEND_OK = "ok"
+    FLUSH_DISK_TIMEOUT = "late"
+
+
+async def _bench(answers: list[Any], send_status: Any) -> dict[str, Any]:
+    from broker.tools.mqbench import build_parser, run_produce
+
+    producer = _BenchProducer(answers)
+    sdk = SimpleNamespace(Producer=lambda *a, **kw: producer, Message=lambda topic, body, **kw: SimpleNamespace(),
+                          **({"SendStatus": send_status} if send_status is not None else {}))
+    args = build_parser().parse_args(["produce", "-n", "127.0.0.1:1", "--rate", "400", "--duration", "0.05",
+                                      "--json", "-s", "10"])
+    out = io.StringIO()
+    assert await run_produce(args, sdk=sdk, out=out, err=io.StringIO()) == 0
+    summary: dict[str, Any] = json.loads(out.getvalue())
+    assert summary["calls"] == producer.sent == 20  # tickets 0..19 are due before 0.05 s at 400/s
+    return summary
+
+
+async def test_mq_bench_counts_exactly_the_sdks_send_ok_as_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mq-bench's sender knows the SDK's SEND_OK member by identity; any other status (a member
+    of the same enum, a plain string, an SDK without SendStatus) is judged by its name as before."""
+    from broker.tools import mqbench
+
+    async def no_namesrv(args: Any, err: Any) -> dict[str, Any]:
+        return {}
+
+    monkeypatch.setattr(mqbench, "checked_security", no_namesrv)  # a stand-in producer: no NameServer
+    answers = [_Status.SEND_OK, _Status.FLUSH_DISK_TIMEOUT, "SEND_OK", "SLAVE_NOT_AVAILABLE"]
+    summary = await _bench(answers, _Status)
+    assert (summary["messages"], summary["response_failed"]) == (10, 10)
+    summary = await _bench(answers[:3], None)  # no SendStatus: names only
+    assert (summary["messages"], summary["response_failed"]) == (13, 7)
