@@ -11,8 +11,11 @@ message map), so round-robin, selectors and ordered sends are unchanged.
 
 - A send to a group with no batch request of the topic in flight goes at once (with whatever other
   sends reached it in the same event-loop turn): a lone synchronous sender never waits for the
-  linger. While a batch is in flight, new sends gather and go when it is answered,
-  when the first of them has waited ``batch_max_delay_ms``, or when they reach
+  linger. When no other send joined it, its caller's own task sends it (no batch task, and one
+  wake-up fewer); the caller's deadline bounds it as the batch's would (``send_items`` ends by
+  the deadline it is given), and it gets the same result or error. While a batch is in flight,
+  new sends gather and go when it is answered, when the first of them has waited
+  ``batch_max_delay_ms``, or when they reach
   ``batch_max_count`` messages or ``batch_max_bytes`` of bodies, whichever comes first (Nagle's
   rule with a bounded linger: the batch grows with the round trip, up to the limits).
 - Each message keeps its own ``unique_id`` and ``born_ts``, so an idempotent retry of one caller's
@@ -56,16 +59,12 @@ class _Waiting:
 
 
 class _Batch:
-    __slots__ = ("bytes", "expiry", "expiry_at", "sender", "timer", "waiting")
+    __slots__ = ("bytes", "expiry", "expiry_at", "timer", "waiting")
 
     def __init__(self) -> None:
         self.waiting: list[_Waiting] = []
         self.bytes = 0
         self.timer: asyncio.Handle | None = None  # the linger (a batch gathered while one is in flight)
-        # A batch opened with nothing in flight goes at the end of the loop turn it was opened in:
-        # its task is created with it (its first step runs where a call_soon'd flush would, one
-        # loop turn and one handle fewer per lone send) and takes the batch when it starts.
-        self.sender: asyncio.Task[None] | None = None
         # The callers' own deadlines, one timer per batch (a timer per caller cost more than the
         # rest of its send): armed at the earliest deadline of a caller not answered yet; when it
         # fires, the callers whose deadline that is get TIMEOUT and it moves to the next one. So
@@ -149,6 +148,7 @@ class AutoBatcher:
         self._open: dict[_Key, _Batch] = {}
         self._in_flight: dict[_Key, int] = {}  # batch requests sent and not yet answered
         self._tasks: set[asyncio.Task[None]] = set()
+        self._alone: set[asyncio.Future[Any]] = set()  # lone sends their callers make (``send``)
         self.batches = 0  # requests sent (for tests and stats)
         self.messages = 0
 
@@ -161,14 +161,13 @@ class AutoBatcher:
         if batch is not None and batch.bytes + size > self.max_bytes:
             self._flush(key)  # this one would overflow it: send what is there, start a new one
             batch = None
+        opened = False
         if batch is None:
             batch = self._open[key] = _Batch()
             if self._in_flight.get(key, 0):
                 batch.timer = loop.call_later(self.max_delay_s, self._flush, key)
-            else:  # nothing in flight to this group: go at the end of this loop turn
-                task = batch.sender = loop.create_task(self._send_one(key, batch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            else:  # nothing in flight to this group: go at the end of this loop turn (below)
+                opened = True
         waiting = _Waiting(mq, item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
@@ -178,6 +177,31 @@ class AutoBatcher:
         batch.arm(loop, deadline)
         if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
             self._flush(key)
+        if opened:
+            # The end of this loop turn, where the batch goes with the sends that joined it. Sent
+            # by its own task when others joined; alone, by this caller itself (no task, and no
+            # wake-up of this caller by the batch's: one loop turn fewer per synchronous send).
+            # The caller's deadline bounds that send too (the producer's send_items ends by the
+            # deadline it is given); its result or error is still the one its future holds.
+            try:
+                await asyncio.sleep(0)
+            except BaseException:  # cancelled meanwhile: the batch goes all the same
+                if self._open.get(key) is batch:
+                    self._flush(key)
+                raise
+            if self._open.get(key) is batch:
+                if len(batch.waiting) > 1:
+                    self._flush(key)
+                else:
+                    del self._open[key]
+                    self._in_flight[key] = self._in_flight.get(key, 0) + 1
+                    self._alone.add(waiting.future)
+                    try:
+                        await self._send_one(key, batch)
+                    finally:
+                        self._alone.discard(waiting.future)
+                    answer, index = waiting.future.result()
+                    return send_result_from_answer(answer, mq, index)
         answer, index = await waiting.future
         return send_result_from_answer(answer, mq, index)  # a batch across queues: its result names its queue
 
@@ -188,18 +212,11 @@ class AutoBatcher:
         if batch.timer is not None:
             batch.timer.cancel()
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
-        if batch.sender is not None:
-            return  # its task, created with it, sends it when it starts
         task = asyncio.get_running_loop().create_task(self._send_one(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send_one(self, key: _Key, batch: _Batch) -> None:
-        if batch.sender is not None and self._open.get(key) is batch:
-            # the task of a batch opened with nothing in flight, at the end of the loop turn it was
-            # opened in: what gathered by then goes (its limits or ``close`` may have flushed it
-            # earlier; then it goes all the same)
-            self._flush(key)
         try:
             await self._send(key, batch.waiting)
         finally:
@@ -263,5 +280,5 @@ class AutoBatcher:
     async def close(self) -> None:
         for key in list(self._open):
             self._flush(key)
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._tasks or self._alone:
+            await asyncio.gather(*list(self._tasks), *list(self._alone), return_exceptions=True)

@@ -154,8 +154,8 @@ async def test_a_batch_flushed_before_its_task_started_is_sent_once() -> None:
     b = AutoBatcher(send_items, max_delay_ms=60_000)
     loop = asyncio.get_running_loop()
     sends = [loop.create_task(b.send(mq, {"body": b"x", "unique_id": f"U{i}"}, loop.time() + 5)) for i in range(2)]
-    await asyncio.sleep(0)  # both joined the batch opened by the first; its task has not run yet
-    await asyncio.sleep(0)
+    for _ in range(20):  # loop turns, no wall time: both joined the batch the first opened
+        await asyncio.sleep(0)
     assert len(requests) == 1 and [it["unique_id"] for it in requests[0]] == ["U0", "U1"]
     assert [r.queue_offset for r in await asyncio.gather(*sends)] == [0, 1]
     third = loop.create_task(b.send(mq, {"body": b"x", "unique_id": "U2"}, loop.time() + 5))
@@ -215,3 +215,95 @@ async def test_mq_bench_counts_exactly_the_sdks_send_ok_as_stored(monkeypatch: p
     assert (summary["messages"], summary["response_failed"]) == (10, 10)
     summary = await _bench(answers[:3], None)  # no SendStatus: names only
     assert (summary["messages"], summary["response_failed"]) == (13, 7)
+
+
+class _Gated:
+    """send_items that waits (for ``gate``, and at most until the deadline it is given: the
+    producer's bound, ``call_leader``'s timeout) and then answers like /v1/send."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.requests: list[list[dict[str, Any]]] = []
+
+    async def __call__(self, mq: MessageQueue, items: list[dict[str, Any]], deadline: float) -> Any:
+        self.requests.append(items)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.gate.wait()
+        except TimeoutError:
+            raise ClientError("TIMEOUT", "no answer within the request's time", addr="a:1") from None
+        return {"status": "SEND_OK", "results": [
+            {"msg_id": f"M{i}", "unique_id": it["unique_id"], "queue_offset": i} for i, it in enumerate(items)]}
+
+
+_MQ = MessageQueue("T", "RaftNode00", 0)
+
+
+def _item(i: int) -> dict[str, Any]:
+    return {"body": b"x", "unique_id": f"U{i}"}
+
+
+async def test_a_lone_send_is_made_by_its_caller_and_answered_alike() -> None:
+    broker = _Gated()
+    broker.gate.set()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    loop = asyncio.get_running_loop()
+    tasks_before = len(asyncio.all_tasks())
+
+    async def watch() -> int:  # how many tasks run while the lone send is in flight
+        return len(asyncio.all_tasks())
+
+    result = await b.send(_MQ, _item(0), loop.time() + 5)
+    assert (result.unique_id, result.queue_offset, result.message_queue) == ("U0", 0, _MQ)
+    assert broker.requests == [[_item(0)]] and (b.batches, b.messages) == (1, 1)
+    broker.gate.clear()
+    lone = loop.create_task(b.send(_MQ, _item(1), loop.time() + 5))
+    while len(broker.requests) < 2:
+        await asyncio.sleep(0)
+    assert await watch() == tasks_before + 1  # this test's and the lone send's: no batch task
+    broker.gate.set()
+    assert (await lone).unique_id == "U1"
+
+
+async def test_a_lone_sends_timeout_is_the_batchers_own() -> None:
+    """The same error as when a batch task sent it: the caller's TIMEOUT from the batch's timer."""
+    broker = _Gated()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(ClientError) as e:
+        await b.send(_MQ, _item(0), loop.time() + 0.1)
+    assert (e.value.code, e.value.message, e.value.addr) == (
+        "TIMEOUT", "no answer before the send's deadline (auto-batched)", None)
+    assert e.value.outcome_unknown
+
+
+async def test_close_waits_for_a_lone_send_in_flight() -> None:
+    broker = _Gated()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    loop = asyncio.get_running_loop()
+    lone = loop.create_task(b.send(_MQ, _item(0), loop.time() + 5))
+    while not broker.requests:
+        await asyncio.sleep(0)
+    closing = loop.create_task(b.close())
+    for _ in range(20):  # loop turns, no wall time
+        await asyncio.sleep(0)
+    assert not closing.done()
+    broker.gate.set()
+    await closing
+    assert lone.done() and lone.result().unique_id == "U0"
+
+
+async def test_a_caller_cancelled_before_its_batch_went_leaves_it_to_go() -> None:
+    broker = _Gated()
+    broker.gate.set()
+    b = AutoBatcher(broker, max_delay_ms=60_000)
+    loop = asyncio.get_running_loop()
+    cancelled = loop.create_task(b.send(_MQ, _item(0), loop.time() + 5))
+    await asyncio.sleep(0)  # it opened the batch; the batch goes at the end of that loop turn
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    for _ in range(20):  # loop turns, no wall time
+        await asyncio.sleep(0)
+    assert broker.requests == [[_item(0)]]
+    await b.close()
