@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
 from broker.client.message import Message, MessageQueue, SendResult, send_result_from_answer
@@ -98,6 +99,12 @@ class _Batch:
         if self.expiry is not None:
             self.expiry.cancel()
             self.expiry = None
+
+
+@types.coroutine
+def _end_of_turn() -> Generator[None, None, None]:
+    """``asyncio.sleep(0)`` without its wrapper: the task steps again in the next loop turn."""
+    yield
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -184,7 +191,7 @@ class AutoBatcher:
             # The caller's deadline bounds that send too (the producer's send_items ends by the
             # deadline it is given); its result or error is still the one its future holds.
             try:
-                await asyncio.sleep(0)
+                await _end_of_turn()
             except BaseException:  # cancelled meanwhile: the batch goes all the same
                 if self._open.get(key) is batch:
                     self._flush(key)
