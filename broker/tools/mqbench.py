@@ -79,9 +79,11 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.total = LatencyHistogram()
+        # Each value is counted once, in its interval; an interval joins the whole run's when it
+        # is taken (``take_interval``), and ``total`` is that plus the interval not taken yet.
+        self._taken = LatencyHistogram()
         self.interval = LatencyHistogram()
-        self.total2 = LatencyHistogram()  # the consumer's S2C
+        self._taken2 = LatencyHistogram()  # the consumer's S2C
         self.interval2 = LatencyHistogram()
         self.msgs = 0
         self.calls = 0
@@ -90,9 +92,19 @@ class Stats:
         self.response_failed = 0  # the broker answered an error, or a status other than SEND_OK
         self.errors: dict[str, int] = {}
 
+    @property
+    def total(self) -> LatencyHistogram:
+        """The whole run so far."""
+        with self._lock:
+            return _merged(self._taken, self.interval)
+
+    @property
+    def total2(self) -> LatencyHistogram:
+        with self._lock:
+            return _merged(self._taken2, self.interval2)
+
     def record_ok(self, rt_s: float, msgs: int) -> None:
         with self._lock:
-            self.total.record_s(rt_s)
             self.interval.record_s(rt_s)
             self.msgs += msgs
             self.calls += 1
@@ -100,10 +112,8 @@ class Stats:
 
     def record_consumed(self, b2c_us: int, s2c_us: int | None) -> None:
         with self._lock:
-            self.total.record_us(b2c_us)
             self.interval.record_us(b2c_us)
             if s2c_us is not None:
-                self.total2.record_us(s2c_us)
                 self.interval2.record_us(s2c_us)
             self.msgs += 1
             self.interval_msgs += 1
@@ -123,8 +133,17 @@ class Stats:
         """The interval's message count and histograms; starts a new interval."""
         with self._lock:
             out = (self.interval_msgs, self.interval, self.interval2)
+            self._taken.merge(self.interval)
+            self._taken2.merge(self.interval2)
             self.interval_msgs, self.interval, self.interval2 = 0, LatencyHistogram(), LatencyHistogram()
             return out
+
+
+def _merged(a: LatencyHistogram, b: LatencyHistogram) -> LatencyHistogram:
+    out = LatencyHistogram()
+    out.merge(a)
+    out.merge(b)
+    return out
 
 
 def classify_error(exc: BaseException) -> tuple[str, bool]:

@@ -307,3 +307,34 @@ async def test_a_caller_cancelled_before_its_batch_went_leaves_it_to_go() -> Non
         await asyncio.sleep(0)
     assert broker.requests == [[_item(0)]]
     await b.close()
+
+
+def test_mq_bench_stats_total_is_the_taken_intervals_and_the_current_one(rng: random.Random) -> None:
+    """mq-bench counts a latency once (in its interval); the run's total is the same histogram as
+    counting every value in it as well."""
+    from broker.tools.mqbench import Stats
+    from dledger.apps.stats import LatencyHistogram
+
+    for consumer in (False, True):
+        s = Stats()
+        ref, ref2 = LatencyHistogram(), LatencyHistogram()
+        seen = 0
+        for i in range(3000):
+            if consumer:
+                b2c, s2c = rng.randrange(1, 50_000), (rng.randrange(1, 50_000) if i % 3 else None)
+                s.record_consumed(b2c, s2c)
+                ref.record_us(b2c)
+                if s2c is not None:
+                    ref2.record_us(s2c)
+            else:
+                rt = rng.lognormvariate(-6.7, 0.5)
+                s.record_ok(rt, 1)
+                ref.record_s(rt)
+            if i % 701 == 700:
+                n, h, _ = s.take_interval()
+                seen += n
+                assert h.count == n
+        assert seen + s.interval_msgs == 3000
+        for got, want in ((s.total, ref), (s.total2, ref2)):
+            assert (got.count, got.sum_us, got.max_us) == (want.count, want.sum_us, want.max_us)
+            assert got.summary_ms() == want.summary_ms()
