@@ -19,6 +19,7 @@ body or acted on it — is signed again and sent once more.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -107,7 +108,11 @@ class RemotingConnection:
         self.signer = signer if signer is not None else Signer(None)
         self.ssl_context = ssl_context
         self.frame_bytes_max = frame_bytes_max
-        self._slots = asyncio.Semaphore(in_flight_max)
+        # At most in_flight_max requests between taking a slot and their answer; callers over it
+        # wait in order, each for the slot a finished request hands over (a semaphore, counted here
+        # so that taking a free slot is two attribute reads, not a coroutine).
+        self._free_slots = in_flight_max
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._packer = msgpack.Packer(use_bin_type=True)
         self._proto: _Protocol | None = None
         self._connect_lock = asyncio.Lock()
@@ -196,12 +201,10 @@ class RemotingConnection:
         (a slot free, the connection open and writable) waits only for the answer, under one timer
         (cheaper per request than an ``asyncio.timeout`` scope); any other wait (a slot, a connect,
         a paused write) runs under ``asyncio.timeout_at(deadline)`` as well."""
-        slots = self._slots
-        if slots.locked():
-            async with asyncio.timeout_at(deadline):
-                await slots.acquire()
+        if self._free_slots > 0 and not self._slot_waiters:
+            self._free_slots -= 1  # a free slot: taken without waiting
         else:
-            await slots.acquire()  # a free slot: taken without waiting
+            await self._wait_for_slot(loop, deadline)
         try:
             proto = self._proto
             if (proto is None or proto.transport is None or proto.transport.is_closing()
@@ -230,7 +233,34 @@ class RemotingConnection:
             finally:
                 self._pending.pop(rid, None)
         finally:
-            slots.release()
+            self._give_slot()
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._give_slot()  # handed a slot just as it gave up: the next one gets it
+            else:
+                waiter.cancel()
+                try:
+                    self._slot_waiters.remove(waiter)
+                except ValueError:
+                    pass
+            raise
+
+    def _give_slot(self) -> None:
+        """A request is done with its slot: the first caller still waiting takes it over."""
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free_slots += 1
 
     @staticmethod
     def _error_map(frame: Frame) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from broker.client.autobatch import AutoBatcher
 from broker.client.remoting import RemotingConnection
 from broker.client.signer import NONCE_POOL_BYTES, Signer
 from broker.protocol.auth import UNKNOWN_SCOPE, Credentials, authorization, parse_authorization
-from broker.protocol.frames import FLAG_RESPONSE, FrameDecoder, Op, encode, pack_body
+from broker.protocol.frames import FLAG_RESPONSE, FrameDecoder, Op, encode, pack_body, unpack_body
 
 SEED = int(os.environ.get("TEST_SEED", random.randrange(1 << 30)))
 
@@ -74,8 +74,11 @@ def test_sign_stamps_now_and_a_fresh_nonce_for_the_learnt_scope() -> None:
 class _Server:
     """A broker's binary port that answers every request with ``{}`` (or never answers)."""
 
-    def __init__(self, answer: bool) -> None:
+    def __init__(self, answer: bool, hold: bool = False) -> None:
         self.answer = answer
+        self.hold = hold  # answers wait for release()
+        self.held: list[tuple[asyncio.StreamWriter, bytes]] = []
+        self.received: list[int] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.AbstractServer | None = None
 
@@ -89,8 +92,16 @@ class _Server:
         while data := await reader.read(1 << 16):
             decoder.feed(data)
             while (frame := decoder.next()) is not None:
-                if self.answer:
-                    writer.write(encode(frame.op, frame.request_id, pack_body({}), flags=FLAG_RESPONSE))
+                self.received.append(unpack_body(frame.body).get("n", -1))
+                answer = encode(frame.op, frame.request_id, pack_body({}), flags=FLAG_RESPONSE)
+                if self.hold:
+                    self.held.append((writer, answer))
+                elif self.answer:
+                    writer.write(answer)
+
+    def release(self) -> None:
+        writer, answer = self.held.pop(0)
+        writer.write(answer)
 
     async def stop(self) -> None:
         assert self.server is not None
@@ -123,6 +134,39 @@ async def test_every_wait_of_a_call_ends_at_its_deadline() -> None:
         with pytest.raises(ClientError) as e:  # a free slot, the open connection: the answer's timer
             await conn.call(Op.SEND, {"n": 3}, 0.1)
         assert e.value.code == "TIMEOUT" and conn.in_flight == 0 and conn.connects == 1
+    finally:
+        await conn.close()
+        await server.stop()
+
+
+async def _until(cond: Any) -> None:
+    for _ in range(5000):  # bounded: 5 s of 1 ms steps
+        if cond():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the expected state did not come")
+
+
+async def test_the_slot_cap_holds_and_slots_go_to_waiting_calls_in_order() -> None:
+    server = _Server(answer=True, hold=True)
+    addr = await server.start()
+    conn = RemotingConnection(addr, error=ClientError, in_flight_max=2)
+    try:
+        loop = asyncio.get_running_loop()
+        calls = [loop.create_task(conn.call(Op.SEND, {"n": i}, 10.0)) for i in range(6)]
+        await _until(lambda: len(server.received) == 2)
+        calls[3].cancel()  # a caller waiting for a slot leaves: no slot is lost with it
+        for got in (3, 4, 5):  # each answer lets exactly one waiting call in, in order
+            server.release()
+            await _until(lambda got=got: len(server.received) == got)
+            await asyncio.sleep(0.02)  # (room for a call over the cap to show up: none may)
+            assert len(server.received) == got and conn.in_flight <= 2
+        while server.held:
+            server.release()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert [r for i, r in enumerate(results) if i != 3] == [{}] * 5
+        assert server.received == [0, 1, 2, 4, 5] and conn.in_flight == 0 and conn.connects == 1
     finally:
         await conn.close()
         await server.stop()
