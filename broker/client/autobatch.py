@@ -11,8 +11,11 @@ message map), so round-robin, selectors and ordered sends are unchanged.
 
 - A send to a group with no batch request of the topic in flight goes at once (with whatever other
   sends reached it in the same event-loop turn): a lone synchronous sender never waits for the
-  linger. While a batch is in flight, new sends gather and go when it is answered,
-  when the first of them has waited ``batch_max_delay_ms``, or when they reach
+  linger. When no other send joined it, its caller's own task sends it (no batch task, and one
+  wake-up fewer); the caller's deadline bounds it as the batch's would (``send_items`` ends by
+  the deadline it is given), and it gets the same result or error. While a batch is in flight,
+  new sends gather and go when it is answered, when the first of them has waited
+  ``batch_max_delay_ms``, or when they reach
   ``batch_max_count`` messages or ``batch_max_bytes`` of bodies, whichever comes first (Nagle's
   rule with a bounded linger: the batch grows with the round trip, up to the limits).
 - Each message keeps its own ``unique_id`` and ``born_ts``, so an idempotent retry of one caller's
@@ -32,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
 from broker.client.message import Message, MessageQueue, SendResult, send_result_from_answer
@@ -61,7 +65,7 @@ class _Batch:
     def __init__(self) -> None:
         self.waiting: list[_Waiting] = []
         self.bytes = 0
-        self.timer: asyncio.Handle | None = None
+        self.timer: asyncio.Handle | None = None  # the linger (a batch gathered while one is in flight)
         # The callers' own deadlines, one timer per batch (a timer per caller cost more than the
         # rest of its send): armed at the earliest deadline of a caller not answered yet; when it
         # fires, the callers whose deadline that is get TIMEOUT and it moves to the next one. So
@@ -95,6 +99,12 @@ class _Batch:
         if self.expiry is not None:
             self.expiry.cancel()
             self.expiry = None
+
+
+@types.coroutine
+def _end_of_turn() -> Generator[None, None, None]:
+    """``asyncio.sleep(0)`` without its wrapper: the task steps again in the next loop turn."""
+    yield
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
@@ -145,6 +155,7 @@ class AutoBatcher:
         self._open: dict[_Key, _Batch] = {}
         self._in_flight: dict[_Key, int] = {}  # batch requests sent and not yet answered
         self._tasks: set[asyncio.Task[None]] = set()
+        self._alone: set[asyncio.Future[Any]] = set()  # lone sends their callers make (``send``)
         self.batches = 0  # requests sent (for tests and stats)
         self.messages = 0
 
@@ -157,12 +168,13 @@ class AutoBatcher:
         if batch is not None and batch.bytes + size > self.max_bytes:
             self._flush(key)  # this one would overflow it: send what is there, start a new one
             batch = None
+        opened = False
         if batch is None:
             batch = self._open[key] = _Batch()
             if self._in_flight.get(key, 0):
                 batch.timer = loop.call_later(self.max_delay_s, self._flush, key)
-            else:  # nothing in flight to this group: go at the end of this loop turn
-                batch.timer = loop.call_soon(self._flush, key)
+            else:  # nothing in flight to this group: go at the end of this loop turn (below)
+                opened = True
         waiting = _Waiting(mq, item, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller that timed out leaves its error unread
         batch.waiting.append(waiting)
@@ -172,6 +184,31 @@ class AutoBatcher:
         batch.arm(loop, deadline)
         if len(batch.waiting) >= self.max_count or batch.bytes >= self.max_bytes:
             self._flush(key)
+        if opened:
+            # The end of this loop turn, where the batch goes with the sends that joined it. Sent
+            # by its own task when others joined; alone, by this caller itself (no task, and no
+            # wake-up of this caller by the batch's: one loop turn fewer per synchronous send).
+            # The caller's deadline bounds that send too (the producer's send_items ends by the
+            # deadline it is given); its result or error is still the one its future holds.
+            try:
+                await _end_of_turn()
+            except BaseException:  # cancelled meanwhile: the batch goes all the same
+                if self._open.get(key) is batch:
+                    self._flush(key)
+                raise
+            if self._open.get(key) is batch:
+                if len(batch.waiting) > 1:
+                    self._flush(key)
+                else:
+                    del self._open[key]
+                    self._in_flight[key] = self._in_flight.get(key, 0) + 1
+                    self._alone.add(waiting.future)
+                    try:
+                        await self._send_one(key, batch)
+                    finally:
+                        self._alone.discard(waiting.future)
+                    answer, index = waiting.future.result()
+                    return send_result_from_answer(answer, mq, index)
         answer, index = await waiting.future
         return send_result_from_answer(answer, mq, index)  # a batch across queues: its result names its queue
 
@@ -202,11 +239,15 @@ class AutoBatcher:
     async def _send(self, key: _Key, waiting: list[_Waiting]) -> None:
         self.batches += 1
         self.messages += len(waiting)
-        deadline = max(w.deadline for w in waiting)
         first = waiting[0].mq
-        if all(w.mq.queue_id == first.queue_id for w in waiting):
+        if len(waiting) == 1:  # a lone send (one synchronous sender): its own deadline and queue
+            deadline = waiting[0].deadline
+            items = [waiting[0].item]
+        elif all(w.mq.queue_id == first.queue_id for w in waiting):
+            deadline = max(w.deadline for w in waiting)
             items = [w.item for w in waiting]
         else:  # each message names its own queue
+            deadline = max(w.deadline for w in waiting)
             items = [{**w.item, "queue_id": w.mq.queue_id} for w in waiting]
         try:
             answer = await self._send_items(first, items, deadline)
@@ -246,5 +287,5 @@ class AutoBatcher:
     async def close(self) -> None:
         for key in list(self._open):
             self._flush(key)
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._tasks or self._alone:
+            await asyncio.gather(*list(self._tasks), *list(self._alone), return_exceptions=True)

@@ -409,8 +409,12 @@ class Producer:
                         raise ClientError("NO_ROUTE", f"no writable queue of {topic} has a leader")
                     if selector is not None:
                         fixed = selector(list(mqs), msgs[0], arg)  # a copy: user code may change it
-                    next_index = functools.partial(self._round_robin.next_index, topic)
-                    mq = fixed or self._fault.select(mqs, next_index, last_broker)
+                    if fixed is None and last_broker is None and not self._fault.enabled:
+                        # what _fault.select (select_avoiding, no group to avoid) picks: round robin
+                        mq = mqs[self._round_robin.next_index(topic) % len(mqs)]
+                    else:
+                        next_index = functools.partial(self._round_robin.next_index, topic)
+                        mq = fixed or self._fault.select(mqs, next_index, last_broker)
                 else:
                     mq = fixed
                 result = await self._send_to(mq, msgs, born_ts, deadline, target)

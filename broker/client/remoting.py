@@ -19,9 +19,10 @@ body or acted on it — is signed again and sent once more.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
 import msgpack
@@ -29,6 +30,7 @@ import msgpack
 from broker.client.signer import Signer
 from broker.protocol.frames import (
     AUTH_METHOD,
+    FLAG_ERROR,
     FRAME_BYTES_MAX_DEFAULT,
     REQUEST_ID_MAX,
     Frame,
@@ -36,7 +38,6 @@ from broker.protocol.frames import (
     FrameError,
     encode,
     op_name,
-    pack_body,
 )
 
 IN_FLIGHT_MAX_DEFAULT: Final = 256
@@ -44,6 +45,11 @@ IN_FLIGHT_MAX_DEFAULT: Final = 256
 # request is never written into a connection the broker is closing just then.
 IDLE_S_DEFAULT: Final = 30.0
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+
+def _time_out(fut: asyncio.Future[Frame]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
 
 # set by broker.client.transport (this module must not import it: transport imports this one)
 ErrorFactory = Callable[..., Exception]
@@ -102,7 +108,12 @@ class RemotingConnection:
         self.signer = signer if signer is not None else Signer(None)
         self.ssl_context = ssl_context
         self.frame_bytes_max = frame_bytes_max
-        self._slots = asyncio.Semaphore(in_flight_max)
+        # At most in_flight_max requests between taking a slot and their answer; callers over it
+        # wait in order, each for the slot a finished request hands over (a semaphore, counted here
+        # so that taking a free slot is two attribute reads, not a coroutine).
+        self._free_slots = in_flight_max
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._packer = msgpack.Packer(use_bin_type=True)
         self._proto: _Protocol | None = None
         self._connect_lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[Frame]] = {}
@@ -162,47 +173,94 @@ class RemotingConnection:
                 return self._next_id
         raise self._error("BUSY", "no free request id", addr=self.addr)
 
-    async def call(self, op: int, body: dict[str, Any] | None, timeout_s: float) -> Any:
+    async def call(self, op: int, body: Mapping[str, Any] | None, timeout_s: float) -> Any:
         """Send one request and return the answer's decoded body, or raise the error factory's
         exception (``TIMEOUT`` when no answer within ``timeout_s``)."""
         if self._closed:
             raise self._error("CONNECTION_LOST", "the client is closed", addr=self.addr)
-        data = pack_body(body or {})
+        data = self._packer.pack(body or {})  # frames.pack_body's bytes, without a Packer per call
         if len(data) + 1100 > self.frame_bytes_max:
             raise self._error("BODY_TOO_LARGE", f"a request of {len(data)} bytes exceeds the frame cap",
                               status=413, addr=self.addr)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                frame = await self._exchange(op, data)
-                if frame.is_error and self.signer.credentials is not None:
-                    refusal = self._error_map(frame)
-                    if refusal is not None and self.signer.learn_refusal(
-                        self.addr, str(refusal.get("code")), refusal
-                    ):  # refused from its head, before the broker acted: sign again, once
-                        frame = await self._exchange(op, data)
+            frame = await self._exchange(loop, deadline, op, data)
+            if frame.flags & FLAG_ERROR and self.signer.credentials is not None:  # (frame.is_error)
+                refusal = self._error_map(frame)
+                if refusal is not None and self.signer.learn_refusal(
+                    self.addr, str(refusal.get("code")), refusal
+                ):  # refused from its head, before the broker acted: sign again, once
+                    frame = await self._exchange(loop, deadline, op, data)
         except TimeoutError:
             raise self._error("TIMEOUT", f"no answer within {timeout_s} s", addr=self.addr) from None
         return self._decode(frame)
 
-    async def _exchange(self, op: int, data: bytes) -> Frame:
-        async with self._slots:
-            proto = await self._connect()
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, deadline: float, op: int, data: bytes) -> Frame:
+        """One request and its answer; ``TimeoutError`` at ``deadline`` (loop time). The usual case
+        (a slot free, the connection open and writable) waits only for the answer, under one timer
+        (cheaper per request than an ``asyncio.timeout`` scope); any other wait (a slot, a connect,
+        a paused write) runs under ``asyncio.timeout_at(deadline)`` as well."""
+        if self._free_slots > 0 and not self._slot_waiters:
+            self._free_slots -= 1  # a free slot: taken without waiting
+        else:
+            await self._wait_for_slot(loop, deadline)
+        try:
+            proto = self._proto
+            if (proto is None or proto.transport is None or proto.transport.is_closing()
+                    or (not self._pending and time.monotonic() - self._last_used > self.idle_s)):
+                async with asyncio.timeout_at(deadline):
+                    proto = await self._connect()
             rid = self._new_id()
-            fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Frame] = loop.create_future()
             self._pending[rid] = fut
             try:
                 auth = self.signer.sign(self.addr, AUTH_METHOD, op_name(op), data) or ""
                 if not proto.write_ok.is_set():
-                    await proto.write_ok.wait()
+                    async with asyncio.timeout_at(deadline):
+                        await proto.write_ok.wait()
                 if proto.transport is None or proto.transport.is_closing():
                     raise self._error("CONNECTION_LOST", "the connection closed", addr=self.addr)
                 proto.transport.write(encode(op, rid, data, auth=auth))
                 self._last_used = time.monotonic()
-                frame = await fut
+                timer = loop.call_at(deadline, _time_out, fut)
+                try:
+                    frame = await fut
+                finally:
+                    timer.cancel()
                 self._last_used = time.monotonic()
                 return frame
             finally:
                 self._pending.pop(rid, None)
+        finally:
+            self._give_slot()
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._give_slot()  # handed a slot just as it gave up: the next one gets it
+            else:
+                waiter.cancel()
+                try:
+                    self._slot_waiters.remove(waiter)
+                except ValueError:
+                    pass
+            raise
+
+    def _give_slot(self) -> None:
+        """A request is done with its slot: the first caller still waiting takes it over."""
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free_slots += 1
 
     @staticmethod
     def _error_map(frame: Frame) -> dict[str, Any] | None:
@@ -217,7 +275,7 @@ class RemotingConnection:
             value = msgpack.unpackb(frame.body, raw=False, strict_map_key=False) if frame.body else None
         except Exception:
             raise self._error("BAD_ANSWER", frame.body[:200].decode("utf-8", "replace"), addr=self.addr) from None
-        if frame.is_error:
+        if frame.flags & FLAG_ERROR:  # (frame.is_error)
             if not isinstance(value, dict):
                 raise self._error("BAD_ANSWER", "an error frame without {code, message}", addr=self.addr)
             status = value.get("status")

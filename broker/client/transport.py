@@ -291,11 +291,11 @@ class Transport:
         """One data-path operation (``Op.SEND``, ``Op.PULL``) on the broker at ``addr`` (its HTTP
         address): over its binary port when a route advertised one (``learn_route``), else over
         its HTTP route (``HTTP_PATH``); the same answer either way, or ``ClientError``."""
-        raddr = self.remoting_addr(addr) if self._remoting_addrs else None
+        raddr = self._remoting_addrs.get(addr) if self._remoting_addrs and self.protocol != "http" else None
         if raddr is not None:
-            conn = self._remoting_connection(raddr)
+            conn = self._remoting.get(raddr) or self._remoting_connection(raddr)
             try:
-                return await conn.call(op, dict(body), timeout_s if timeout_s is not None else self.timeout_s)
+                return await conn.call(op, body, timeout_s if timeout_s is not None else self.timeout_s)
             except ClientError as exc:
                 if exc.code != "CONNECT_FAILED":
                     exc.addr = addr  # callers know brokers by their HTTP address (NOT_LEADER, faults)

@@ -79,9 +79,11 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.total = LatencyHistogram()
+        # Each value is counted once, in its interval; an interval joins the whole run's when it
+        # is taken (``take_interval``), and ``total`` is that plus the interval not taken yet.
+        self._taken = LatencyHistogram()
         self.interval = LatencyHistogram()
-        self.total2 = LatencyHistogram()  # the consumer's S2C
+        self._taken2 = LatencyHistogram()  # the consumer's S2C
         self.interval2 = LatencyHistogram()
         self.msgs = 0
         self.calls = 0
@@ -90,9 +92,19 @@ class Stats:
         self.response_failed = 0  # the broker answered an error, or a status other than SEND_OK
         self.errors: dict[str, int] = {}
 
+    @property
+    def total(self) -> LatencyHistogram:
+        """The whole run so far."""
+        with self._lock:
+            return _merged(self._taken, self.interval)
+
+    @property
+    def total2(self) -> LatencyHistogram:
+        with self._lock:
+            return _merged(self._taken2, self.interval2)
+
     def record_ok(self, rt_s: float, msgs: int) -> None:
         with self._lock:
-            self.total.record_s(rt_s)
             self.interval.record_s(rt_s)
             self.msgs += msgs
             self.calls += 1
@@ -100,10 +112,8 @@ class Stats:
 
     def record_consumed(self, b2c_us: int, s2c_us: int | None) -> None:
         with self._lock:
-            self.total.record_us(b2c_us)
             self.interval.record_us(b2c_us)
             if s2c_us is not None:
-                self.total2.record_us(s2c_us)
                 self.interval2.record_us(s2c_us)
             self.msgs += 1
             self.interval_msgs += 1
@@ -123,8 +133,17 @@ class Stats:
         """The interval's message count and histograms; starts a new interval."""
         with self._lock:
             out = (self.interval_msgs, self.interval, self.interval2)
+            self._taken.merge(self.interval)
+            self._taken2.merge(self.interval2)
             self.interval_msgs, self.interval, self.interval2 = 0, LatencyHistogram(), LatencyHistogram()
             return out
+
+
+def _merged(a: LatencyHistogram, b: LatencyHistogram) -> LatencyHistogram:
+    out = LatencyHistogram()
+    out.merge(a)
+    out.merge(b)
+    return out
 
 
 def classify_error(exc: BaseException) -> tuple[str, bool]:
@@ -199,9 +218,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 # -- running ------------------------------------------------------------------------------------------
 def load_sdk() -> Any:
     """The producer/consumer SDK, imported only when a run needs it."""
-    from broker.client import Message, Producer, PushConsumer
+    from broker.client import Message, Producer, PushConsumer, SendStatus
 
-    return SimpleNamespace(Message=Message, Producer=Producer, PushConsumer=PushConsumer)
+    return SimpleNamespace(Message=Message, Producer=Producer, PushConsumer=PushConsumer, SendStatus=SendStatus)
 
 
 async def preflight(admin: Admin, topic: str, err: TextIO) -> None:
@@ -305,6 +324,8 @@ async def run_produce(
     deadline = start + args.duration
     pacer = Pacer(args.rate, args.batch, start) if args.rate else None
 
+    send_ok = getattr(getattr(sdk, "SendStatus", None), "SEND_OK", None)
+
     def make() -> Any:
         return sdk.Message(args.topic, body, properties={"bench_ts_ns": str(time.time_ns())})
 
@@ -332,8 +353,8 @@ async def run_produce(
             except Exception as exc:
                 stats.record_error(*classify_error(exc))
                 continue
-            status = str(getattr(result.status, "name", result.status))
-            if status != "SEND_OK":
+            status = result.status  # the SDK's own SEND_OK member (its name is SEND_OK), else by name
+            if status is not send_ok and (status := str(getattr(status, "name", status))) != "SEND_OK":
                 stats.record_error(status, True)
             else:
                 stats.record_ok(clock() - t0, args.batch)

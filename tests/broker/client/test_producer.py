@@ -69,6 +69,27 @@ async def test_send_spreads_round_robin_over_leaders(
     assert stored[first.queue_offset]["msg_id"] == first.msg_id
 
 
+async def test_round_robin_picks_what_the_fault_strategys_select_picks(
+    make_cluster: ClusterFactory, producers: MakeProducer
+) -> None:
+    """The send path picks a queue itself when no group is to be avoided and the latency fault
+    strategy is off (issue 26): the same queues, in the same order, as FaultStrategy.select."""
+    import functools
+
+    from broker.client.latency import FaultStrategy
+    from broker.client.route_cache import publish_queues
+    from broker.client.selector import RoundRobinSelector
+
+    cluster = await make_cluster(n_groups=2, topics={"T": 4})
+    p = producers(cluster)
+    await p.start()
+    got = [(await p.send(Message("T", b"m"))).message_queue for _ in range(12)]
+    mqs = publish_queues(await p.routes.get("T"))
+    rr = RoundRobinSelector(random.Random(SEED))
+    fault = FaultStrategy(False)
+    assert got == [fault.select(mqs, functools.partial(rr.next_index, "T"), None) for _ in range(12)]
+
+
 async def test_send_batch_is_one_request_to_one_queue(
     make_cluster: ClusterFactory, producers: MakeProducer
 ) -> None:
