@@ -15,15 +15,12 @@ for every method. One owner: the event loop of the transport that holds it.
 
 from __future__ import annotations
 
-import binascii
-import hashlib
-import hmac
 import os
 import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from broker.protocol.auth import FORMAT, SCHEME, UNKNOWN_SCOPE, Credentials, is_scope
+from broker.protocol.auth import UNKNOWN_SCOPE, Credentials, authorization, is_scope
 
 SCOPE_HEADER: Final = "Dledger-Scope"  # the header every answer names its server's scope in
 RETRY_CODES: Final = frozenset({"WRONG_SCOPE", "TIMESTAMP_OUT_OF_WINDOW"})
@@ -62,14 +59,6 @@ class Signer:
         self.credentials = credentials
         self._scopes: dict[str, str] = {}
         self._offsets_ms: dict[str, int] = {}
-        # auth.authorization's work per request, less what is the same every time: the secret's
-        # HMAC key state (copied per request), the header's and the string-to-sign's fixed parts.
-        # The same header, byte for byte (tests/broker/test_client_round_fast_paths.py pins it).
-        self._mac = None if credentials is None else hmac.new(credentials.secret_key.encode("utf-8"),
-                                                              digestmod=hashlib.sha256)
-        if credentials is not None:
-            self._head = f"{SCHEME} AccessKey={credentials.access_key}, Scope="
-            self._to_sign = f"{SCHEME}\n{FORMAT}\n{credentials.access_key}\n"
 
     def knows(self, addr: str) -> bool:
         return addr in self._scopes
@@ -83,24 +72,15 @@ class Signer:
 
     def sign(self, addr: str, method: str, target: str, body: bytes) -> str | None:
         """The ``Authorization`` value for one attempt (None without credentials)."""
-        if self._mac is None:
+        if self.credentials is None:
             return None
-        return self.header(addr, method, target, body, int(time.time() * 1000) + self._offsets_ms.get(addr, 0),
-                           _nonces.next())
+        return self.header(addr, method, target, body, self.now_ms(addr), _nonces.next())
 
     def header(self, addr: str, method: str, target: str, body: bytes, timestamp_ms: int, nonce: str) -> str:
-        """``auth.authorization(credentials, method, target, body, timestamp_ms, nonce,
-        scope=self.scope_of(addr))``, without its scope check (a learnt scope was checked when
-        learnt, ``learn_scope``; ``UNKNOWN_SCOPE`` is one) and with the fixed parts made once."""
-        mac = self._mac
-        assert mac is not None, "a signer without credentials signs nothing"
-        scope = self._scopes.get(addr, UNKNOWN_SCOPE)
-        digest = hashlib.sha256(body).hexdigest()
-        h = mac.copy()
-        h.update(f"{self._to_sign}{scope}\n{timestamp_ms}\n{nonce}\n{method.upper()}\n{target}\n{digest}".encode(
-            "utf-8", "surrogateescape"))
-        return (f"{self._head}{scope}, Timestamp={timestamp_ms}, Nonce={nonce}, BodySha256={digest}, "
-                f"Signature={binascii.b2a_base64(h.digest(), newline=False).decode('ascii')}")
+        """``auth.authorization`` for the server at ``addr`` (its learnt scope, or ``UNKNOWN_SCOPE``)."""
+        assert self.credentials is not None, "a signer without credentials signs nothing"
+        return authorization(self.credentials, method, target, body, timestamp_ms, nonce,
+                             scope=self._scopes.get(addr, UNKNOWN_SCOPE))
 
     def learn_scope(self, addr: str, scope: str | None) -> None:
         if scope is None or not is_scope(scope) or self._scopes.get(addr) == scope:
