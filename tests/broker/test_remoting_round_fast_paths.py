@@ -7,9 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from broker.edge.rocketmq.edge import RocketMQEdge
 from broker.protocol.rocketmq import command as rc
-from broker.protocol.rocketmq.codes import SerializeType
+from broker.protocol.rocketmq.codes import RequestCode, ResponseCode, SerializeType
 from broker.protocol.rocketmq.command import RemotingCommand
+from broker.protocol.rocketmq.errors import RemotingError
+from broker.protocol.rocketmq.message import Host
+from broker.serving.remoting_acl import needs_of
 from broker.serving.remoting_server import RemotingServer, Request
 
 ECHO = 9001  # a test code: answers its body back
@@ -37,6 +41,13 @@ class FakeTransport:
 
     def resume_reading(self) -> None:
         pass
+
+
+class _NoService:
+    """A broker service of which the edge's handlers use nothing here (registration only)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
 
 
 def _echo_server() -> RemotingServer:
@@ -108,5 +119,49 @@ def test_answers_made_before_a_close_still_go_out_before_it() -> None:
         conn.connection_lost(None)
         await asyncio.sleep(0)
         assert len(transport.writes) == 1  # the scheduled flush finds nothing more to write
+
+    asyncio.run(scenario())
+
+
+def test_only_a_heartbeat_needs_its_body_read_for_the_acl_check() -> None:
+    """The edge's guard skips ``needs_of`` for a principal that may do everything (ACL off) on every
+    code but HEART_BEAT: that is the same only while ``needs_of`` reads no other code's body (a bad
+    one would be refused before the handler) — pinned here for every request code."""
+    garbage = [b"", b"\xff\x00not json", b"{", b"[1,2]", b'{"consumerDataSet": 5}']
+    exts: list[dict[str, str] | None] = [None, {}, {"b": "%RETRY%g", "a": "g", "topic": "T", "consumerGroup": ""}]
+    raised = set()
+    for code in RequestCode:
+        for body in garbage:
+            for ext in exts:
+                try:
+                    needs_of(int(code), ext, body)
+                except RemotingError:
+                    raised.add(int(code))
+    assert raised == {RequestCode.HEART_BEAT}
+
+
+def test_with_acl_off_a_bad_heartbeat_is_still_refused_before_its_handler() -> None:
+    async def scenario() -> None:
+        ran: list[int] = []
+        edge = RocketMQEdge(_NoService(),  # type: ignore[arg-type]
+                            broker_name="B", store_host=Host(b"\x7f\x00\x00\x01", 10911))
+        edge.server.routes.pop(RequestCode.HEART_BEAT)
+
+        async def handler(req: Request) -> RemotingCommand:
+            ran.append(req.cmd.code)
+            return req.ok()
+
+        edge.route(RequestCode.HEART_BEAT, handler)
+        conn = edge.server()
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        bad = RemotingCommand(code=RequestCode.HEART_BEAT, opaque=5, version=409, body=b"{")
+        conn.data_received(rc.encode(bad))
+        await _settle(transport, 1)
+        answer = rc.decode(b"".join(transport.writes[0]))
+        assert answer.code == ResponseCode.SYSTEM_ERROR and (answer.remark or "").startswith("BAD_JSON")
+        assert ran == []
+        conn.close()
+        conn.connection_lost(None)
 
     asyncio.run(scenario())
