@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from broker.protocol.rocketmq.codes import LANGUAGE_BY_NAME, LanguageCode, SerializeType
 from broker.protocol.rocketmq.errors import RemotingError
-from broker.protocol.rocketmq.fastjson import quote
+from broker.protocol.rocketmq.fastjson import NEEDS_ESCAPE, quote
 
 FLAG_RESPONSE: Final = 0x1
 FLAG_ONEWAY: Final = 0x2
@@ -143,25 +143,27 @@ def response_to(
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-def _language_name(language: int) -> str:
-    try:
-        return LanguageCode(language).name
-    except ValueError:
-        return LanguageCode.OTHER.name
+_LANGUAGE_NAMES: Final = {int(c): c.name for c in LanguageCode}
+_SERIALIZE_NAMES: Final = {int(t): t.name for t in SerializeType}
+
+
+def _ext_members(ext: Mapping[str, str]) -> str:
+    """``extFields``' members as fastjson writes them. When no key and no value needs escaping (the
+    usual header) they are joined in C, no call per field; otherwise each is quoted."""
+    if not ext:
+        return ""
+    if NEEDS_ESCAPE.search("".join(ext)) is None and NEEDS_ESCAPE.search("".join(ext.values())) is None:
+        return '"' + '","'.join(map('":"'.join, ext.items())) + '"'
+    return ",".join(f"{quote(k)}:{quote(v)}" for k, v in ext.items())
 
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
-    parts = ['{"code":', str(cmd.code)]
-    if cmd.ext_fields is not None:
-        parts.append(',"extFields":{')
-        parts.append(",".join(f"{quote(k)}:{quote(v)}" for k, v in cmd.ext_fields.items()))
-        parts.append("}")
-    parts.append(f',"flag":{cmd.flag},"language":"{_language_name(cmd.language)}","opaque":{cmd.opaque}')
-    if cmd.remark is not None:
-        parts.append(',"remark":')
-        parts.append(quote(cmd.remark))
-    parts.append(f',"serializeTypeCurrentRPC":"{SerializeType(cmd.serialize_type).name}","version":{cmd.version}}}')
-    return "".join(parts).encode("utf-8", "replace")
+    language = _LANGUAGE_NAMES.get(cmd.language, "OTHER")
+    stype = _SERIALIZE_NAMES.get(cmd.serialize_type) or SerializeType(cmd.serialize_type).name
+    ext = "" if cmd.ext_fields is None else ',"extFields":{' + _ext_members(cmd.ext_fields) + "}"
+    remark = "" if cmd.remark is None else ',"remark":' + quote(cmd.remark)
+    return ('{"code":' + str(cmd.code) + ext + f',"flag":{cmd.flag},"language":"{language}","opaque":{cmd.opaque}'
+            + remark + f',"serializeTypeCurrentRPC":"{stype}","version":{cmd.version}}}').encode("utf-8", "replace")
 
 
 def encode_rocketmq_header(cmd: RemotingCommand) -> bytes:
