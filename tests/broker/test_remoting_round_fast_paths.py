@@ -8,8 +8,11 @@ import asyncio
 import random
 from typing import Any
 
+from broker.edge.rocketmq import send as rmq_send
 from broker.edge.rocketmq.edge import RocketMQEdge
 from broker.protocol.rocketmq import command as rc
+from broker.protocol.rocketmq import headers
+from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.protocol.rocketmq.command import RemotingCommand
 from broker.protocol.rocketmq.errors import RemotingError
@@ -224,3 +227,20 @@ def test_json_header_writer_equals_the_plain_one() -> None:
         "msgId": "7F00000100002A9F0000000000001F40", "queueOffset": "1234567890123"})
     assert rc.encode_json_header(answer) == _encode_json_header_plain(answer)
 
+
+# -- the send answer's header ---------------------------------------------------------------------------
+def test_send_answer_ext_equals_the_header_class() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    for _ in range(2000):
+        msg_id = rnd.choice(["", "7F00000100002A9F0000000000001F40",
+                             ",".join(["7F000001000027170000000000000000"] * 3)])
+        queue_id = rnd.choice([0, 3, 1023, 2**31 - 1])
+        queue_offset = rnd.choice([-1, 0, 42, 2**63 - 1])
+        txn = rnd.choice([None, "", "7F0000010001B4AAC2B5", _text(rnd)])
+        header = headers.SendMessageResponseHeader(msg_id=msg_id, queue_id=queue_id, queue_offset=queue_offset,
+                                                   transaction_id=txn)
+        plain = {**headers.to_ext(header), rp.MSG_REGION: rmq_send.MSG_REGION, rp.TRACE_ON: "true"}
+        fast = rmq_send.answer_ext(msg_id, queue_id, queue_offset, txn)
+        assert list(fast.items()) == list(plain.items())  # same fields, same order: same bytes
