@@ -11,7 +11,7 @@ from typing import Any
 from broker.edge.rocketmq import send as rmq_send
 from broker.edge.rocketmq.edge import RocketMQEdge
 from broker.protocol.rocketmq import command as rc
-from broker.protocol.rocketmq import headers
+from broker.protocol.rocketmq import header_fields, headers
 from broker.protocol.rocketmq import properties as rp
 from broker.protocol.rocketmq.codes import LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.protocol.rocketmq.command import RemotingCommand
@@ -244,3 +244,66 @@ def test_send_answer_ext_equals_the_header_class() -> None:
         plain = {**headers.to_ext(header), rp.MSG_REGION: rmq_send.MSG_REGION, rp.TRACE_ON: "true"}
         fast = rmq_send.answer_ext(msg_id, queue_id, queue_offset, txn)
         assert list(fast.items()) == list(plain.items())  # same fields, same order: same bytes
+
+
+# -- the V2 send header reader -------------------------------------------------------------------------
+def _parse_send_header_plain(code: int, ext: dict[str, str] | None) -> Any:
+    """``parse_send_header`` as it was: ``parse_value`` for every field."""
+    if code not in headers.SEND_V2_CODES:
+        return header_fields.parse(headers.SendMessageRequestHeader, ext)
+    ext = ext or {}
+    kwargs: dict[str, Any] = {}
+    for field in headers._SEND_V2_FIELDS:
+        raw = ext.get(field.wire)
+        if raw is None:
+            if field.required:
+                long_name = headers.SEND_V2_NAMES[field.wire]
+                raise RemotingError("MISSING_FIELD", f"the header field {field.wire} ({long_name}) is missing")
+            continue
+        try:
+            kwargs[field.attr] = header_fields.parse_value(field, raw)
+        except RemotingError as exc:
+            raise RemotingError(exc.code, f"{exc.message} ({headers.SEND_V2_NAMES[field.wire]})") from None
+    return headers.SendMessageRequestHeader(**kwargs)
+
+
+_NUMBERS = ["0", "7", "-1", "+5", "--5", "+-5", "1-", " 5", "5 ", "", "x", "1_0", "٣", "²", "0x10", "00042",
+            "2147483647", "2147483648", "-2147483648", "-2147483649", "9223372036854775807",
+            "9223372036854775808", "-9223372036854775808", "999999999999999999", "1000000000000000000",
+            "99999999999999999999", "123456789012345678901", "1700000000123", "TRUE", "true", "False"]
+
+
+def _outcome_of(f: Any, *args: Any) -> Any:
+    try:
+        return ("ok", f(*args))
+    except RemotingError as exc:
+        return ("error", exc.code, exc.message)
+
+
+def test_send_header_reader_equals_parse_value_per_field() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    good = {"a": "pg", "b": "bench_1k", "c": "TBW102", "d": "4", "e": "3", "f": "0", "g": "1700000000123", "h": "0",
+            "i": "UNIQ_KEY\x01AB\x02WAIT\x01true", "j": "0", "k": "false", "l": "16", "m": "false", "n": "B"}
+    codes = [RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE, RequestCode.SEND_REPLY_MESSAGE_V2]
+    seen = set()
+    for _ in range(6000):
+        ext: dict[str, str] | None = dict(good)
+        assert ext is not None
+        for key in rnd.sample(sorted(good), rnd.choice([0, 1, 2, 4])):
+            roll = rnd.random()
+            if roll < 0.15:
+                del ext[key]
+            elif roll < 0.8:
+                ext[key] = rnd.choice(_NUMBERS)
+            else:
+                ext[key] = _text(rnd)
+        if rnd.random() < 0.01:
+            ext = rnd.choice([None, {}])
+        code = rnd.choice(codes)
+        fast = _outcome_of(headers.parse_send_header, code, ext)
+        plain = _outcome_of(_parse_send_header_plain, code, ext)
+        assert fast == plain, (ext, fast, plain)
+        seen.add(fast[0] if fast[0] == "ok" else fast[1])
+    assert seen == {"ok", "MISSING_FIELD", "BAD_FIELD"}
