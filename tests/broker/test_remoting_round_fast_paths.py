@@ -5,6 +5,7 @@ answers and errors."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from typing import Any
 
@@ -13,8 +14,14 @@ from broker.edge.rocketmq.edge import RocketMQEdge
 from broker.protocol.rocketmq import command as rc
 from broker.protocol.rocketmq import header_fields, headers
 from broker.protocol.rocketmq import properties as rp
-from broker.protocol.rocketmq.codes import LanguageCode, RequestCode, ResponseCode, SerializeType
-from broker.protocol.rocketmq.command import RemotingCommand
+from broker.protocol.rocketmq.codes import (
+    LANGUAGE_BY_NAME,
+    LanguageCode,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+)
+from broker.protocol.rocketmq.command import Bounds, RemotingCommand
 from broker.protocol.rocketmq.errors import RemotingError
 from broker.protocol.rocketmq.fastjson import quote
 from broker.protocol.rocketmq.message import Host
@@ -307,3 +314,98 @@ def test_send_header_reader_equals_parse_value_per_field() -> None:
         assert fast == plain, (ext, fast, plain)
         seen.add(fast[0] if fast[0] == "ok" else fast[1])
     assert seen == {"ok", "MISSING_FIELD", "BAD_FIELD"}
+
+
+# -- the JSON header reader ----------------------------------------------------------------------------
+def _decode_json_header_plain(raw: bytes, bounds: Bounds) -> dict[str, Any]:
+    """``decode_json_header`` as it was: every ext field checked in Python."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RemotingError("BAD_HEADER", f"the JSON header cannot be read: {str(exc)[:120]}") from None
+    if not isinstance(obj, dict):
+        raise RemotingError("BAD_HEADER", "the JSON header must be an object")
+    if "code" not in obj:
+        raise RemotingError("BAD_HEADER", "the JSON header has no code")
+    fields: dict[str, Any] = {"code": rc._check_int32(obj["code"], "code")}
+    for name in ("opaque", "flag", "version"):
+        value = obj.get(name)
+        fields[name] = 0 if value is None else rc._check_int32(value, name)
+    language = obj.get("language")
+    if isinstance(language, str):
+        fields["language"] = LANGUAGE_BY_NAME.get(language, LanguageCode.OTHER)
+    elif language is None:
+        fields["language"] = LanguageCode.JAVA
+    else:
+        fields["language"] = rc._check_int32(language, "language")
+    remark = obj.get("remark")
+    if remark is not None and not isinstance(remark, str):
+        raise RemotingError("BAD_HEADER", "remark must be a string")
+    fields["remark"] = remark
+    ext = obj.get("extFields")
+    if ext is None:
+        fields["ext_fields"] = None
+    elif not isinstance(ext, dict):
+        raise RemotingError("BAD_HEADER", "extFields must be an object")
+    else:
+        if len(ext) > bounds.ext_fields_max:
+            raise RemotingError("BAD_HEADER", f"{len(ext)} ext fields exceed {bounds.ext_fields_max}")
+        checked: dict[str, str] = {}
+        for key, value in ext.items():
+            if len(key) > bounds.ext_key_bytes_max:
+                raise RemotingError("BAD_HEADER", f"an ext field name of {len(key)} characters is too long")
+            if isinstance(value, str):
+                pass
+            elif value is None:
+                continue
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, int):
+                value = str(value)
+            else:
+                raise RemotingError("BAD_HEADER", f"ext field {key[:64]!r} must be a string")
+            if len(value) > bounds.ext_value_bytes_max:
+                raise RemotingError("BAD_HEADER", f"ext field {key[:64]!r} is longer than {bounds.ext_value_bytes_max}")
+            checked[key] = value
+        fields["ext_fields"] = checked
+    return fields
+
+
+def _json_value(rnd: random.Random) -> Any:
+    return rnd.choice([_text(rnd), _text(rnd), "x" * rnd.choice([7, 8, 9]), None, True, False, 0, -3, 2**40,
+                       1.5, [], {}, "true"])
+
+
+def test_json_header_reader_equals_the_plain_one() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    bounds = Bounds(ext_fields_max=6, ext_key_bytes_max=8, ext_value_bytes_max=8)
+    ints = [0, 7, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, True, None, "5", 1.0]
+    seen = set()
+    for _ in range(5000):
+        obj: dict[str, Any] = {"code": rnd.choice([310, 310, 310, *ints])}
+        for name in ("opaque", "flag", "version", "language", "remark"):
+            if rnd.random() < 0.8:
+                obj[name] = rnd.choice(ints + (["JAVA", "GO", "NOPE", 3] if name == "language" else []))
+        if rnd.random() < 0.3:
+            obj["remark"] = _text(rnd)
+        if rnd.random() < 0.9:
+            if rnd.random() < 0.03:
+                obj["extFields"] = rnd.choice([[], "x", 5])
+            else:
+                keys = [rnd.choice(["a", "b", "queueId", "k" * rnd.choice([8, 9]), _text(rnd)])
+                        for _ in range(rnd.choice([0, 1, 3, 6, 7]))]
+                obj["extFields"] = {k: (_json_value(rnd) if rnd.random() < 0.3 else _text(rnd)[:8]) for k in keys}
+        if rnd.random() < 0.02:
+            del obj["code"]
+        raw = json.dumps(obj, ensure_ascii=rnd.random() < 0.5).encode("utf-8", "surrogatepass")
+        fast = _outcome_of(rc.decode_json_header, raw, bounds)
+        plain = _outcome_of(_decode_json_header_plain, raw, bounds)
+        assert fast == plain, (raw, fast, plain)
+        if fast[0] == "ok":
+            assert list(fast[1]) == list(plain[1])  # the same fields, in the same order
+            ext = fast[1]["ext_fields"]
+            assert ext is None or list(ext.items()) == list(plain[1]["ext_fields"].items())
+        seen.add(fast[0] if fast[0] == "ok" else fast[1])
+    assert seen == {"ok", "BAD_HEADER"}

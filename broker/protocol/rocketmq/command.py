@@ -63,6 +63,7 @@ _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
+_STR_ONLY: Final = frozenset({str})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -219,7 +220,12 @@ def decode_json_header(raw: bytes, bounds: Bounds = DEFAULT_BOUNDS) -> dict[str,
     fields: dict[str, Any] = {"code": _check_int32(obj["code"], "code")}
     for name in ("opaque", "flag", "version"):
         value = obj.get(name)
-        fields[name] = 0 if value is None else _check_int32(value, name)
+        if value is None:
+            fields[name] = 0
+        elif type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # _check_int32's usual case, in line
+            fields[name] = value
+        else:
+            fields[name] = _check_int32(value, name)
     language = obj.get("language")
     if isinstance(language, str):
         fields["language"] = LANGUAGE_BY_NAME.get(language, LanguageCode.OTHER)
@@ -239,6 +245,13 @@ def decode_json_header(raw: bytes, bounds: Bounds = DEFAULT_BOUNDS) -> dict[str,
     else:
         if len(ext) > bounds.ext_fields_max:
             raise RemotingError("BAD_HEADER", f"{len(ext)} ext fields exceed {bounds.ext_fields_max}")
+        values = ext.values()
+        if (set(map(type, values)) <= _STR_ONLY and max(map(len, ext), default=0) <= bounds.ext_key_bytes_max
+                and max(map(len, values), default=0) <= bounds.ext_value_bytes_max):
+            # every value a string within bounds (what clients send): the map json made is the answer,
+            # checked in C; otherwise field by field below (conversions, dropped nulls, the refusal)
+            fields["ext_fields"] = ext
+            return fields
         checked: dict[str, str] = {}
         for key, value in ext.items():
             if len(key) > bounds.ext_key_bytes_max:
