@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import struct
 from typing import Any
 
 from broker.edge.rocketmq import send as rmq_send
@@ -409,3 +410,93 @@ def test_json_header_reader_equals_the_plain_one() -> None:
             assert ext is None or list(ext.items()) == list(plain[1]["ext_fields"].items())
         seen.add(fast[0] if fast[0] == "ok" else fast[1])
     assert seen == {"ok", "BAD_HEADER"}
+
+
+# -- the frame decoder ---------------------------------------------------------------------------------
+class _PlainFrameDecoder(rc.FrameDecoder):
+    """``FrameDecoder.next`` as it was: the frame's content handed to ``decode_frame_content``."""
+
+    def next(self) -> RemotingCommand | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (length,) = struct.unpack_from(">I", buf, 0)
+        if length < 4:
+            raise RemotingError("BAD_FRAME", f"frame length {length} is below the 4-byte header length")
+        if length + 4 > self.bounds.frame_bytes_max:
+            raise RemotingError("FRAME_TOO_LARGE",
+                                f"a frame of {length + 4} bytes exceeds {self.bounds.frame_bytes_max}")
+        if len(buf) >= 8:
+            (word,) = struct.unpack_from(">I", buf, 4)
+            header_len = word & 0xFFFFFF
+            if header_len > length - 4:
+                raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({length - 4})")
+            if header_len > self.bounds.header_bytes_max:
+                raise RemotingError("HEADER_TOO_LARGE",
+                                    f"a header of {header_len} bytes exceeds {self.bounds.header_bytes_max}")
+            if word >> 24 > SerializeType.ROCKETMQ:
+                raise RemotingError("BAD_FRAME", f"serialize type {word >> 24} is neither JSON (0) nor ROCKETMQ (1)")
+        end = 4 + length
+        if len(buf) < end:
+            return None
+        with memoryview(buf) as view:
+            content = view[4:end]
+            try:
+                cmd = rc.decode_frame_content(content, self.bounds)
+            finally:
+                content.release()
+        del buf[:end]
+        return cmd
+
+
+def _random_frame(rnd: random.Random) -> bytes:
+    cmd = RemotingCommand(code=rnd.choice([310, 11, 34]), opaque=rnd.randrange(1 << 20), version=409,
+                          remark=None if rnd.random() < 0.7 else _text(rnd),
+                          ext_fields=None if rnd.random() < 0.1 else {_text(rnd): _text(rnd) for _ in range(3)},
+                          body=rnd.randbytes(rnd.choice([0, 1, 5, 300])),
+                          serialize_type=rnd.choice(list(SerializeType)))
+    frame = bytearray(rc.encode(cmd))
+    roll = rnd.random()
+    if roll < 0.05:  # a garbage length, header length, serialize type or header byte
+        frame[rnd.randrange(len(frame))] = rnd.randrange(256)
+    elif roll < 0.08:
+        frame[4] = rnd.choice([2, 7, 255])
+    elif roll < 0.11:
+        frame[5:8] = rnd.randrange(1 << 24).to_bytes(3, "big")
+    elif roll < 0.13:
+        frame[0:4] = rnd.choice([0, 3, 7, 1 << 20]).to_bytes(4, "big")
+    return bytes(frame)
+
+
+def _drain(decoder: rc.FrameDecoder, chunks: list[bytes]) -> list[Any]:
+    out: list[Any] = []
+    for chunk in chunks:
+        decoder.feed(chunk)
+        while True:
+            try:
+                cmd = decoder.next()
+            except RemotingError as exc:
+                out.append(("error", exc.code, exc.message, decoder.buffered))
+                return out
+            if cmd is None:
+                break
+            out.append(("ok", cmd))
+        out.append(("wait", decoder.buffered, decoder.mid_frame))
+    return out
+
+
+def test_frame_decoder_equals_the_plain_one() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    bounds = Bounds(frame_bytes_max=4096, header_bytes_max=1024)
+    outcomes: set[str] = set()
+    for _ in range(1500):
+        stream = b"".join(_random_frame(rnd) for _ in range(rnd.choice([1, 2, 5])))
+        cuts = sorted(rnd.sample(range(1, len(stream)), min(len(stream) - 1, rnd.choice([0, 1, 3, 10]))))
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        fast = _drain(rc.FrameDecoder(bounds), chunks)
+        plain = _drain(_PlainFrameDecoder(bounds), chunks)
+        assert fast == plain
+        outcomes.update(o[0] if o[0] != "error" else o[1] for o in fast)
+    assert {"ok", "wait", "BAD_FRAME", "BAD_HEADER"} <= outcomes

@@ -389,24 +389,29 @@ class FrameDecoder:
         if length + 4 > self.bounds.frame_bytes_max:
             raise RemotingError("FRAME_TOO_LARGE",
                                 f"a frame of {length + 4} bytes exceeds {self.bounds.frame_bytes_max}")
-        if len(buf) >= 8:
-            (word,) = _U32.unpack_from(buf, 4)
-            header_len = word & 0xFFFFFF
-            if header_len > length - 4:
-                raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({length - 4})")
-            if header_len > self.bounds.header_bytes_max:
-                raise RemotingError("HEADER_TOO_LARGE",
-                                    f"a header of {header_len} bytes exceeds {self.bounds.header_bytes_max}")
-            if word >> 24 > SerializeType.ROCKETMQ:
-                raise RemotingError("BAD_FRAME", f"serialize type {word >> 24} is neither JSON (0) nor ROCKETMQ (1)")
+        if len(buf) < 8:
+            return None  # a whole frame is at least 8 bytes (length >= 4)
+        (word,) = _U32.unpack_from(buf, 4)
+        header_len, kind = word & 0xFFFFFF, word >> 24
+        if header_len > length - 4:
+            raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({length - 4})")
+        if header_len > self.bounds.header_bytes_max:
+            raise RemotingError("HEADER_TOO_LARGE",
+                                f"a header of {header_len} bytes exceeds {self.bounds.header_bytes_max}")
+        if kind > SerializeType.ROCKETMQ:
+            raise RemotingError("BAD_FRAME", f"serialize type {kind} is neither JSON (0) nor ROCKETMQ (1)")
         end = 4 + length
         if len(buf) < end:
             return None
-        with memoryview(buf) as view:
-            content = view[4:end]
-            try:
-                cmd = decode_frame_content(content, self.bounds)
-            finally:
-                content.release()
+        # The whole frame is here and its header-length word was checked above (length >= 4, so
+        # it is): what ``decode_frame_content`` would check again is not; the same command.
+        header_end = 8 + header_len
+        with memoryview(buf) as view, view[8:header_end] as header, view[header_end:end] as body:
+            if kind == SerializeType.JSON:
+                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.JSON,
+                                      **decode_json_header(bytes(header), self.bounds))
+            else:
+                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.ROCKETMQ,
+                                      **decode_rocketmq_header(header, self.bounds))
         del buf[:end]
         return cmd
