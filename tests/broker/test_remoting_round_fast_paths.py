@@ -500,3 +500,49 @@ def test_frame_decoder_equals_the_plain_one() -> None:
         assert fast == plain
         outcomes.update(o[0] if o[0] != "error" else o[1] for o in fast)
     assert {"ok", "wait", "BAD_FRAME", "BAD_HEADER"} <= outcomes
+
+
+# -- the properties string ------------------------------------------------------------------------------
+def _decode_properties_plain(text: str, entries_max: int = rp.PROPERTIES_ENTRIES_MAX) -> dict[str, str]:
+    """``decode_properties`` as it was: every entry read by the loop."""
+    props: dict[str, str] = {}
+    if not text:
+        return props
+    segments = text.split(rp.PROPERTY_SEPARATOR)
+    if len(segments) > entries_max + 1:
+        raise RemotingError("BAD_PROPERTIES", f"more than {entries_max} properties")
+    for segment in segments:
+        i = segment.find(rp.NAME_VALUE_SEPARATOR)
+        if 0 < i < len(segment) - 1:
+            props[segment[:i]] = segment[i + 1:]
+    if len(props) > entries_max:
+        raise RemotingError("BAD_PROPERTIES", f"more than {entries_max} properties")
+    return props
+
+
+def test_properties_reader_equals_the_loop() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    atoms = ["A", "B", "UNIQ_KEY", "x", "", "é", "\x01", "\x02", "\x01\x02", "7F00"]
+    fast_seen = 0
+    for _ in range(20000):
+        text = "".join(rnd.choice(atoms) for _ in range(rnd.choice([0, 1, 2, 4, 8, 16])))
+        if rnd.random() < 0.3:  # entries with empty names or values among repeated names (the loop's skips)
+            entries = [rnd.choice(["A", "B", ""]) + rnd.choice(["\x01", ""]) + rnd.choice(["", "x", "x\x01y"])
+                       for _ in range(rnd.randint(1, 6))]
+            text = "\x02".join(entries) + rnd.choice(["", "\x02", "\x01"])
+        elif rnd.random() < 0.6:  # well-formed entries (the fast path), sometimes with 5.x's final separator
+            entries = [rnd.choice(["A", "B", "KEYS", "é"]) + "\x01" + rnd.choice(["1", "x\x01y", "v"])
+                       for _ in range(rnd.randint(1, 6))]  # names may repeat: the last value, the first place
+            text = "\x02".join(entries) + ("\x02" if rnd.random() < 0.5 else "")
+            fast_seen += 1
+        entries_max = rnd.choice([2, 3, rp.PROPERTIES_ENTRIES_MAX])
+        fast = _outcome_of(rp.decode_properties, text, entries_max)
+        plain = _outcome_of(_decode_properties_plain, text, entries_max)
+        assert fast == plain, (text, fast, plain)
+        if fast[0] == "ok":
+            assert list(fast[1].items()) == list(plain[1].items()), text  # the same order too
+    assert fast_seen
+    # an entry skipped for its empty value does not place its name: the name goes where it is first read
+    assert list(rp.decode_properties("A\x01\x02B\x01y\x02A\x01x")) == ["B", "A"]
