@@ -34,7 +34,7 @@ Bounds (``RemotingLimits``), each connection unless said otherwise:
 - at most ``in_flight_max`` requests handled at once: at the cap the connection stops reading the
   socket (``pause_reading``: TCP back-pressure reaches the client) until an answer goes out; answers
   wait while the transport's write buffer is full, so a client that does not read holds no more than
-  the in-flight answers;
+  the in-flight answers (the answers made in one loop turn leave in one write at its end);
 - at most ``server_requests_max`` requests of the server awaiting a client's answer;
 - process-wide: the bytes received but not yet authenticated (partial frames, and whole frames until
   their sender is checked) share one ``ByteBudget``; a connection whose next bytes would exceed it is
@@ -301,6 +301,7 @@ class RemotingConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writing_paused = False
         self._write_resumed: asyncio.Event | None = None
+        self._out: list[bytes] = []  # frames made this loop turn, written together at its end (``_flush``)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_kind = ""
         self._next_opaque = 1 << 30  # the server's own requests: apart from the client's small numbers
@@ -352,6 +353,7 @@ class RemotingConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
+            self._flush()  # frames already made go out first, as when each was written at once
             self.closed = True
             self.transport.close()
 
@@ -478,7 +480,19 @@ class RemotingConnection(asyncio.Protocol):
         except ValueError as exc:  # a code or version beyond the ROCKETMQ header's int16: a bug of ours
             log.error("cannot encode the answer to %s: %s", self.peer, exc)
             return
-        self.transport.writelines([header, cmd.body] if cmd.body else [header])
+        # The answers of one loop turn (an entry's commit resolves many sends at once) leave in one
+        # write: one system call instead of one per answer, the same bytes in the same order.
+        out = self._out
+        if not out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        out.append(header)
+        if cmd.body:
+            out.append(cmd.body)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self.closed and self.transport is not None:
+            self.transport.writelines(out)
 
     def pause_writing(self) -> None:
         self.writing_paused = True

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from types import ModuleType
 from typing import Any, Final
 
@@ -117,10 +117,20 @@ class RocketMQEdge:
         """Serve ``code`` with ``handler``; RocketMQ's ACL check (``needs_of``) runs first.
         ``writes``: the request changes replicated state (``remotingAclV1=readonly`` refuses it)."""
 
-        async def guarded(req: Request) -> RemotingCommand | None:
-            needs = needs_of(req.cmd.code, req.cmd.ext_fields, req.cmd.body)
-            req.require(topics=needs.topic_map(), groups=needs.group_map(), admin=needs.admin)
-            return await handler(req)
+        # ``needs_of`` reads a request's body only for a heartbeat (a bad one is refused before the
+        # handler runs, ACL or not); for every other code its needs matter only to a principal
+        # that may not do everything (``Request.require`` passes such one at once): with ACL off
+        # they are not worked out.
+        reads_body = code == RequestCode.HEART_BEAT
+
+        def guarded(req: Request) -> Awaitable[RemotingCommand | None]:
+            # a plain function: a refusal raises here, in the dispatcher's call, before the handler
+            # starts; else the handler's own coroutine is what the dispatcher awaits (no frame of
+            # ours in between, resumed at every step of a send)
+            if reads_body or not req.principal.everything:
+                needs = needs_of(req.cmd.code, req.cmd.ext_fields, req.cmd.body)
+                req.require(topics=needs.topic_map(), groups=needs.group_map(), admin=needs.admin)
+            return handler(req)
 
         self.server.route(code, guarded, writes=writes)
 

@@ -86,17 +86,27 @@ class Sender:
             txn_id: str | None = first.unique_id
         else:
             txn_id = batch_props.get(rp.UNIQ_KEY)  # 5.x names the batch; 4.9.x and Go do not
-        header = headers.SendMessageResponseHeader(
-            msg_id=",".join(messages.offset_msg_id(store_host, r.position) for r in sent.results),
-            queue_id=first.queue_id if first.queue_id >= 0 else sent.queue_id,
-            queue_offset=first.queue_offset if first.queue_offset is not None else -1,
-            transaction_id=txn_id,
+        return answer_ext(
+            ",".join(messages.offset_msg_id(store_host, r.position) for r in sent.results),
+            first.queue_id if first.queue_id >= 0 else sent.queue_id,
+            first.queue_offset if first.queue_offset is not None else -1,
+            txn_id,
         )
-        return {**headers.to_ext(header), rp.MSG_REGION: MSG_REGION, rp.TRACE_ON: "true"}
 
     def unknown_outcome(self, req: Request, queue_id: int, exc: ProtocolError) -> RemotingCommand:
         """FLUSH_SLAVE_TIMEOUT: the client reads it as a send result (``SendStatus``), whose header
         must be there; no message id or offset is known."""
-        header = headers.SendMessageResponseHeader(msg_id="", queue_id=queue_id, queue_offset=-1)
         return req.answer(ResponseCode.FLUSH_SLAVE_TIMEOUT, f"{exc.code}: {exc.message}",
-                          ext_fields={**headers.to_ext(header), rp.MSG_REGION: MSG_REGION, rp.TRACE_ON: "true"})
+                          ext_fields=answer_ext("", queue_id, -1, None))
+
+
+def answer_ext(msg_id: str, queue_id: int, queue_offset: int, transaction_id: str | None) -> dict[str, str]:
+    """A send answer's ext fields: ``headers.SendMessageResponseHeader`` as ``headers.to_ext`` writes
+    it (no batchUniqId), then MSG_REGION and TRACE_ON — written out, one map per answer (a test pins
+    it to the header class)."""
+    ext = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset)}
+    if transaction_id is not None:
+        ext["transactionId"] = transaction_id
+    ext[rp.MSG_REGION] = MSG_REGION
+    ext[rp.TRACE_ON] = "true"
+    return ext

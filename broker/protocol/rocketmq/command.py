@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from broker.protocol.rocketmq.codes import LANGUAGE_BY_NAME, LanguageCode, SerializeType
 from broker.protocol.rocketmq.errors import RemotingError
-from broker.protocol.rocketmq.fastjson import quote
+from broker.protocol.rocketmq.fastjson import NEEDS_ESCAPE, quote
 
 FLAG_RESPONSE: Final = 0x1
 FLAG_ONEWAY: Final = 0x2
@@ -63,6 +63,7 @@ _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
+_STR_ONLY: Final = frozenset({str})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,25 +144,27 @@ def response_to(
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-def _language_name(language: int) -> str:
-    try:
-        return LanguageCode(language).name
-    except ValueError:
-        return LanguageCode.OTHER.name
+_LANGUAGE_NAMES: Final = {int(c): c.name for c in LanguageCode}
+_SERIALIZE_NAMES: Final = {int(t): t.name for t in SerializeType}
+
+
+def _ext_members(ext: Mapping[str, str]) -> str:
+    """``extFields``' members as fastjson writes them. When no key and no value needs escaping (the
+    usual header) they are joined in C, no call per field; otherwise each is quoted."""
+    if not ext:
+        return ""
+    if NEEDS_ESCAPE.search("".join(ext)) is None and NEEDS_ESCAPE.search("".join(ext.values())) is None:
+        return '"' + '","'.join(map('":"'.join, ext.items())) + '"'
+    return ",".join(f"{quote(k)}:{quote(v)}" for k, v in ext.items())
 
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
-    parts = ['{"code":', str(cmd.code)]
-    if cmd.ext_fields is not None:
-        parts.append(',"extFields":{')
-        parts.append(",".join(f"{quote(k)}:{quote(v)}" for k, v in cmd.ext_fields.items()))
-        parts.append("}")
-    parts.append(f',"flag":{cmd.flag},"language":"{_language_name(cmd.language)}","opaque":{cmd.opaque}')
-    if cmd.remark is not None:
-        parts.append(',"remark":')
-        parts.append(quote(cmd.remark))
-    parts.append(f',"serializeTypeCurrentRPC":"{SerializeType(cmd.serialize_type).name}","version":{cmd.version}}}')
-    return "".join(parts).encode("utf-8", "replace")
+    language = _LANGUAGE_NAMES.get(cmd.language, "OTHER")
+    stype = _SERIALIZE_NAMES.get(cmd.serialize_type) or SerializeType(cmd.serialize_type).name
+    ext = "" if cmd.ext_fields is None else ',"extFields":{' + _ext_members(cmd.ext_fields) + "}"
+    remark = "" if cmd.remark is None else ',"remark":' + quote(cmd.remark)
+    return ('{"code":' + str(cmd.code) + ext + f',"flag":{cmd.flag},"language":"{language}","opaque":{cmd.opaque}'
+            + remark + f',"serializeTypeCurrentRPC":"{stype}","version":{cmd.version}}}').encode("utf-8", "replace")
 
 
 def encode_rocketmq_header(cmd: RemotingCommand) -> bytes:
@@ -217,7 +220,12 @@ def decode_json_header(raw: bytes, bounds: Bounds = DEFAULT_BOUNDS) -> dict[str,
     fields: dict[str, Any] = {"code": _check_int32(obj["code"], "code")}
     for name in ("opaque", "flag", "version"):
         value = obj.get(name)
-        fields[name] = 0 if value is None else _check_int32(value, name)
+        if value is None:
+            fields[name] = 0
+        elif type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # _check_int32's usual case, in line
+            fields[name] = value
+        else:
+            fields[name] = _check_int32(value, name)
     language = obj.get("language")
     if isinstance(language, str):
         fields["language"] = LANGUAGE_BY_NAME.get(language, LanguageCode.OTHER)
@@ -237,6 +245,13 @@ def decode_json_header(raw: bytes, bounds: Bounds = DEFAULT_BOUNDS) -> dict[str,
     else:
         if len(ext) > bounds.ext_fields_max:
             raise RemotingError("BAD_HEADER", f"{len(ext)} ext fields exceed {bounds.ext_fields_max}")
+        values = ext.values()
+        if (set(map(type, values)) <= _STR_ONLY and max(map(len, ext), default=0) <= bounds.ext_key_bytes_max
+                and max(map(len, values), default=0) <= bounds.ext_value_bytes_max):
+            # every value a string within bounds (what clients send): the map json made is the answer,
+            # checked in C; otherwise field by field below (conversions, dropped nulls, the refusal)
+            fields["ext_fields"] = ext
+            return fields
         checked: dict[str, str] = {}
         for key, value in ext.items():
             if len(key) > bounds.ext_key_bytes_max:
@@ -374,24 +389,29 @@ class FrameDecoder:
         if length + 4 > self.bounds.frame_bytes_max:
             raise RemotingError("FRAME_TOO_LARGE",
                                 f"a frame of {length + 4} bytes exceeds {self.bounds.frame_bytes_max}")
-        if len(buf) >= 8:
-            (word,) = _U32.unpack_from(buf, 4)
-            header_len = word & 0xFFFFFF
-            if header_len > length - 4:
-                raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({length - 4})")
-            if header_len > self.bounds.header_bytes_max:
-                raise RemotingError("HEADER_TOO_LARGE",
-                                    f"a header of {header_len} bytes exceeds {self.bounds.header_bytes_max}")
-            if word >> 24 > SerializeType.ROCKETMQ:
-                raise RemotingError("BAD_FRAME", f"serialize type {word >> 24} is neither JSON (0) nor ROCKETMQ (1)")
+        if len(buf) < 8:
+            return None  # a whole frame is at least 8 bytes (length >= 4)
+        (word,) = _U32.unpack_from(buf, 4)
+        header_len, kind = word & 0xFFFFFF, word >> 24
+        if header_len > length - 4:
+            raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({length - 4})")
+        if header_len > self.bounds.header_bytes_max:
+            raise RemotingError("HEADER_TOO_LARGE",
+                                f"a header of {header_len} bytes exceeds {self.bounds.header_bytes_max}")
+        if kind > SerializeType.ROCKETMQ:
+            raise RemotingError("BAD_FRAME", f"serialize type {kind} is neither JSON (0) nor ROCKETMQ (1)")
         end = 4 + length
         if len(buf) < end:
             return None
-        with memoryview(buf) as view:
-            content = view[4:end]
-            try:
-                cmd = decode_frame_content(content, self.bounds)
-            finally:
-                content.release()
+        # The whole frame is here and its header-length word was checked above (length >= 4, so
+        # it is): what ``decode_frame_content`` would check again is not; the same command.
+        header_end = 8 + header_len
+        with memoryview(buf) as view, view[8:header_end] as header, view[header_end:end] as body:
+            if kind == SerializeType.JSON:
+                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.JSON,
+                                      **decode_json_header(bytes(header), self.bounds))
+            else:
+                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.ROCKETMQ,
+                                      **decode_rocketmq_header(header, self.bounds))
         del buf[:end]
         return cmd

@@ -46,12 +46,13 @@ class Pairs(list[tuple[Any, Any]]):
 # -- writer -----------------------------------------------------------------------------------------
 _ESCAPES: Final[dict[int, str]] = {c: f"\\u{c:04X}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]}
 _ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", 0x22: '\\"', 0x5C: "\\\\"})
-_NEEDS_ESCAPE: Final = re.compile('[\\x00-\\x1f"\\\\\\x7f-\\x9f\u2028\u2029]')
+# The characters fastjson escapes (``quote``); a string without any is written as it is.
+NEEDS_ESCAPE: Final = re.compile('[\\x00-\\x1f"\\\\\\x7f-\\x9f\u2028\u2029]')
 
 
 def quote(s: str) -> str:
     """A JSON string literal as fastjson writes it."""
-    if _NEEDS_ESCAPE.search(s) is None:
+    if NEEDS_ESCAPE.search(s) is None:
         return f'"{s}"'
     return '"' + s.translate(_ESCAPES) + '"'
 

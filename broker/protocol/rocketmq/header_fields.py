@@ -15,7 +15,7 @@ INT_MIN: Final = -(2**31)
 INT_MAX: Final = 2**31 - 1
 LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
-_RANGES: Final = {"int": (INT_MIN, INT_MAX), "long": (LONG_MIN, LONG_MAX)}
+RANGES: Final = {"int": (INT_MIN, INT_MAX), "long": (LONG_MIN, LONG_MAX)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ def parse_value(field: Field, raw: str) -> Any:
     if len(raw) > 20 or not raw.isascii() or not raw.lstrip("+-").isdigit() or raw[1:2] in ("+", "-"):
         raise RemotingError("BAD_FIELD", f"{field.wire} must be an integer, got {raw[:40]!r}")
     value = int(raw)
-    lo, hi = _RANGES[kind]
+    lo, hi = RANGES[kind]
     if field.min is not None:
         lo = max(lo, field.min)
     if field.max is not None:

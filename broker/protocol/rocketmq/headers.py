@@ -49,7 +49,7 @@ from broker.protocol.rocketmq.admin_headers import (
 )
 from broker.protocol.rocketmq.codes import RequestCode
 from broker.protocol.rocketmq.errors import RemotingError
-from broker.protocol.rocketmq.header_fields import NAT, format_value, parse_value, spec
+from broker.protocol.rocketmq.header_fields import NAT, RANGES, Field, format_value, parse_value, spec
 from broker.protocol.rocketmq.header_fields import parse as parse  # re-exported: headers.parse(cls, ext)
 from broker.protocol.rocketmq.header_fields import to_ext as to_ext
 
@@ -106,23 +106,46 @@ SEND_V2_CODES: Final = frozenset({RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_
                                   RequestCode.SEND_REPLY_MESSAGE_V2})
 
 
+def _plan(field: Field) -> tuple[str, str, str, bool, int, int, Field]:
+    """A field of the V2 send header as ``parse_send_header`` reads it: wire name, attribute, kind,
+    required, the range ``parse_value`` checks (Java type's, narrowed by the field's), the field."""
+    lo, hi = RANGES.get(field.kind, (0, 0))
+    lo = lo if field.min is None else max(lo, field.min)
+    hi = hi if field.max is None else min(hi, field.max)
+    return field.wire, field.attr, field.kind, field.required, lo, hi, field
+
+
+_SEND_V2_PLAN: Final = tuple(_plan(f) for f in _SEND_V2_FIELDS)
+_PLAIN_DIGITS_MAX: Final = 18  # digits that always fit a long: read at once; longer ones by parse_value
+
+
 def parse_send_header(code: int, ext: Mapping[str, str] | None) -> SendMessageRequestHeader:
-    """The send header of a SEND_MESSAGE(_V2) / SEND_BATCH_MESSAGE / SEND_REPLY_MESSAGE(_V2)."""
+    """The send header of a SEND_MESSAGE(_V2) / SEND_BATCH_MESSAGE / SEND_REPLY_MESSAGE(_V2).
+
+    V2 (every message of the Java clients): each field read in line, ``parse_value``'s rules; a
+    number that is not plain ASCII digits within range (a sign, garbage, out of range) goes to
+    ``parse_value`` itself, which takes or refuses it (a test pins the two)."""
     if code not in SEND_V2_CODES:
         return parse(SendMessageRequestHeader, ext)
-    ext = ext or {}
+    get = (ext or {}).get
     kwargs: dict[str, Any] = {}
-    for field in _SEND_V2_FIELDS:
-        raw = ext.get(field.wire)
+    for wire, attr, kind, required, lo, hi, field in _SEND_V2_PLAN:
+        raw = get(wire)
         if raw is None:
-            if field.required:
-                long_name = SEND_V2_NAMES[field.wire]
-                raise RemotingError("MISSING_FIELD", f"the header field {field.wire} ({long_name}) is missing")
+            if required:
+                raise RemotingError("MISSING_FIELD", f"the header field {wire} ({SEND_V2_NAMES[wire]}) is missing")
             continue
-        try:
-            kwargs[field.attr] = parse_value(field, raw)
-        except RemotingError as exc:
-            raise RemotingError(exc.code, f"{exc.message} ({SEND_V2_NAMES[field.wire]})") from None
+        if kind == "str":
+            kwargs[attr] = raw
+        elif kind == "bool":
+            kwargs[attr] = raw.lower() == "true"
+        elif raw.isascii() and raw.isdigit() and len(raw) <= _PLAIN_DIGITS_MAX and lo <= (value := int(raw)) <= hi:
+            kwargs[attr] = value
+        else:
+            try:
+                kwargs[attr] = parse_value(field, raw)
+            except RemotingError as exc:
+                raise RemotingError(exc.code, f"{exc.message} ({SEND_V2_NAMES[wire]})") from None
     return SendMessageRequestHeader(**kwargs)
 
 

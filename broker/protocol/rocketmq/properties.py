@@ -15,12 +15,14 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Mapping
+from operator import methodcaller
 from typing import Final
 
 from broker.protocol.rocketmq.errors import RemotingError
 
 NAME_VALUE_SEPARATOR: Final = "\u0001"
 PROPERTY_SEPARATOR: Final = "\u0002"
+_SPLIT_ENTRY: Final = methodcaller("split", NAME_VALUE_SEPARATOR, 1)
 KEY_SEPARATOR: Final = " "
 PROPERTIES_BYTES_MAX: Final = 32767
 """The properties of one message in the binary layouts (a signed 16-bit length)."""
@@ -141,6 +143,20 @@ def decode_properties(text: str, entries_max: int = PROPERTIES_ENTRIES_MAX) -> d
     segments = text.split(PROPERTY_SEPARATOR)
     if len(segments) > entries_max + 1:
         raise RemotingError("BAD_PROPERTIES", f"more than {entries_max} properties")
+    # The usual text — every entry ``name \u0001 value`` with both non-empty (no separator next to
+    # another, none at either end; 5.x's final property separator allowed) — is split in C; an entry
+    # without a name-value separator (ValueError in dict()) and anything else is read by the loop
+    # below. The same map, in the same order, either way.
+    if (NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR not in text and PROPERTY_SEPARATOR + NAME_VALUE_SEPARATOR not in text
+            and not text.startswith(NAME_VALUE_SEPARATOR) and not text.endswith(NAME_VALUE_SEPARATOR)):
+        try:
+            props = dict(map(_SPLIT_ENTRY, segments[:-1] if not segments[-1] else segments))
+        except ValueError:
+            props = {}
+        else:
+            if len(props) > entries_max:
+                raise RemotingError("BAD_PROPERTIES", f"more than {entries_max} properties")
+            return props
     for segment in segments:
         i = segment.find(NAME_VALUE_SEPARATOR)
         if 0 < i < len(segment) - 1:
