@@ -85,7 +85,9 @@ class SimNetwork:
             self._transports[b].post("down", a)
 
     def heal_all(self) -> None:
-        cuts = [tuple(c) for c in self._both]
+        # Sorted: a set of frozensets of strings iterates in an order that follows PYTHONHASHSEED,
+        # and the order of these "up" events decides what the replicas do next (replay).
+        cuts = sorted(tuple(sorted(c)) for c in self._both)
         self._both.clear()
         self._one_way.clear()
         for a, b in cuts:
