@@ -38,6 +38,7 @@ from broker.protocol.frames import (
     FrameError,
     encode,
     op_name,
+    pack_body,
 )
 
 IN_FLIGHT_MAX_DEFAULT: Final = 256
@@ -113,7 +114,6 @@ class RemotingConnection:
         # so that taking a free slot is two attribute reads, not a coroutine).
         self._free_slots = in_flight_max
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._packer = msgpack.Packer(use_bin_type=True)
         self._proto: _Protocol | None = None
         self._connect_lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[Frame]] = {}
@@ -133,14 +133,22 @@ class RemotingConnection:
             self._proto.transport.close()
         self._fail_all(self._error("CONNECTION_LOST", "the client closed the connection", addr=self.addr))
 
-    async def _connect(self) -> _Protocol:
+    def _open_proto(self) -> _Protocol | None:
+        """The connection to use as it is, or None: none yet, closing, or idle (then closed here:
+        the broker may be closing it; nothing is waiting on it)."""
         proto = self._proto
         if proto is not None and not self._pending and time.monotonic() - self._last_used > self.idle_s:
-            self._proto = None  # idle: the broker may be closing it; nothing is waiting on it
+            self._proto = None
             if proto.transport is not None:
                 proto.transport.close()
-            proto = None
+            return None
         if proto is not None and proto.transport is not None and not proto.transport.is_closing():
+            return proto
+        return None
+
+    async def _connect(self) -> _Protocol:
+        proto = self._open_proto()
+        if proto is not None:
             return proto
         async with self._connect_lock:
             proto = self._proto
@@ -178,7 +186,7 @@ class RemotingConnection:
         exception (``TIMEOUT`` when no answer within ``timeout_s``)."""
         if self._closed:
             raise self._error("CONNECTION_LOST", "the client is closed", addr=self.addr)
-        data = self._packer.pack(body or {})  # frames.pack_body's bytes, without a Packer per call
+        data = pack_body(body or {})
         if len(data) + 1100 > self.frame_bytes_max:
             raise self._error("BODY_TOO_LARGE", f"a request of {len(data)} bytes exceeds the frame cap",
                               status=413, addr=self.addr)
@@ -206,9 +214,8 @@ class RemotingConnection:
         else:
             await self._wait_for_slot(loop, deadline)
         try:
-            proto = self._proto
-            if (proto is None or proto.transport is None or proto.transport.is_closing()
-                    or (not self._pending and time.monotonic() - self._last_used > self.idle_s)):
+            proto = self._open_proto()
+            if proto is None:
                 async with asyncio.timeout_at(deadline):
                     proto = await self._connect()
             rid = self._new_id()

@@ -116,14 +116,21 @@ class _Server:
         await self.server.wait_closed()
 
 
+async def _until(cond: Any) -> None:
+    for _ in range(5000):  # bounded: 5 s of 1 ms steps
+        if cond():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the expected state did not come")
+
+
 async def test_every_wait_of_a_call_ends_at_its_deadline() -> None:
     server = _Server(answer=False)
     addr = await server.start()
     conn = RemotingConnection(addr, error=ClientError, in_flight_max=1)
     try:
         held = asyncio.create_task(conn.call(Op.SEND, {"n": 1}, 30.0))  # connects, holds the one slot
-        while conn.in_flight != 1:
-            await asyncio.sleep(0.001)
+        await _until(lambda: conn.in_flight == 1)
         with pytest.raises(ClientError) as e:  # waits for a slot: bounded as well
             await conn.call(Op.SEND, {"n": 2}, 0.1)
         assert e.value.code == "TIMEOUT" and e.value.outcome_unknown and conn.in_flight == 1
@@ -137,14 +144,6 @@ async def test_every_wait_of_a_call_ends_at_its_deadline() -> None:
     finally:
         await conn.close()
         await server.stop()
-
-
-async def _until(cond: Any) -> None:
-    for _ in range(5000):  # bounded: 5 s of 1 ms steps
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("the expected state did not come")
 
 
 async def test_the_slot_cap_holds_and_slots_go_to_waiting_calls_in_order() -> None:

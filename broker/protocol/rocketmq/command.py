@@ -333,16 +333,18 @@ def decode_frame_content(content: bytes | memoryview, bounds: Bounds = DEFAULT_B
         raise RemotingError("BAD_FRAME", f"header length {header_len} exceeds the frame ({len(content) - 4})")
     if header_len > bounds.header_bytes_max:
         raise RemotingError("HEADER_TOO_LARGE", f"a header of {header_len} bytes exceeds {bounds.header_bytes_max}")
-    header = content[4:4 + header_len]
+    return _command(kind, content[4:4 + header_len], content[4 + header_len:], bounds)
+
+
+def _command(kind: int, header: bytes | memoryview, body: bytes | memoryview, bounds: Bounds) -> RemotingCommand:
+    """The command of a frame whose header length was checked: its header decoded by ``kind``."""
     if kind == SerializeType.JSON:
-        fields = decode_json_header(bytes(header), bounds)
-        stype = SerializeType.JSON
-    elif kind == SerializeType.ROCKETMQ:
-        fields = decode_rocketmq_header(header, bounds)
-        stype = SerializeType.ROCKETMQ
-    else:
-        raise RemotingError("BAD_FRAME", f"serialize type {kind} is neither JSON (0) nor ROCKETMQ (1)")
-    return RemotingCommand(body=bytes(content[4 + header_len:]), serialize_type=stype, **fields)
+        return RemotingCommand(body=bytes(body), serialize_type=SerializeType.JSON,
+                               **decode_json_header(bytes(header), bounds))
+    if kind == SerializeType.ROCKETMQ:
+        return RemotingCommand(body=bytes(body), serialize_type=SerializeType.ROCKETMQ,
+                               **decode_rocketmq_header(header, bounds))
+    raise RemotingError("BAD_FRAME", f"serialize type {kind} is neither JSON (0) nor ROCKETMQ (1)")
 
 
 def decode(frame: bytes | memoryview, bounds: Bounds = DEFAULT_BOUNDS) -> RemotingCommand:
@@ -407,11 +409,6 @@ class FrameDecoder:
         # it is): what ``decode_frame_content`` would check again is not; the same command.
         header_end = 8 + header_len
         with memoryview(buf) as view, view[8:header_end] as header, view[header_end:end] as body:
-            if kind == SerializeType.JSON:
-                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.JSON,
-                                      **decode_json_header(bytes(header), self.bounds))
-            else:
-                cmd = RemotingCommand(body=bytes(body), serialize_type=SerializeType.ROCKETMQ,
-                                      **decode_rocketmq_header(header, self.bounds))
+            cmd = _command(kind, header, body, self.bounds)
         del buf[:end]
         return cmd
